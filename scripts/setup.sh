@@ -45,7 +45,7 @@ done
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ ! -d "$here/tools/node/node_modules/tokenizers" ]; then
   mkdir -p "$here/tools/node"
-  (cd "$here/tools/node" && npm install --silent --no-audit --no-fund tokenizers@0.13.3 >/dev/null 2>&1) \
+  (cd "$here/tools/node" && npm install --silent --no-audit --no-fund tokenizers@0.23.2 >/dev/null 2>&1) \
     || echo "[setup] warning: npm package 'tokenizers' not installed; tokenizer.json reference test will be skipped"
 fi
 echo "[setup] done"

@@ -1,0 +1,305 @@
+// YAML <-> Config. Parsing walks the field list of each struct (visit()), so every known key is
+// read in one place; keys left over are reported with the nearest known key as a suggestion.
+#include "spes/io/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "spes/common/error.h"
+#include "spes/common/strings.h"
+
+namespace spes {
+namespace {
+
+// OLMo keys that a reference config may carry but that have no meaning here: accepted, ignored.
+const std::set<std::string> kIgnoredReferenceKeys = {
+    "wandb", "save_folder", "save_overwrite", "console_log_interval", "compile", "fsdp",
+    "activation_checkpointing", "softmax_auxiliary_loss", "speed_monitor", "gen1_gc_interval",
+    "evaluators", "tokenizer", "load_path", "restore_dataloader", "fused_loss",
+    "model.flash_attention", "model.attention_dropout", "model.residual_dropout",
+    "model.embedding_dropout", "model.include_bias", "model.bias_for_layer_norm",
+    "model.init_device", "model.init_fn", "model.weight_tying", "model.alibi", "model.rope",
+    "model.layer_norm_type", "model.layer_norm_with_affine", "model.activation_type",
+    "model.attention_layer_norm", "model.attention_layer_norm_with_affine",
+    "model.embedding_size", "model.moe_dropless", "model.moe_mlp_impl",
+    "model.moe_log_expert_assignment", "model.moe_shared_expert", "model.moe_lbl_in_fp32",
+    "model.moe_interleave", "model.moe_capacity_factor", "model.clip_qkv", "model.mlp_ratio",
+    "optimizer.metrics_log_interval", "optimizer.decay_norm_and_bias",
+    "optimizer.decay_embeddings", "scheduler.units", "data.pad_direction", "data.num_workers",
+    "data.drop_last", "data.pin_memory", "data.prefetch_factor", "data.persistent_workers",
+    "data.timeout", "data.memmap_dtype", "data.seed", "spes_config.enable"};
+
+template <class T> std::string type_name();
+template <> std::string type_name<int64_t>() { return "an integer"; }
+template <> std::string type_name<double>() { return "a number"; }
+template <> std::string type_name<bool>() { return "true or false"; }
+template <> std::string type_name<std::string>() { return "a string"; }
+template <> std::string type_name<std::vector<double>>() { return "a list of numbers"; }
+template <> std::string type_name<std::vector<std::string>>() { return "a list of strings"; }
+template <> std::string type_name<std::vector<std::vector<int64_t>>>() {
+  return "a list of lists of integers";
+}
+
+// Reads fields from a YAML map, remembering which keys were used.
+struct Reader {
+  const YAML::Node& node;
+  std::string prefix;
+  const std::string& origin;
+  std::set<std::string>* used;
+
+  template <class T> void operator()(const char* key, T& field) {
+    const YAML::Node v = node[key];
+    if (!v) return;
+    used->insert(prefix + key);
+    try {
+      read(v, field);
+    } catch (const YAML::Exception&) {
+      fail("{}: key '{}{}' must be {}, found '{}'", origin, prefix, key, type_name<T>(),
+           YAML::Dump(v));
+    }
+  }
+  template <class S> void section(const char* key, S& s) {
+    const YAML::Node v = node[key];
+    if (!v) return;
+    used->insert(prefix + key);
+    SPES_CHECK(v.IsMap(), "{}: '{}{}' must be a mapping of keys, found '{}'", origin, prefix, key,
+               YAML::Dump(v));
+    Reader sub{v, prefix + key + ".", origin, used};
+    s.visit(sub);
+  }
+  static void read(const YAML::Node& v, bool& f) { f = v.as<bool>(); }
+  static void read(const YAML::Node& v, std::string& f) {
+    if (!v.IsScalar()) throw YAML::BadConversion(v.Mark());
+    f = v.as<std::string>();
+  }
+  static void read(const YAML::Node& v, int64_t& f) { f = v.as<int64_t>(); }
+  static void read(const YAML::Node& v, double& f) { f = v.as<double>(); }
+  static void read(const YAML::Node& v, std::vector<std::string>& f) {
+    if (v.IsScalar()) { f = {v.as<std::string>()}; return; }
+    f = v.as<std::vector<std::string>>();
+  }
+  static void read(const YAML::Node& v, std::vector<double>& f) { f = v.as<std::vector<double>>(); }
+  static void read(const YAML::Node& v, std::vector<std::vector<int64_t>>& f) {
+    if (!v.IsSequence()) throw YAML::BadConversion(v.Mark());
+    f.clear();
+    if (v.size() > 0 && v[0].IsScalar()) {  // a single row: the same owners in every layer
+      f.push_back(v.as<std::vector<int64_t>>());
+    } else {
+      f = v.as<std::vector<std::vector<int64_t>>>();
+    }
+  }
+};
+
+// Writes fields to a YAML emitter.
+struct Writer {
+  YAML::Emitter& out;
+  template <class T> void operator()(const char* key, const T& field) {
+    out << YAML::Key << key << YAML::Value;
+    write(field);
+  }
+  template <class S> void section(const char* key, S& s) {
+    out << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    s.visit(*this);
+    out << YAML::EndMap;
+  }
+  void write(const std::string& s) { out << YAML::DoubleQuoted << s; }
+  void write(double d) { out << YAML::Precision(17) << d; }
+  template <class T> void write(const T& v) { out << YAML::Flow << v; }
+};
+
+// Lists every known key (dotted) of the config.
+struct KeyLister {
+  std::string prefix;
+  std::vector<std::string>* keys;
+  template <class T> void operator()(const char* key, T&) { keys->push_back(prefix + key); }
+  template <class S> void section(const char* key, S& s) {
+    keys->push_back(prefix + key);
+    KeyLister sub{prefix + key + ".", keys};
+    s.visit(sub);
+  }
+};
+
+std::vector<std::string> known_keys() {
+  Config c;
+  std::vector<std::string> keys;
+  KeyLister l{"", &keys};
+  c.visit(l);
+  return keys;
+}
+
+void collect_keys(const YAML::Node& n, const std::string& prefix, std::vector<std::string>* out) {
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    std::string k = prefix + it->first.as<std::string>();
+    out->push_back(k);
+    if (it->second.IsMap() && !kIgnoredReferenceKeys.count(k)) collect_keys(it->second, k + ".", out);
+  }
+}
+
+void apply_override(YAML::Node& root, const std::string& kv) {
+  auto eq = kv.find('=');
+  SPES_CHECK(eq != std::string::npos && eq > 0,
+             "--set '{}': expected key=value, e.g. --set model.d_model=512", kv);
+  std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+  YAML::Node parsed;
+  try {
+    parsed = value.empty() ? YAML::Node(std::string()) : YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    fail("--set '{}': value is not valid YAML ({})", kv, e.msg);
+  }
+  auto parts = split(key, '.');
+  // yaml-cpp nodes are handles: walk down with a chain of nodes kept alive.
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    if (!next.IsMap()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[parts[i]];
+    }
+    chain.push_back(next);
+  }
+  chain.back()[parts.back()] = parsed;
+}
+
+}  // namespace
+
+int64_t Config::total_steps() const {
+  std::string d = max_duration;
+  auto ends_with = [&](const std::string& s) {
+    return d.size() > s.size() && d.compare(d.size() - s.size(), s.size(), s) == 0;
+  };
+  try {
+    if (ends_with("ba")) return std::stoll(d.substr(0, d.size() - 2));
+    if (ends_with("T")) {
+      int64_t tokens = std::stoll(d.substr(0, d.size() - 1));
+      return (tokens + tokens_per_step() - 1) / tokens_per_step();
+    }
+    size_t pos = 0;
+    int64_t steps = std::stoll(d, &pos);
+    if (pos == d.size()) return steps;
+  } catch (const std::exception&) {
+  }
+  fail("config: max_duration '{}' is not a step count; use e.g. 1000, 1000ba or 2000000T", d);
+}
+
+Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    fail("{}: malformed YAML at line {}, column {}: {}", origin, e.mark.line + 1,
+         e.mark.column + 1, e.msg);
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  SPES_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys", origin);
+  for (const auto& kv : overrides) apply_override(root, kv);
+
+  Config c;
+  std::set<std::string> used;
+  Reader r{root, "", origin, &used};
+  c.visit(r);
+
+  std::vector<std::string> present;
+  collect_keys(root, "", &present);
+  const auto known = known_keys();
+  for (const auto& k : present) {
+    if (used.count(k) || kIgnoredReferenceKeys.count(k)) continue;
+    fail("{}: unknown key '{}'{}", origin, k, suggestion_suffix(k, known));
+  }
+  config_validate(c, origin);
+  return c;
+}
+
+Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return config_parse("", overrides, "built-in defaults");
+  std::ifstream f(path);
+  SPES_CHECK(f.good(), "config file '{}' cannot be read (does it exist?)", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return config_parse(ss.str(), overrides, path);
+}
+
+std::string config_to_yaml(const Config& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  Writer w{out};
+  const_cast<Config&>(c).visit(w);
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+void config_validate(const Config& c, const std::string& o) {
+  const auto& m = c.model;
+  auto positive = [&](const char* key, int64_t v) {
+    SPES_CHECK(v > 0, "{}: {} must be positive, found {}", o, key, v);
+  };
+  positive("model.d_model", m.d_model);
+  positive("model.n_layers", m.n_layers);
+  positive("model.n_heads", m.n_heads);
+  positive("model.mlp_hidden_size", m.mlp_hidden_size);
+  positive("model.vocab_size", m.vocab_size);
+  positive("model.max_sequence_length", m.max_sequence_length);
+  positive("global_train_batch_size", c.global_train_batch_size);
+  positive("device_train_microbatch_size", c.device_train_microbatch_size);
+  SPES_CHECK(m.d_model % m.n_heads == 0,
+             "{}: model.d_model ({}) must be divisible by model.n_heads ({})", o, m.d_model,
+             m.n_heads);
+  SPES_CHECK(m.head_dim() % 2 == 0, "{}: head dimension d_model/n_heads = {} must be even (RoPE)",
+             o, m.head_dim());
+  SPES_CHECK(m.n_kv_heads >= 0 && m.n_heads % m.kv_heads() == 0,
+             "{}: model.n_heads ({}) must be a multiple of model.n_kv_heads ({})", o, m.n_heads,
+             m.kv_heads());
+  SPES_CHECK(m.block_type == "moe" || m.block_type == "dense",
+             "{}: model.block_type must be 'moe' or 'dense', found '{}'", o, m.block_type);
+  SPES_CHECK(m.qk_norm == "whole" || m.qk_norm == "per_head" || m.qk_norm == "none",
+             "{}: model.qk_norm must be whole, per_head or none, found '{}'", o, m.qk_norm);
+  if (m.is_moe()) {
+    positive("model.moe_num_experts", m.moe_num_experts);
+    SPES_CHECK(m.moe_top_k >= 1 && m.moe_top_k <= m.moe_num_experts,
+               "{}: model.moe_top_k must be in [1, moe_num_experts={}], found {}", o,
+               m.moe_num_experts, m.moe_top_k);
+  }
+  SPES_CHECK(m.eos_token_id >= 0 && m.eos_token_id < m.vocab_size,
+             "{}: model.eos_token_id {} is outside the vocabulary [0, {})", o, m.eos_token_id,
+             m.vocab_size);
+  SPES_CHECK(c.global_train_batch_size % c.device_train_microbatch_size == 0,
+             "{}: global_train_batch_size ({}) must be a multiple of "
+             "device_train_microbatch_size ({})",
+             o, c.global_train_batch_size, c.device_train_microbatch_size);
+  SPES_CHECK(c.optimizer.name == "adamw", "{}: optimizer.name must be 'adamw', found '{}'", o,
+             c.optimizer.name);
+  SPES_CHECK(c.optimizer.betas.size() == 2, "{}: optimizer.betas must hold two numbers, found {}",
+             o, c.optimizer.betas.size());
+  SPES_CHECK(c.optimizer.learning_rate > 0, "{}: optimizer.learning_rate must be positive", o);
+  SPES_CHECK(c.scheduler.name == "cosine_with_warmup" || c.scheduler.name == "constant",
+             "{}: scheduler.name must be cosine_with_warmup or constant, found '{}'", o,
+             c.scheduler.name);
+  SPES_CHECK(c.precision == "auto" || c.precision == "fp32" || c.precision == "amp_bf16",
+             "{}: precision must be auto, fp32 or amp_bf16, found '{}'", o, c.precision);
+  SPES_CHECK(c.data.validation_fraction >= 0 && c.data.validation_fraction < 1,
+             "{}: data.validation_fraction must be in [0, 1), found {}", o,
+             c.data.validation_fraction);
+  (void)c.total_steps();  // throws on a malformed max_duration
+  const auto& s = c.spes_config;
+  const std::set<std::string> modes = {"centralized", "spes", "fedavg", "diloco"};
+  SPES_CHECK(modes.count(s.mode), "{}: spes_config.mode must be centralized, spes, fedavg or "
+             "diloco, found '{}'", o, s.mode);
+  positive("spes_config.num_peers", s.num_peers);
+  positive("spes_config.sync_steps", s.sync_steps);
+  SPES_CHECK(s.peer_id >= 0 && s.peer_id < s.num_peers,
+             "{}: spes_config.peer_id must be in [0, num_peers={}), found {}", o, s.num_peers,
+             s.peer_id);
+  SPES_CHECK(s.transfer_dtype == "fp32" || s.transfer_dtype == "bf16",
+             "{}: spes_config.transfer_dtype must be fp32 or bf16, found '{}'", o,
+             s.transfer_dtype);
+  SPES_CHECK(s.weighting == "equal" || s.weighting == "tokens",
+             "{}: spes_config.weighting must be equal or tokens, found '{}'", o, s.weighting);
+  SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
+  SPES_CHECK(s.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
+}
+
+}  // namespace spes

@@ -1,0 +1,171 @@
+// Run configuration: model shape, optimizer, schedule, data, training loop and SPES settings.
+// Loaded from YAML with the reference SPES/OLMo key names where the concept is the same;
+// `--set key=value` overrides any key. Every struct lists its fields once, in visit(), and
+// parsing, emitting and the unknown-key check all read that one list.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spes {
+
+struct ModelConfig {
+  int64_t d_model = 256;
+  int64_t n_layers = 4;
+  int64_t n_heads = 4;
+  int64_t n_kv_heads = 0;             // 0: same as n_heads (no GQA)
+  int64_t mlp_hidden_size = 512;      // hidden size F of each expert (or of the dense MLP)
+  int64_t moe_num_experts = 8;
+  int64_t moe_top_k = 2;
+  std::string block_type = "moe";     // moe | dense
+  bool moe_norm_topk_prob = false;    // renormalise the top-k weights to sum 1 (Qwen-MoE style)
+  std::string qk_norm = "whole";      // whole (OLMoE) | per_head (Qwen3) | none
+  double rope_theta = 500000.0;
+  int64_t vocab_size = 8192;
+  int64_t max_sequence_length = 256;
+  double layer_norm_eps = 1e-6;
+  double init_std = 0.02;
+  double init_cutoff_factor = 3.0;
+  double moe_loss_weight = 0.01;      // load-balancing loss weight
+  double moe_zloss_weight = 0.001;    // router z-loss weight
+  double z_loss_weight = 1e-4;        // output (LM head) z-loss weight
+  int64_t eos_token_id = 0;
+  int64_t pad_token_id = -1;
+
+  bool is_moe() const { return block_type == "moe"; }
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  int64_t head_dim() const { return d_model / n_heads; }
+
+  template <class V> void visit(V& v) {
+    v("d_model", d_model); v("n_layers", n_layers); v("n_heads", n_heads);
+    v("n_kv_heads", n_kv_heads); v("mlp_hidden_size", mlp_hidden_size);
+    v("moe_num_experts", moe_num_experts); v("moe_top_k", moe_top_k);
+    v("block_type", block_type); v("moe_norm_topk_prob", moe_norm_topk_prob);
+    v("qk_norm", qk_norm); v("rope_theta", rope_theta); v("vocab_size", vocab_size);
+    v("max_sequence_length", max_sequence_length); v("layer_norm_eps", layer_norm_eps);
+    v("init_std", init_std); v("init_cutoff_factor", init_cutoff_factor);
+    v("moe_loss_weight", moe_loss_weight); v("moe_zloss_weight", moe_zloss_weight);
+    v("z_loss_weight", z_loss_weight); v("eos_token_id", eos_token_id);
+    v("pad_token_id", pad_token_id);
+  }
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";
+  double learning_rate = 5e-4;
+  double weight_decay = 0.1;
+  std::vector<double> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  template <class V> void visit(V& v) {
+    v("name", name); v("learning_rate", learning_rate); v("weight_decay", weight_decay);
+    v("betas", betas); v("eps", eps);
+  }
+};
+
+struct SchedulerConfig {
+  std::string name = "cosine_with_warmup";  // cosine_with_warmup | constant
+  int64_t t_warmup = 2000;
+  int64_t t_max = 0;                        // 0: the run's total steps
+  double alpha_f = 0.1;                     // final LR = alpha_f * peak
+  double warmup_start = 0.1;                // warm-up starts at warmup_start * peak
+  template <class V> void visit(V& v) {
+    v("name", name); v("t_warmup", t_warmup); v("t_max", t_max); v("alpha_f", alpha_f);
+    v("warmup_start", warmup_start);
+  }
+};
+
+struct DataConfig {
+  std::vector<std::string> paths;       // token shard files or a prepared directory (manifest)
+  std::string tokenizer;                // tokenizer file used to prepare the data (for samples)
+  double validation_fraction = 0.01;    // held-out windows (taken from the end of the corpus)
+  std::vector<std::string> validation_paths;  // explicit validation shards (overrides fraction)
+  bool split_across_nodes = false;      // give each node a disjoint slice of the windows
+  template <class V> void visit(V& v) {
+    v("paths", paths); v("tokenizer", tokenizer); v("validation_fraction", validation_fraction);
+    v("validation_paths", validation_paths); v("split_across_nodes", split_across_nodes);
+  }
+};
+
+struct SpesConfig {
+  std::string mode = "centralized";     // centralized | spes | fedavg | diloco
+  int64_t num_peers = 1;
+  int64_t peer_id = 0;
+  int64_t num_train_experts_per_node = 0;  // 0: E / num_peers (contiguous blocks)
+  std::vector<std::vector<int64_t>> expert_owners;  // [layer][expert] -> node; one row = all layers
+  int64_t sync_steps = 100;
+  std::string server_addr = "127.0.0.1:50551";
+  std::string transfer_dtype = "fp32";  // fp32 | bf16
+  std::string weighting = "equal";      // equal | tokens
+  int64_t merge_interval = 500;         // 0 disables expert merging
+  double merge_alpha_start = 0.01;
+  int64_t merge_decay_steps = 10000;
+  int64_t merge_topk = 4;
+  double outer_lr = 0.7;                // diloco
+  double outer_momentum = 0.9;          // diloco
+  double round_timeout = 600.0;         // seconds a round waits for stragglers
+  int64_t min_nodes = 1;
+  template <class V> void visit(V& v) {
+    v("mode", mode); v("num_peers", num_peers); v("peer_id", peer_id);
+    v("num_train_experts_per_node", num_train_experts_per_node);
+    v("expert_owners", expert_owners); v("sync_steps", sync_steps);
+    v("server_addr", server_addr); v("transfer_dtype", transfer_dtype);
+    v("weighting", weighting); v("merge_interval", merge_interval);
+    v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
+    v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);
+    v("round_timeout", round_timeout); v("min_nodes", min_nodes);
+  }
+};
+
+struct Config {
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  DataConfig data;
+  SpesConfig spes_config;
+  std::string run_name = "spes";
+  std::string max_duration = "1000";    // steps; "Nba" (batches) or "NT" (tokens) also accepted
+  int64_t global_train_batch_size = 8;  // sequences per optimizer step
+  int64_t device_train_microbatch_size = 8;  // sequences per forward/backward
+  int64_t seed = 6198;
+  double max_grad_norm = 1.0;
+  std::string precision = "auto";       // auto | fp32 | amp_bf16 (bf16 autocast, fp32 master)
+  std::string device = "auto";          // auto | cpu | cuda | cuda:N
+  int64_t threads = 0;                  // intra-op threads on CPU; 0: all cores
+  int64_t eval_interval = 100;          // steps between validation evaluations (0: only at end)
+  int64_t eval_batches = 16;            // micro-batches per validation evaluation (0: all)
+  int64_t save_interval = 0;            // steps between checkpoints (0: only at end)
+  int64_t save_num_checkpoints_to_keep = 2;
+  std::vector<std::string> frozen_experts;  // "layer:expert", "*:expert" or "layer:*"
+
+  template <class V> void visit(V& v) {
+    v.section("model", model); v.section("optimizer", optimizer);
+    v.section("scheduler", scheduler); v.section("data", data);
+    v.section("spes_config", spes_config);
+    v("run_name", run_name); v("max_duration", max_duration);
+    v("global_train_batch_size", global_train_batch_size);
+    v("device_train_microbatch_size", device_train_microbatch_size);
+    v("seed", seed); v("max_grad_norm", max_grad_norm); v("precision", precision);
+    v("device", device); v("threads", threads); v("eval_interval", eval_interval);
+    v("eval_batches", eval_batches); v("save_interval", save_interval);
+    v("save_num_checkpoints_to_keep", save_num_checkpoints_to_keep);
+    v("frozen_experts", frozen_experts);
+  }
+
+  // Total optimizer steps implied by max_duration.
+  int64_t total_steps() const;
+  int64_t grad_accum_steps() const { return global_train_batch_size / device_train_microbatch_size; }
+  int64_t tokens_per_step() const { return global_train_batch_size * model.max_sequence_length; }
+};
+
+// Loads a YAML file (empty path: built-in defaults), applies `key=value` overrides and checks
+// every value. Throws spes::Error naming the file, key and expected value on any problem.
+Config config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text (`origin` names it in errors).
+Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    const std::string& origin);
+// The whole config as YAML; config_parse(config_to_yaml(c), {}, ..) reproduces c.
+std::string config_to_yaml(const Config& c);
+// Checks cross-field consistency (sizes divide, ranges). Called by the loaders.
+void config_validate(const Config& c, const std::string& origin);
+
+}  // namespace spes

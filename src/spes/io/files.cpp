@@ -1,0 +1,80 @@
+// File helpers (see files.h).
+#include "spes/io/files.h"
+
+#include <fcntl.h>
+#include <openssl/sha.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "spes/common/error.h"
+
+namespace spes {
+namespace fs = std::filesystem;
+
+std::string file_read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  SPES_CHECK(f.good(), "cannot read '{}' (does it exist?)", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+static void fsync_fd_path(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void dir_fsync(const std::string& dir) { fsync_fd_path(dir.empty() ? "." : dir, O_RDONLY); }
+
+void file_write_atomic(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  SPES_CHECK(fd >= 0, "cannot create '{}': {}", tmp, std::strerror(errno));
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w < 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail("cannot write '{}': {}", tmp, std::strerror(e));
+    }
+    off += static_cast<size_t>(w);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  SPES_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp,
+             path, std::strerror(errno));
+  dir_fsync(fs::path(path).parent_path().string());
+}
+
+void dir_commit(const std::string& tmp, const std::string& dst) {
+  std::error_code ec;
+  const std::string old = dst + ".old";
+  fs::remove_all(old, ec);
+  if (fs::exists(dst)) fs::rename(dst, old);
+  fs::rename(tmp, dst);
+  dir_fsync(fs::path(dst).parent_path().string());
+  fs::remove_all(old, ec);
+}
+
+std::string sha256_hex(const void* data, size_t n) {
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(static_cast<const unsigned char*>(data), n, md);
+  static const char* hex = "0123456789abcdef";
+  std::string out(2 * SHA256_DIGEST_LENGTH, '0');
+  for (int i = 0; i < SHA256_DIGEST_LENGTH; ++i) {
+    out[2 * i] = hex[md[i] >> 4];
+    out[2 * i + 1] = hex[md[i] & 15];
+  }
+  return out;
+}
+
+bool file_exists(const std::string& path) { return fs::exists(path); }
+
+}  // namespace spes

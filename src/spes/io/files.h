@@ -1,0 +1,20 @@
+// File helpers: whole-file read, atomic write (temporary name, fsync, rename), directory fsync,
+// and SHA-256 digests.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace spes {
+
+std::string file_read(const std::string& path);
+// Writes `data` to path atomically: path.tmp.<pid>, fsync, rename, fsync of the directory.
+void file_write_atomic(const std::string& path, const std::string& data);
+// fsyncs a directory so that a rename inside it is durable.
+void dir_fsync(const std::string& dir);
+// Replaces directory `dst` with the fully written directory `tmp` atomically (rename).
+void dir_commit(const std::string& tmp, const std::string& dst);
+std::string sha256_hex(const void* data, size_t n);
+inline std::string sha256_hex(const std::string& s) { return sha256_hex(s.data(), s.size()); }
+bool file_exists(const std::string& path);
+
+}  // namespace spes
