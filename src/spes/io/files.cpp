@@ -2,6 +2,7 @@
 #include "spes/io/files.h"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <unistd.h>
 
@@ -66,11 +67,29 @@ void dir_commit(const std::string& tmp, const std::string& dst) {
 std::string sha256_hex(const void* data, size_t n) {
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(static_cast<const unsigned char*>(data), n, md);
+  return hex_encode(md, SHA256_DIGEST_LENGTH);
+}
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr);
+}
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+void Sha256::update(const void* data, size_t n) {
+  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, n);
+}
+std::string Sha256::hex_digest() {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), md, &n);
+  return hex_encode(md, n);
+}
+
+std::string hex_encode(const unsigned char* bytes, size_t n) {
   static const char* hex = "0123456789abcdef";
-  std::string out(2 * SHA256_DIGEST_LENGTH, '0');
-  for (int i = 0; i < SHA256_DIGEST_LENGTH; ++i) {
-    out[2 * i] = hex[md[i] >> 4];
-    out[2 * i + 1] = hex[md[i] & 15];
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = hex[bytes[i] >> 4];
+    out[2 * i + 1] = hex[bytes[i] & 15];
   }
   return out;
 }

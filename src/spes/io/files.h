@@ -15,6 +15,21 @@ void dir_fsync(const std::string& dir);
 void dir_commit(const std::string& tmp, const std::string& dst);
 std::string sha256_hex(const void* data, size_t n);
 inline std::string sha256_hex(const std::string& s) { return sha256_hex(s.data(), s.size()); }
+// Incremental SHA-256 (OpenSSL EVP).
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* data, size_t n);
+  std::string hex_digest();  // finishes the digest
+
+ private:
+  void* ctx_;
+};
+// Lower-case hex of n bytes.
+std::string hex_encode(const unsigned char* bytes, size_t n);
 bool file_exists(const std::string& path);
 
 }  // namespace spes

@@ -1,0 +1,115 @@
+// Training throughput benchmark: for one model shape, times full optimizer steps (forward,
+// backward, clipping, AdamW) on random tokens and reports tokens/s, model FLOPs per token
+// (6 x active matrix parameters incl. the LM head, excl. the embedding lookup, + 12 x layers x
+// seq x d_model for attention), the machine's fp32 GEMM peak measured in the same process,
+// MFU = achieved / peak, and peak RSS. Prints one JSON line. Run one shape per process so that
+// peak RSS belongs to that shape (bench/run_train_bench.sh does this).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "spes/common/sysinfo.h"
+#include "spes/io/config.h"
+#include "spes/model/losses.h"
+#include "spes/train/optimizer.h"
+#include "spes/train/registry.h"
+
+using Clock = std::chrono::steady_clock;
+
+static double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Best sustained fp32 GEMM rate of square n x n products, in FLOP/s.
+static double measure_gemm_peak(int64_t n, int reps) {
+  torch::NoGradGuard ng;
+  torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+  for (int i = 0; i < 2; ++i) torch::mm_out(c, a, b);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < 4; ++i) torch::mm_out(c, a, b);
+    best = std::max(best, 4 * 2.0 * n * n * n / seconds_since(t0));
+  }
+  return best;
+}
+
+static double flops_per_token(const spes::ModelConfig& m) {
+  const double D = m.d_model, F = m.mlp_hidden_size, kv = m.kv_heads() * m.head_dim();
+  double per_layer = D * D * 2 + D * kv * 2;  // q, o, k, v
+  if (m.is_moe()) per_layer += m.moe_num_experts * D + m.moe_top_k * 3 * D * F;
+  else per_layer += 3 * D * F;
+  const double active = m.n_layers * per_layer + m.vocab_size * D;  // + LM head
+  return 6 * active + 12.0 * m.n_layers * m.max_sequence_length * D;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"spes training throughput benchmark"};
+  spes::Config cfg;
+  cfg.model.d_model = 512;
+  cfg.model.n_layers = 8;
+  cfg.model.n_heads = 8;
+  cfg.model.moe_num_experts = 8;
+  cfg.model.moe_top_k = 2;
+  cfg.model.mlp_hidden_size = 1024;
+  cfg.model.vocab_size = 8192;
+  cfg.model.max_sequence_length = 256;
+  int64_t batch = 8, steps = 5, warmup = 2, threads = 0;
+  double frozen_fraction = 0;
+  std::string name = "d512";
+  app.add_option("--name", name, "Label of this shape in the output");
+  app.add_option("--d-model", cfg.model.d_model);
+  app.add_option("--layers", cfg.model.n_layers);
+  app.add_option("--heads", cfg.model.n_heads);
+  app.add_option("--experts", cfg.model.moe_num_experts);
+  app.add_option("--top-k", cfg.model.moe_top_k);
+  app.add_option("--hidden", cfg.model.mlp_hidden_size, "Expert hidden size");
+  app.add_option("--vocab", cfg.model.vocab_size);
+  app.add_option("--seq", cfg.model.max_sequence_length);
+  app.add_option("--batch", batch, "Sequences per step");
+  app.add_option("--steps", steps, "Timed steps");
+  app.add_option("--warmup", warmup, "Untimed steps first");
+  app.add_option("--threads", threads, "Intra-op threads (0: all cores)");
+  app.add_option("--frozen-fraction", frozen_fraction,
+                 "Fraction of each layer's experts frozen (e.g. 0.75 = a SPES node of 4)");
+  CLI11_PARSE(app, argc, argv);
+
+  at::set_num_threads(threads > 0 ? static_cast<int>(threads) : spes::cpu_cores());
+  const int64_t E = cfg.model.moe_num_experts;
+  const int64_t n_frozen = static_cast<int64_t>(frozen_fraction * E + 0.5);
+  for (int64_t e = E - n_frozen; e < E; ++e) cfg.frozen_experts.push_back("*:" + std::to_string(e));
+
+  const double peak = measure_gemm_peak(1024, 5);
+  spes::Transformer model(cfg.model);
+  model.init_weights(1);
+  spes::ParamRegistry reg(model, cfg, spes::Ownership::from_config(cfg), 0);
+  spes::AdamW opt(reg.trainable(), cfg.optimizer);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const int64_t T = cfg.model.max_sequence_length;
+  auto run_step = [&] {
+    torch::Tensor tokens = at::randint(cfg.model.vocab_size, {batch, T}, gen, torch::kInt64);
+    torch::Tensor targets = torch::roll(tokens, -1, 1);
+    spes::LossTerms l = spes::compute_losses(model, tokens, targets);
+    l.total.backward();
+    opt.step(1e-4, 1.0);
+    opt.zero_grad();
+  };
+  for (int64_t i = 0; i < warmup; ++i) run_step();
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) run_step();
+  const double secs = seconds_since(t0) / steps;
+  const double tok_s = batch * T / secs;
+  const double fpt = flops_per_token(cfg.model);
+  nlohmann::json out = {
+      {"name", name}, {"threads", at::get_num_threads()}, {"params", model.num_params()},
+      {"trainable_params", reg.trainable_numel()}, {"frozen_experts_per_layer", n_frozen},
+      {"tokens_per_step", batch * T}, {"step_s", secs}, {"tokens_per_s", tok_s},
+      {"flops_per_token", fpt}, {"achieved_gflops", tok_s * fpt / 1e9},
+      {"gemm_peak_gflops", peak / 1e9}, {"mfu", tok_s * fpt / peak},
+      {"optimizer_state_bytes", opt.state_bytes()}, {"peak_rss_mb", spes::peak_rss_mb()}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}

@@ -1,0 +1,65 @@
+// `spes aggregate`: one sync round offline, with exactly the server's code: the kept uploads of
+// a round (and the previous published model) in, the published model of that round out,
+// including expert merging when the step is a merge point.
+#include <spdlog/spdlog.h>
+
+#include <fmt/ranges.h>
+
+#include "cli/command.h"
+#include "spes/io/config.h"
+#include "spes/sync/aggregate.h"
+#include "spes/train/device.h"
+
+namespace {
+
+struct AggregateArgs {
+  std::string config, out, previous, momentum, momentum_out;
+  int64_t step = 0;
+  std::vector<std::string> inputs, sets;
+};
+
+void run_aggregate(const AggregateArgs& a) {
+  const spes::Config cfg = spes::config_load(a.config, a.sets);
+  spes::configure_threads(cfg);
+  spes::sync::SyncModel model(cfg);
+  if (a.previous.empty()) {
+    spdlog::info("no --previous: starting from the initial model of seed {} (right for round 1)",
+                 cfg.seed);
+  } else {
+    model.load(spes::safetensors_load(a.previous), a.previous);
+  }
+  if (!a.momentum.empty()) model.load_momentum(spes::safetensors_load(a.momentum), a.momentum);
+  SPES_CHECK(cfg.spes_config.mode != "diloco" || !a.momentum.empty() ||
+                 a.step == cfg.spes_config.sync_steps,
+             "mode diloco after round 1 needs --momentum (the server keeps it in "
+             "rounds/<round-1>/momentum.safetensors)");
+  const spes::sync::RoundOutcome o = spes::sync::aggregate_offline(model, a.inputs, a.step);
+  const std::string sha = model.weights_sha256();
+  spes::sync::write_stream_file(a.out, spes::sync::published_writer(model, o.round, o.step, sha));
+  if (!a.momentum_out.empty())
+    spes::sync::write_stream_file(
+        a.momentum_out, spes::sync::SafetensorsStreamWriter(
+                            model.momentum_named(), torch::kFloat32,
+                            {{"format", "spes-momentum-v1"}, {"round", std::to_string(o.round)}}));
+  fmt::print("round {} (step {}): nodes [{}], alpha {:.6g}{}, model sha256 {}\nwrote {}\n",
+             o.round, o.step, fmt::join(o.nodes, ", "), o.alpha, o.merged ? " (merged)" : "",
+             sha, a.out);
+}
+
+spes::cli::SubcommandRegistrar reg("aggregate",
+                                   "Apply one sync round offline to uploads kept by the server",
+                                   [](CLI::App& sub) {
+  auto a = std::make_shared<AggregateArgs>();
+  sub.add_option("--config", a->config, "YAML config of the run (the server's)");
+  sub.add_option("--step", a->step, "Step of the round (a multiple of sync_steps)")->required();
+  sub.add_option("--out", a->out, "Output safetensors file (the published model)")->required();
+  sub.add_option("--previous", a->previous,
+                 "Published model of the previous round (default: the initial model)");
+  sub.add_option("--momentum", a->momentum, "diloco: outer momentum of the previous round");
+  sub.add_option("--momentum-out", a->momentum_out, "diloco: write the new outer momentum");
+  sub.add_option("--set", a->sets, "Override a config key (repeatable)");
+  sub.add_option("inputs", a->inputs, "Uploads of the round (node<i>.safetensors)")->required();
+  sub.callback([a] { run_aggregate(*a); });
+});
+
+}  // namespace

@@ -1,0 +1,66 @@
+// `spes serve`: the SPES sync server. Collects each round's uploads, aggregates and merges
+// them, persists the published model in DIR and appends one line per round to
+// DIR/rounds.jsonl; exits once every node has left (or on SIGINT/SIGTERM).
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "cli/command.h"
+#include "spes/io/config.h"
+#include "spes/sync/server.h"
+#include "spes/train/device.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop = true; }
+
+struct ServeArgs {
+  std::string config, out = "runs/server", listen;
+  std::vector<std::string> sets;
+  bool keep_uploads = false, allow_remote = false, overwrite = false, keep_running = false;
+};
+
+void run_serve(const ServeArgs& a) {
+  const spes::Config cfg = spes::config_load(a.config, a.sets);
+  spes::configure_threads(cfg);
+  SPES_CHECK(a.overwrite || !fs::exists(a.out + "/state.json"),
+             "'{}' already holds a sync server's state (state.json); choose another --out or "
+             "pass --overwrite (restarting a server from its state is not supported yet)", a.out);
+  spes::sync::ServerOptions o;
+  const std::string& addr = cfg.spes_config.server_addr;
+  o.listen = a.listen.empty() ? "127.0.0.1:" + addr.substr(addr.rfind(':') + 1) : a.listen;
+  o.allow_remote = a.allow_remote;
+  o.exit_when_done = !a.keep_running;
+  o.state.out_dir = a.out;
+  o.state.keep_uploads = a.keep_uploads;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  spes::sync::SyncServer server(cfg, o);
+  server.run(&g_stop);
+  if (g_stop) spdlog::info("sync server stopped by signal");
+}
+
+spes::cli::SubcommandRegistrar reg("serve", "Run the SPES sync server", [](CLI::App& sub) {
+  auto a = std::make_shared<ServeArgs>();
+  sub.add_option("--config", a->config, "YAML config (the nodes must use the same one)");
+  sub.add_option("--out", a->out, "Server directory (published model, state.json, rounds.jsonl)");
+  sub.add_option("--listen", a->listen,
+                 "host:port to bind (default: 127.0.0.1 and the port of spes_config.server_addr; "
+                 "port 0 picks a free one, written to OUT/server.json)");
+  sub.add_option("--set", a->sets, "Override a config key (repeatable)");
+  sub.add_flag("--keep-uploads", a->keep_uploads,
+               "Keep OUT/rounds/<round>/node<i>.safetensors and published.safetensors");
+  sub.add_flag("--allow-remote", a->allow_remote,
+               "Allow a non-loopback --listen address (there is no authentication yet)");
+  sub.add_flag("--overwrite", a->overwrite, "Start fresh even if OUT holds a previous run");
+  sub.add_flag("--keep-running", a->keep_running, "Do not exit when every node has left");
+  sub.callback([a] { run_serve(*a); });
+});
+
+}  // namespace

@@ -1,0 +1,10 @@
+// Process facts used in metrics: peak resident memory and the number of CPU cores.
+#pragma once
+#include <cstdint>
+
+namespace spes {
+
+double peak_rss_mb();   // getrusage(RUSAGE_SELF).ru_maxrss in MiB
+int cpu_cores();        // hardware threads available to this process
+
+}  // namespace spes

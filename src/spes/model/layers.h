@@ -1,0 +1,39 @@
+// The building blocks of the transformer as plain functions on tensors, each tested on its own:
+// RMSNorm, rotary embeddings, causal attention, the SwiGLU expert and the MoE layer.
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "spes/model/transformer.h"
+
+namespace spes {
+
+// RMSNorm over the last dim, computed in fp32: x * rsqrt(mean(x^2) + eps) * weight.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// cos/sin tables [max_seq, head_dim] for rotate-half RoPE with base theta.
+std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t max_seq, int64_t head_dim,
+                                                    double theta, torch::Device device);
+// Applies rotate-half RoPE to x [B, H, T, hd] with tables [>=T, hd].
+torch::Tensor rope_apply(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// Causal softmax attention. q [B, H, T, hd], k/v [B, Hkv, T, hd] (Hkv divides H).
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v);
+
+// Full attention sub-layer on normed input x [B, T, D] (projections, QK-norm, RoPE, output).
+torch::Tensor attention_forward(const BlockWeights& b, const torch::Tensor& x,
+                                const ModelConfig& cfg, const torch::Tensor& cos,
+                                const torch::Tensor& sin);
+
+// SwiGLU expert: W2 (silu(W1 x) * (V1 x)) for x [N, D].
+torch::Tensor expert_forward(const ExpertWeights& e, const torch::Tensor& x);
+
+// Dropless top-k MoE on x [N, D]: tokens are grouped by expert and each expert runs one matrix
+// product over its tokens. Router statistics are appended to `stats` when given.
+torch::Tensor moe_forward(const torch::Tensor& x, const torch::Tensor& router,
+                          const std::vector<ExpertWeights>& experts, int64_t top_k,
+                          bool norm_topk_prob, RouterStats* stats);
+
+}  // namespace spes

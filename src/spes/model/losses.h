@@ -1,0 +1,35 @@
+// The training objective of SPES.md section 2, each term kept separately for logging:
+// next-token cross-entropy, load-balancing loss, router z-loss and output z-loss.
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "spes/io/config.h"
+#include "spes/model/transformer.h"
+
+namespace spes {
+
+struct LossTerms {
+  torch::Tensor total;      // what backward() is called on
+  torch::Tensor ce;         // mean next-token cross-entropy over positions with a target
+  torch::Tensor lb;         // weighted load-balancing loss (0 for dense models)
+  torch::Tensor router_z;   // weighted router z-loss
+  torch::Tensor z;          // weighted output z-loss
+  int64_t n_targets = 0;    // positions that contributed to ce
+};
+
+// Cross-entropy and output z-loss from LM logits [N, V] and targets [N] (-1 = ignored).
+// Computes logsumexp once for both terms.
+std::pair<torch::Tensor, torch::Tensor> lm_losses(const torch::Tensor& logits,
+                                                  const torch::Tensor& targets);
+// Unweighted load-balancing loss: E/(L*T*k) * sum_l sum_e c_{l,e} * mean_t p_{l,t,e}.
+torch::Tensor load_balancing_loss(const std::vector<RouterStats>& routers, int64_t top_k);
+// Unweighted router z-loss: sum_l mean_t logsumexp(router_logits)^2.
+torch::Tensor router_z_loss(const std::vector<RouterStats>& routers);
+
+// Runs the model on a batch and combines every term with the config's weights.
+LossTerms compute_losses(const Transformer& model, const torch::Tensor& tokens,
+                         const torch::Tensor& targets);
+
+}  // namespace spes

@@ -1,0 +1,151 @@
+// Transformer construction (HF OLMoE tensor names), initialisation and forward pass.
+#include "spes/model/transformer.h"
+
+#include <fmt/format.h>
+
+#include "spes/common/error.h"
+#include "spes/model/layers.h"
+
+namespace spes {
+
+std::string expert_param_name(int64_t layer, int64_t expert, const std::string& proj) {
+  return fmt::format("model.layers.{}.mlp.experts.{}.{}.weight", layer, expert, proj);
+}
+
+void Transformer::add_param(const std::string& name, torch::Tensor t, ParamRole role,
+                            int64_t layer, int64_t expert) {
+  params_.push_back({name, t, role, layer, expert});
+}
+
+Transformer::Transformer(const ModelConfig& cfg, torch::Device device)
+    : cfg_(cfg), device_(device) {
+  const int64_t D = cfg.d_model, V = cfg.vocab_size, F = cfg.mlp_hidden_size;
+  const int64_t kv_dim = cfg.kv_heads() * cfg.head_dim();
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto mat = [&](int64_t r, int64_t c) { return torch::zeros({r, c}, opts); };
+  auto ones = [&](int64_t n) { return torch::ones({n}, opts); };
+
+  embed_ = mat(V, D);
+  add_param("model.embed_tokens.weight", embed_);
+  blocks_.resize(cfg.n_layers);
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    BlockWeights& b = blocks_[l];
+    const std::string p = fmt::format("model.layers.{}.", l);
+    b.q = mat(D, D);
+    b.k = mat(kv_dim, D);
+    b.v = mat(kv_dim, D);
+    b.o = mat(D, D);
+    add_param(p + "self_attn.q_proj.weight", b.q);
+    add_param(p + "self_attn.k_proj.weight", b.k);
+    add_param(p + "self_attn.v_proj.weight", b.v);
+    add_param(p + "self_attn.o_proj.weight", b.o);
+    if (cfg.qk_norm != "none") {
+      const bool per_head = cfg.qk_norm == "per_head";
+      b.q_norm = ones(per_head ? cfg.head_dim() : D);
+      b.k_norm = ones(per_head ? cfg.head_dim() : kv_dim);
+      add_param(p + "self_attn.q_norm.weight", b.q_norm);
+      add_param(p + "self_attn.k_norm.weight", b.k_norm);
+    }
+    b.attn_norm = ones(D);
+    b.mlp_norm = ones(D);
+    add_param(p + "input_layernorm.weight", b.attn_norm);
+    add_param(p + "post_attention_layernorm.weight", b.mlp_norm);
+    if (cfg.is_moe()) {
+      b.router = mat(cfg.moe_num_experts, D);
+      add_param(p + "mlp.gate.weight", b.router);
+      b.experts.resize(cfg.moe_num_experts);
+      for (int64_t e = 0; e < cfg.moe_num_experts; ++e) {
+        ExpertWeights& x = b.experts[e];
+        x.w1 = mat(F, D);
+        x.v1 = mat(F, D);
+        x.w2 = mat(D, F);
+        add_param(expert_param_name(l, e, "gate_proj"), x.w1, ParamRole::Expert, l, e);
+        add_param(expert_param_name(l, e, "up_proj"), x.v1, ParamRole::Expert, l, e);
+        add_param(expert_param_name(l, e, "down_proj"), x.w2, ParamRole::Expert, l, e);
+      }
+    } else {
+      b.experts.resize(1);
+      ExpertWeights& x = b.experts[0];
+      x.w1 = mat(F, D);
+      x.v1 = mat(F, D);
+      x.w2 = mat(D, F);
+      add_param(p + "mlp.gate_proj.weight", x.w1);
+      add_param(p + "mlp.up_proj.weight", x.v1);
+      add_param(p + "mlp.down_proj.weight", x.w2);
+    }
+  }
+  final_norm_ = ones(D);
+  add_param("model.norm.weight", final_norm_);
+  lm_head_ = mat(V, D);
+  add_param("lm_head.weight", lm_head_);
+  std::tie(rope_cos_, rope_sin_) =
+      rope_tables(cfg.max_sequence_length, cfg.head_dim(), cfg.rope_theta, device);
+}
+
+void Transformer::init_weights(uint64_t seed) {
+  torch::NoGradGuard ng;
+  // A private CPU generator makes the init independent of the device and of global RNG use.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double std = cfg_.init_std, cut = cfg_.init_cutoff_factor * cfg_.init_std;
+  for (auto& p : params_) {
+    if (p.tensor.dim() == 1) {
+      p.tensor.fill_(1.0);
+      continue;
+    }
+    // Truncated normal by resampling: draw N(0, std), redraw entries outside +-cut.
+    torch::Tensor t = at::normal(0.0, std, p.tensor.sizes(), gen);
+    for (int iter = 0; iter < 100; ++iter) {
+      torch::Tensor bad = t.abs() > cut;
+      if (!bad.any().item<bool>()) break;
+      torch::Tensor fresh = at::normal(0.0, std, p.tensor.sizes(), gen);
+      t = torch::where(bad, fresh, t);
+    }
+    p.tensor.copy_(t.clamp(-cut, cut));
+  }
+}
+
+int64_t Transformer::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.tensor.numel();
+  return n;
+}
+
+torch::Tensor Transformer::block_forward(const BlockWeights& b, const torch::Tensor& x,
+                                         std::vector<RouterStats>* routers) const {
+  torch::Tensor h = x + attention_forward(b, rms_norm(x, b.attn_norm, cfg_.layer_norm_eps), cfg_,
+                                          rope_cos_, rope_sin_);
+  torch::Tensor hn = rms_norm(h, b.mlp_norm, cfg_.layer_norm_eps);
+  const auto shape = hn.sizes().vec();
+  torch::Tensor flat = hn.reshape({-1, cfg_.d_model});
+  torch::Tensor y;
+  if (cfg_.is_moe()) {
+    RouterStats stats;
+    y = moe_forward(flat, b.router, b.experts, cfg_.moe_top_k, cfg_.moe_norm_topk_prob,
+                    routers ? &stats : nullptr);
+    if (routers) routers->push_back(std::move(stats));
+  } else {
+    y = expert_forward(b.experts[0], flat);
+  }
+  return h + y.view(shape);
+}
+
+ForwardResult Transformer::forward(const torch::Tensor& tokens) const {
+  SPES_CHECK(tokens.dim() == 2, "model input must be [batch, seq] token ids, got {} dims",
+             tokens.dim());
+  SPES_CHECK(tokens.size(1) <= cfg_.max_sequence_length,
+             "sequence length {} exceeds model.max_sequence_length {}", tokens.size(1),
+             cfg_.max_sequence_length);
+  ForwardResult r;
+  torch::Tensor x = embed_.index_select(0, tokens.reshape({-1}).to(device_))
+                        .view({tokens.size(0), tokens.size(1), cfg_.d_model});
+  for (const auto& b : blocks_) x = block_forward(b, x, &r.routers);
+  r.hidden = rms_norm(x, final_norm_, cfg_.layer_norm_eps);
+  return r;
+}
+
+torch::Tensor Transformer::logits(const torch::Tensor& tokens) const {
+  ForwardResult r = forward(tokens);
+  return torch::matmul(r.hidden, lm_head_.t());
+}
+
+}  // namespace spes

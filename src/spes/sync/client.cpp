@@ -1,0 +1,205 @@
+// gRPC client of the sync protocol (see client.h).
+#include "spes/sync/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "spes_sync.grpc.pb.h"
+
+namespace spes::sync {
+namespace pb = ::spes::sync::v1;
+
+namespace {
+
+SyncErrc errc_of(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::INVALID_ARGUMENT: return SyncErrc::InvalidArgument;
+    case grpc::StatusCode::FAILED_PRECONDITION: return SyncErrc::FailedPrecondition;
+    case grpc::StatusCode::DATA_LOSS: return SyncErrc::DataLoss;
+    case grpc::StatusCode::ABORTED: return SyncErrc::Aborted;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return SyncErrc::ResourceExhausted;
+    case grpc::StatusCode::UNAVAILABLE: return SyncErrc::Unavailable;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return SyncErrc::DeadlineExceeded;
+    default: return SyncErrc::Internal;
+  }
+}
+
+void check(const grpc::Status& s, const char* rpc, const std::string& address) {
+  if (s.ok()) return;
+  throw SyncError(errc_of(s.error_code()),
+                  fmt::format("{} to sync server {}: {}", rpc, address, s.error_message()));
+}
+
+void set_deadline(grpc::ClientContext& ctx, double seconds) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+}
+
+}  // namespace
+
+struct SyncClient::Impl {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::SpesSync::Stub> stub;
+};
+
+SyncClient::SyncClient(const std::string& address, NodeId id)
+    : impl_(std::make_unique<Impl>()), id_(std::move(id)) {
+  impl_->address = address;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  impl_->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  impl_->stub = pb::SpesSync::NewStub(impl_->channel);
+}
+
+SyncClient::~SyncClient() = default;
+
+bool SyncClient::wait_connected(double timeout_s) {
+  return impl_->channel->WaitForConnected(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+}
+
+static void fill(pb::NodeIdentity* n, const NodeId& id) {
+  n->set_node_id(id.node_id);
+  n->set_incarnation(id.incarnation);
+  n->set_auth_token(id.auth_token);
+}
+
+JoinResult SyncClient::join(const JoinInfo& info) {
+  pb::JoinRequest req;
+  fill(req.mutable_node(), info.node);
+  req.set_protocol_version(info.protocol_version);
+  req.set_model_fingerprint(info.model_fingerprint);
+  req.set_ownership_fingerprint(info.ownership_fingerprint);
+  req.set_model_config_sha256(info.model_config_sha256);
+  req.set_mode(info.mode);
+  req.set_num_peers(info.num_peers);
+  req.set_sync_steps(info.sync_steps);
+  req.set_transfer_dtype(info.transfer_dtype);
+  req.set_step(info.step);
+  pb::JoinReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 60);
+  check(impl_->stub->Join(&ctx, req, &rep), "Join", impl_->address);
+  JoinResult r;
+  r.server_incarnation = rep.server_incarnation();
+  r.published_round = rep.published_round();
+  r.published_step = rep.published_step();
+  r.model_sha256 = rep.model_sha256();
+  r.max_chunk_bytes = rep.max_chunk_bytes();
+  return r;
+}
+
+UploadResult SyncClient::upload(int64_t round, int64_t step,
+                                const SafetensorsStreamWriter& payload) {
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 3600);
+  pb::UploadReply rep;
+  std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
+  pb::UploadChunk c;
+  fill(c.mutable_node(), id_);
+  c.set_round(round);
+  c.set_step(step);
+  c.set_total_bytes(payload.total_bytes());
+  std::string data;
+  for (uint64_t off = 0; off < payload.total_bytes(); off += kChunkBytes) {
+    data.clear();
+    payload.read(off, kChunkBytes, &data);
+    c.set_offset(off);
+    c.set_sha256(chunk_sha256(data));
+    c.set_data(std::move(data));
+    if (!w->Write(c)) break;  // the server ended the stream: Finish() says why
+    data = std::move(*c.mutable_data());
+  }
+  w->WritesDone();
+  check(w->Finish(), "Upload", impl_->address);
+  UploadResult r;
+  r.accepted = rep.accepted();
+  r.duplicate = rep.duplicate();
+  r.bytes = rep.bytes_received();
+  r.sha256 = rep.upload_sha256();
+  return r;
+}
+
+RoundStatus SyncClient::wait_round(int64_t round, uint32_t max_wait_ms) {
+  pb::WaitRoundRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_round(round);
+  req.set_max_wait_ms(max_wait_ms);
+  pb::RoundInfo rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, max_wait_ms / 1000.0 + 30);
+  check(impl_->stub->WaitRound(&ctx, req, &rep), "WaitRound", impl_->address);
+  RoundStatus r;
+  r.round = rep.round();
+  r.published = rep.published();
+  r.step = rep.step();
+  r.model_sha256 = rep.model_sha256();
+  r.alpha = rep.alpha();
+  r.download_bytes = rep.download_bytes();
+  r.waiting_for.assign(rep.waiting_for().begin(), rep.waiting_for().end());
+  r.published_round = rep.published_round();
+  return r;
+}
+
+uint64_t SyncClient::download(int64_t round, Selection selection,
+                              const std::function<void(uint64_t)>& on_begin,
+                              const std::function<void(const char*, size_t)>& on_data) {
+  pb::DownloadRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_round(round);
+  req.set_selection(selection == Selection::All ? pb::SELECTION_ALL : pb::SELECTION_FOR_NODE);
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 3600);
+  std::unique_ptr<grpc::ClientReader<pb::DownloadChunk>> rd(impl_->stub->Download(&ctx, req));
+  pb::DownloadChunk c;
+  uint64_t received = 0, total = 0;
+  bool begun = false;
+  try {
+    while (rd->Read(&c)) {
+      if (!begun) {
+        total = c.total_bytes();
+        on_begin(total);
+        begun = true;
+      }
+      if (c.round() != round || c.total_bytes() != total || c.offset() != received)
+        sync_fail(SyncErrc::DataLoss, "download of round {}: chunk for round {} at offset {} "
+                  "(expected offset {} of {})", round, c.round(), c.offset(), received, total);
+      if (c.data().size() > kMaxChunkBytes)
+        sync_fail(SyncErrc::ResourceExhausted, "download chunk of {} bytes exceeds {}",
+                  c.data().size(), kMaxChunkBytes);
+      if (chunk_sha256(c.data()) != c.sha256())
+        sync_fail(SyncErrc::DataLoss, "download of round {}: checksum mismatch in the chunk at "
+                  "offset {}", round, c.offset());
+      on_data(c.data().data(), c.data().size());
+      received += c.data().size();
+    }
+  } catch (...) {
+    ctx.TryCancel();
+    rd->Finish();
+    throw;
+  }
+  check(rd->Finish(), "Download", impl_->address);
+  if (!begun || received != total)
+    sync_fail(SyncErrc::DataLoss, "download of round {} ended after {} of {} bytes", round,
+              received, total);
+  return received;
+}
+
+void SyncClient::leave(int64_t step, const std::string& reason) {
+  pb::LeaveRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_step(step);
+  req.set_reason(reason);
+  pb::LeaveReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 30);
+  check(impl_->stub->Leave(&ctx, req, &rep), "Leave", impl_->address);
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,40 @@
+// The node's side of the protocol: one call per RPC over a gRPC channel with raised message
+// limits. Errors come back as SyncError with the server's status mapped onto SyncErrc
+// (Unavailable: the server cannot be reached, the caller may retry). Leaves out: retry policy
+// and what to send (node.h), TLS and tokens.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "spes/sync/framing.h"
+#include "spes/sync/protocol.h"
+
+namespace spes::sync {
+
+class SyncClient {
+ public:
+  SyncClient(const std::string& address, NodeId id);
+  ~SyncClient();
+  const NodeId& id() const { return id_; }
+  // Waits until the channel is connected; false after timeout_s.
+  bool wait_connected(double timeout_s);
+  JoinResult join(const JoinInfo& info);
+  // Streams `payload` in chunks of kChunkBytes, each with its SHA-256.
+  UploadResult upload(int64_t round, int64_t step, const SafetensorsStreamWriter& payload);
+  RoundStatus wait_round(int64_t round, uint32_t max_wait_ms);
+  // Streams a round's download: `on_begin(total_bytes)` once, then `on_data` for each
+  // verified chunk in order. Returns the bytes received.
+  uint64_t download(int64_t round, Selection selection,
+                    const std::function<void(uint64_t)>& on_begin,
+                    const std::function<void(const char*, size_t)>& on_data);
+  void leave(int64_t step, const std::string& reason);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  NodeId id_;
+};
+
+}  // namespace spes::sync

@@ -1,0 +1,339 @@
+// Streamed safetensors framing (see framing.h).
+#include "spes/sync/framing.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "spes/common/error.h"
+#include "spes/io/files.h"
+
+namespace spes::sync {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr uint64_t kFileIoBytes = 4ull << 20;
+constexpr uint64_t kMaxStreamHeaderForFiles = 100ull << 20;  // the format's own limit
+}  // namespace
+
+WireDtype wire_dtype_from_string(const std::string& s) {
+  if (s == "fp32") return WireDtype::F32;
+  if (s == "bf16") return WireDtype::BF16;
+  fail("spes_config.transfer_dtype must be fp32 or bf16, found '{}'", s);
+}
+
+const char* wire_dtype_name(WireDtype d) { return d == WireDtype::BF16 ? "bf16" : "fp32"; }
+
+torch::ScalarType wire_scalar_type(WireDtype d) {
+  return d == WireDtype::BF16 ? torch::kBFloat16 : torch::kFloat32;
+}
+
+void wire_round_(const torch::Tensor& t, WireDtype d) {
+  if (d == WireDtype::F32) return;
+  torch::NoGradGuard ng;
+  t.copy_(t.to(wire_scalar_type(d)));
+}
+
+// ---------------------------------------------------------------------------------------------
+SafetensorsStreamWriter::SafetensorsStreamWriter(NamedTensors tensors, torch::ScalarType dtype,
+                                                 Metadata metadata)
+    : dtype_(dtype) {
+  // Same header as safetensors_serialize: metadata first, tensors in the given order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  const uint64_t es = c10::elementSize(dtype);
+  uint64_t offset = 0;
+  for (auto& [name, t] : tensors) {
+    SPES_CHECK(name != "__metadata__" && !header.contains(name),
+               "stream writer: duplicate or reserved tensor name '{}'", name);
+    torch::Tensor flat = t.detach().contiguous().view(-1);
+    const uint64_t n = static_cast<uint64_t>(flat.numel()) * es;
+    header[name] = {{"dtype", safetensors_dtype_name(dtype)},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + n}}};
+    items_.push_back({flat, offset, offset + n});
+    offset += n;
+  }
+  data_bytes_ = offset;
+  std::string h = header.dump();
+  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
+  header_.resize(8);
+  const uint64_t hl = h.size();
+  for (int i = 0; i < 8; ++i) header_[i] = static_cast<char>((hl >> (8 * i)) & 0xff);
+  header_ += h;
+}
+
+void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out) const {
+  const uint64_t end = std::min(total_bytes(), offset + n);
+  const uint64_t hb = header_.size();
+  const uint64_t es = c10::elementSize(dtype_);
+  while (offset < end) {
+    if (offset < hb) {
+      const uint64_t take = std::min(end, hb) - offset;
+      out->append(header_.data() + offset, take);
+      offset += take;
+      continue;
+    }
+    const uint64_t d = offset - hb;
+    // The item holding data byte d (items are sorted by begin; skip empty ones).
+    auto it = std::upper_bound(items_.begin(), items_.end(), d,
+                               [](uint64_t v, const Item& i) { return v < i.begin; });
+    SPES_CHECK(it != items_.begin() && (it - 1)->end > d,
+               "stream writer: internal offset error at data byte {}", d);
+    const Item& item = *(it - 1);
+    const uint64_t stop = std::min(item.end, end - hb);
+    const int64_t e0 = static_cast<int64_t>((d - item.begin) / es);
+    const int64_t e1 = static_cast<int64_t>((stop - item.begin + es - 1) / es);
+    torch::Tensor part =
+        item.flat.slice(0, e0, e1).to(torch::kCPU, dtype_).contiguous();
+    const char* p = static_cast<const char*>(part.data_ptr()) + (d - item.begin - e0 * es);
+    out->append(p, stop - d);
+    offset = hb + stop;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+SafetensorsStreamReader::SafetensorsStreamReader(uint64_t total_bytes, std::string origin,
+                                                 HeaderFn on_header, TensorFn on_tensor,
+                                                 uint64_t max_header_bytes)
+    : total_(total_bytes), max_header_(max_header_bytes), origin_(std::move(origin)),
+      on_header_(std::move(on_header)), on_tensor_(std::move(on_tensor)) {
+  SPES_CHECK(total_ >= 8, "{}: a stream of {} bytes cannot hold a safetensors header", origin_,
+             total_);
+}
+
+void SafetensorsStreamReader::feed(const char* data, size_t n) {
+  SPES_CHECK(consumed_ + n <= total_, "{}: stream is longer than the {} bytes declared", origin_,
+             total_);
+  while (n > 0) {
+    if (parsed_) {
+      feed_data(data, n);
+      consumed_ += n;
+      return;
+    }
+    uint64_t want = 8;
+    if (head_.size() >= 8) {
+      uint64_t hl = 0;
+      for (int i = 0; i < 8; ++i) hl |= static_cast<uint64_t>(static_cast<uint8_t>(head_[i])) << (8 * i);
+      want = 8 + hl;
+    }
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(want - head_.size(), n));
+    head_.append(data, take);
+    data += take;
+    n -= take;
+    consumed_ += take;
+    if (head_.size() == 8) {
+      uint64_t hl = 0;
+      for (int i = 0; i < 8; ++i) hl |= static_cast<uint64_t>(static_cast<uint8_t>(head_[i])) << (8 * i);
+      SPES_CHECK(hl <= max_header_, "{}: safetensors header of {} bytes exceeds the {} byte limit",
+                 origin_, hl, max_header_);
+      SPES_CHECK(8 + hl <= total_, "{}: safetensors header of {} bytes runs past the end of the "
+                 "{}-byte stream", origin_, hl, total_);
+      if (hl == 0) parse_header();
+    } else if (head_.size() > 8 && head_.size() == want) {
+      parse_header();
+    }
+  }
+}
+
+void SafetensorsStreamReader::parse_header() {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(head_.begin() + 8, head_.end());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: safetensors header is not valid JSON ({})", origin_, e.what());
+  }
+  SPES_CHECK(j.is_object(), "{}: safetensors header must be a JSON object", origin_);
+  header_.header_bytes = head_.size();
+  header_.total_bytes = total_;
+  const uint64_t data_size = total_ - head_.size();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      SPES_CHECK(it->is_object(), "{}: __metadata__ must be an object of strings", origin_);
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        SPES_CHECK(m->is_string(), "{}: __metadata__ value '{}' is not a string", origin_,
+                   m.key());
+        header_.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    const auto& v = *it;
+    SPES_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") &&
+                   v.contains("data_offsets") && v["dtype"].is_string() &&
+                   v["shape"].is_array() && v["data_offsets"].is_array() &&
+                   v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned() &&
+                   v["data_offsets"][1].is_number_unsigned(),
+               "{}: tensor '{}' needs dtype, shape and data_offsets [begin, end]", origin_,
+               it.key());
+    StreamEntry e;
+    e.name = it.key();
+    e.dtype = safetensors_dtype_from_name(v["dtype"].get<std::string>(), origin_);
+    uint64_t numel = 1;
+    for (const auto& d : v["shape"]) {
+      SPES_CHECK(d.is_number_unsigned(), "{}: tensor '{}' has a negative or non-integer "
+                 "dimension", origin_, e.name);
+      const uint64_t x = d.get<uint64_t>();
+      SPES_CHECK(x <= data_size && (x == 0 || numel <= data_size / x),
+                 "{}: tensor '{}' has an absurd shape (more elements than the stream has bytes)",
+                 origin_, e.name);
+      numel *= x;
+      e.shape.push_back(static_cast<int64_t>(x));
+    }
+    e.begin = v["data_offsets"][0].get<uint64_t>();
+    e.end = v["data_offsets"][1].get<uint64_t>();
+    SPES_CHECK(e.begin <= e.end && e.end <= data_size,
+               "{}: tensor '{}' data_offsets [{}, {}] lie outside the data section ({} bytes)",
+               origin_, e.name, e.begin, e.end, data_size);
+    SPES_CHECK(e.end - e.begin == numel * c10::elementSize(e.dtype),
+               "{}: tensor '{}' occupies {} bytes but dtype x shape needs {}", origin_, e.name,
+               e.end - e.begin, numel * c10::elementSize(e.dtype));
+    header_.entries.push_back(std::move(e));
+  }
+  auto& es = header_.entries;
+  std::stable_sort(es.begin(), es.end(), [](const StreamEntry& a, const StreamEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t expect = 0;
+  for (const auto& e : es) {
+    if (e.begin == e.end) continue;
+    SPES_CHECK(e.begin == expect, "{}: tensor '{}' starts at byte {} but the previous tensor "
+               "ends at {} (overlap or hole)", origin_, e.name, e.begin, expect);
+    expect = e.end;
+  }
+  SPES_CHECK(expect == data_size, "{}: data section has {} bytes but tensors cover {}", origin_,
+             data_size, expect);
+  parsed_ = true;
+  head_.clear();
+  head_.shrink_to_fit();
+  if (on_header_) on_header_(header_);
+  feed_data(nullptr, 0);  // hands out leading empty tensors
+}
+
+void SafetensorsStreamReader::feed_data(const char* data, size_t n) {
+  auto& es = header_.entries;
+  for (;;) {
+    while (next_ < es.size() && es[next_].begin == es[next_].end) {
+      if (on_tensor_) on_tensor_(es[next_], torch::empty(es[next_].shape,
+                                                         torch::TensorOptions().dtype(es[next_].dtype)));
+      ++next_;
+    }
+    if (n == 0) return;
+    SPES_CHECK(next_ < es.size(), "{}: bytes past the last tensor", origin_);
+    const StreamEntry& e = es[next_];
+    const uint64_t size = e.end - e.begin;
+    if (current_fill_ == 0)
+      current_ = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(size - current_fill_, n));
+    std::memcpy(static_cast<char*>(current_.data_ptr()) + current_fill_, data, take);
+    current_fill_ += take;
+    data += take;
+    n -= take;
+    if (current_fill_ == size) {
+      torch::Tensor t = std::move(current_);
+      current_ = torch::Tensor();
+      current_fill_ = 0;
+      ++next_;
+      if (on_tensor_) on_tensor_(e, t);
+    }
+  }
+}
+
+void SafetensorsStreamReader::finish() const {
+  SPES_CHECK(parsed_ && consumed_ == total_, "{}: stream ended after {} of {} bytes", origin_,
+             consumed_, total_);
+  SPES_CHECK(next_ == header_.entries.size(), "{}: stream ended inside tensor '{}'", origin_,
+             next_ < header_.entries.size() ? header_.entries[next_].name : "");
+}
+
+// ---------------------------------------------------------------------------------------------
+void stream_file(const std::string& path, SafetensorsStreamReader& reader) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  SPES_CHECK(f, "cannot open '{}' for reading", path);
+  std::vector<char> buf(4 << 20);
+  try {
+    for (;;) {
+      const size_t n = std::fread(buf.data(), 1, buf.size(), f);
+      if (n == 0) break;
+      reader.feed(buf.data(), n);
+    }
+    SPES_CHECK(!std::ferror(f), "error reading '{}'", path);
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
+  std::fclose(f);
+  reader.finish();
+}
+
+StreamHeader read_stream_header(const std::string& path) {
+  const uint64_t size = fs::file_size(path);
+  SafetensorsStreamReader r(size, path, nullptr, nullptr, kMaxStreamHeaderForFiles);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  SPES_CHECK(f, "cannot open '{}' for reading", path);
+  std::string buf(8, '\0');
+  const bool ok = std::fread(&buf[0], 1, 8, f) == 8;
+  if (ok) {
+    r.feed(buf.data(), 8);
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; ++i) hl |= static_cast<uint64_t>(static_cast<uint8_t>(buf[i])) << (8 * i);
+    buf.assign(hl, '\0');
+    if (hl > 0 && std::fread(&buf[0], 1, hl, f) != hl) {
+      std::fclose(f);
+      fail("{}: truncated safetensors header", path);
+    }
+    r.feed(buf.data(), hl);
+  }
+  std::fclose(f);
+  SPES_CHECK(ok && r.has_header(), "{}: truncated safetensors header", path);
+  return r.header();
+}
+
+void write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer) {
+  const fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  SPES_CHECK(f, "cannot open '{}' for writing", tmp);
+  std::string buf;
+  bool ok = true;
+  for (uint64_t off = 0; off < writer.total_bytes() && ok; off += kFileIoBytes) {
+    buf.clear();
+    writer.read(off, kFileIoBytes, &buf);
+    ok = std::fwrite(buf.data(), 1, buf.size(), f) == buf.size();
+  }
+  ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    fs::remove(tmp);
+    fail("cannot write '{}' (disk full?)", tmp);
+  }
+  fs::rename(tmp, path);
+  dir_fsync(p.has_parent_path() ? p.parent_path().string() : ".");
+}
+
+bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string& path) {
+  std::error_code ec;
+  if (fs::file_size(path, ec) != writer.total_bytes() || ec) return false;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  std::string want, got(kFileIoBytes, '\0');
+  bool same = true;
+  for (uint64_t off = 0; off < writer.total_bytes() && same; off += kFileIoBytes) {
+    want.clear();
+    writer.read(off, kFileIoBytes, &want);
+    same = std::fread(&got[0], 1, want.size(), f) == want.size() &&
+           std::memcmp(got.data(), want.data(), want.size()) == 0;
+  }
+  std::fclose(f);
+  return same;
+}
+
+std::string chunk_sha256(const std::string& data) { return sha256_hex(data); }
+
+}  // namespace spes::sync

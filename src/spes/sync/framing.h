@@ -1,0 +1,110 @@
+// Payload framing: a sync payload (an upload or a download) is one safetensors byte stream,
+// produced and consumed piece by piece so that neither side materialises it: the writer
+// converts each tensor to the wire dtype (fp32 or bf16) only for the bytes asked for, and the
+// reader parses the header as soon as it has arrived and hands out each tensor when its last
+// byte arrives (memory: one tensor). Chunks of the stream travel with their hex SHA-256.
+// The stream writer emits exactly the bytes safetensors_serialize would. Leaves out:
+// transport (client/server) and what the tensors mean (plan.h, aggregate.h).
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "spes/io/safetensors.h"
+
+namespace spes::sync {
+
+// The dtype tensors travel in. In memory everything stays fp32.
+enum class WireDtype { F32, BF16 };
+WireDtype wire_dtype_from_string(const std::string& s);  // "fp32" | "bf16"
+const char* wire_dtype_name(WireDtype d);                // "fp32" | "bf16"
+torch::ScalarType wire_scalar_type(WireDtype d);
+// Rounds fp32 values in place to what the wire carries (identity for fp32).
+void wire_round_(const torch::Tensor& t, WireDtype d);
+
+// Writes a safetensors stream of `tensors` (cast to `dtype`) on demand.
+class SafetensorsStreamWriter {
+ public:
+  SafetensorsStreamWriter(NamedTensors tensors, torch::ScalarType dtype, Metadata metadata);
+  uint64_t total_bytes() const { return header_.size() + data_bytes_; }
+  uint64_t header_bytes() const { return header_.size(); }
+  uint64_t data_bytes() const { return data_bytes_; }
+  // Appends bytes [offset, offset + n) of the stream to `out` (n is clipped at the end).
+  void read(uint64_t offset, uint64_t n, std::string* out) const;
+
+ private:
+  struct Item {
+    torch::Tensor flat;  // contiguous 1-D view of the source tensor
+    uint64_t begin, end; // byte range in the stream
+  };
+  std::string header_;  // 8-byte length + JSON header, padded to 8
+  std::vector<Item> items_;
+  torch::ScalarType dtype_;
+  uint64_t data_bytes_ = 0;
+};
+
+// One tensor's entry in a stream header.
+struct StreamEntry {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte offsets in the data section
+};
+
+struct StreamHeader {
+  std::vector<StreamEntry> entries;  // in data order (ascending offsets, contiguous)
+  Metadata metadata;
+  uint64_t header_bytes = 0;  // 8 + JSON length
+  uint64_t total_bytes = 0;   // the whole stream
+};
+
+// Parses a safetensors stream fed in pieces of any size. `on_header` sees the parsed header
+// before any data (throw to reject); `on_tensor` receives each tensor (CPU, the stream's dtype)
+// once complete. The header must describe exactly `total_bytes` with no holes or overlaps.
+class SafetensorsStreamReader {
+ public:
+  using HeaderFn = std::function<void(const StreamHeader&)>;
+  using TensorFn = std::function<void(const StreamEntry&, const torch::Tensor&)>;
+  SafetensorsStreamReader(uint64_t total_bytes, std::string origin, HeaderFn on_header,
+                          TensorFn on_tensor, uint64_t max_header_bytes = 16ull << 20);
+  void feed(const char* data, size_t n);
+  // Throws unless every byte of the stream has been fed.
+  void finish() const;
+  uint64_t consumed() const { return consumed_; }
+  bool has_header() const { return parsed_; }
+  const StreamHeader& header() const { return header_; }
+
+ private:
+  void parse_header();
+  void feed_data(const char* data, size_t n);
+
+  uint64_t total_, max_header_;
+  std::string origin_;
+  HeaderFn on_header_;
+  TensorFn on_tensor_;
+  uint64_t consumed_ = 0;
+  std::string head_;  // header bytes until parsed
+  bool parsed_ = false;
+  StreamHeader header_;
+  size_t next_ = 0;           // entry being filled
+  torch::Tensor current_;     // its buffer
+  uint64_t current_fill_ = 0; // bytes of it received
+};
+
+// Streams a file through a reader (4 MiB at a time). The reader's total must be the file size.
+void stream_file(const std::string& path, SafetensorsStreamReader& reader);
+// Parses a stream's header from a file (reads only the header).
+StreamHeader read_stream_header(const std::string& path);
+// Writes a stream to `path` atomically (temporary name, fsync, rename), piece by piece.
+void write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer);
+
+// True when the file holds exactly the writer's bytes.
+bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string& path);
+
+// Hex SHA-256 of a chunk.
+std::string chunk_sha256(const std::string& data);
+
+}  // namespace spes::sync

@@ -1,0 +1,90 @@
+// Protocol-level constants and plain C++ types shared by the sync server, the client and the
+// tests, so that no generated protobuf type appears in a public header. The wire format itself
+// is proto/spes_sync.proto; docs/PROTOCOL.md describes both. Leaves out: transport (client.h,
+// server.h) and payload framing (framing.h).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spes/common/error.h"
+
+namespace spes::sync {
+
+constexpr uint32_t kProtocolVersion = 1;
+constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
+constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
+constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
+constexpr uint64_t kMaxHeaderBytes = 16ull << 20;  // largest safetensors header in a stream
+constexpr uint32_t kMaxWaitMs = 30000;             // cap of one WaitRound long-poll
+
+// What went wrong, mapped one to one onto gRPC status codes by the transport.
+enum class SyncErrc {
+  InvalidArgument,     // malformed request or payload (bad names, shapes, dtypes, values)
+  FailedPrecondition,  // mismatched fingerprints/settings, wrong round, not joined
+  DataLoss,            // chunk checksum or stream size mismatch
+  Aborted,             // the round moved on during a download: fetch again
+  ResourceExhausted,   // a size bound was exceeded
+  Unavailable,         // cannot reach the server (the client may retry)
+  DeadlineExceeded,    // a call ran past its deadline
+  Internal,
+};
+const char* sync_errc_name(SyncErrc c);
+
+class SyncError : public Error {
+ public:
+  SyncError(SyncErrc code, const std::string& msg) : Error(msg), code_(code) {}
+  SyncErrc code() const { return code_; }
+
+ private:
+  SyncErrc code_;
+};
+
+template <typename... Args>
+[[noreturn]] inline void sync_fail(SyncErrc code, fmt::format_string<Args...> f, Args&&... args) {
+  throw SyncError(code, fmt::format(f, std::forward<Args>(args)...));
+}
+
+struct NodeId {
+  int64_t node_id = 0;
+  uint64_t incarnation = 0;
+  std::string auth_token;  // reserved for authentication (not checked yet)
+};
+
+// What a node declares on Join; the server compares every field with its own.
+struct JoinInfo {
+  NodeId node;
+  uint32_t protocol_version = kProtocolVersion;
+  std::string model_fingerprint, ownership_fingerprint, model_config_sha256;
+  std::string mode, transfer_dtype;
+  int64_t num_peers = 0, sync_steps = 0;
+  int64_t step = 0;
+};
+
+struct JoinResult {
+  uint64_t server_incarnation = 0;
+  int64_t published_round = 0, published_step = 0;
+  std::string model_sha256;
+  uint64_t max_chunk_bytes = kMaxChunkBytes;
+};
+
+struct RoundStatus {
+  int64_t round = 0;
+  bool published = false;
+  int64_t step = 0;
+  std::string model_sha256;
+  double alpha = 0;
+  uint64_t download_bytes = 0;
+  std::vector<int64_t> waiting_for;
+  int64_t published_round = 0;
+};
+
+struct UploadResult {
+  bool accepted = false, duplicate = false;
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+enum class Selection { ForNode, All };
+
+}  // namespace spes::sync

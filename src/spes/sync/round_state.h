@@ -1,0 +1,127 @@
+// The sync server's state machine, without any transport: joins (fingerprint checks), upload
+// sessions (chunk checksums, header and value checks while the bytes arrive, staging on disk),
+// folding staged uploads into the round in ascending node order, publication (aggregate,
+// merge, persist atomically, wake the waiters), download sessions, rounds.jsonl and leaving.
+// server.cpp maps gRPC calls onto it one to one; tests drive it directly.
+//
+// Round r (r >= 1) is the sync at step r * sync_steps. Round 0 is the initial model. The
+// server accepts uploads for round published+1 only; a round publishes when every node's
+// upload has been folded. Deadlines, quorum, resumable transfers, authentication and restart
+// from DIR are left to the reliability work; the messages already carry what they need.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "spes/io/config.h"
+#include "spes/sync/aggregate.h"
+#include "spes/sync/protocol.h"
+
+namespace spes::sync {
+
+struct ServeOptions {
+  std::string out_dir;
+  bool keep_uploads = false;   // DIR/rounds/<r>/node<i>.safetensors and published.safetensors
+  double wait_log_s = 30;      // log the nodes a round waits for this often
+};
+
+class RoundState;
+
+// One upload stream. Destroying an unfinished session discards what it received.
+class UploadSession {
+ public:
+  ~UploadSession();
+  void chunk(uint64_t offset, const std::string& data, const std::string& sha256_hex);
+  UploadResult finish();
+
+ private:
+  friend class RoundState;
+  struct Impl;
+  explicit UploadSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One download stream of a published round.
+class DownloadSession {
+ public:
+  ~DownloadSession();
+  uint64_t total_bytes() const;
+  int64_t round() const;
+  // The next chunk (at most kChunkBytes); false once everything was sent. Throws
+  // SyncError(Aborted) if a newer round was published meanwhile.
+  bool next(std::string* data, uint64_t* offset);
+
+ private:
+  friend class RoundState;
+  struct Impl;
+  explicit DownloadSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class RoundState {
+ public:
+  // Builds the model from cfg (initial weights from cfg.seed), persists round 0 in DIR.
+  RoundState(const Config& cfg, ServeOptions opts);
+  ~RoundState();
+
+  JoinResult join(const JoinInfo& info);
+  std::unique_ptr<UploadSession> begin_upload(const NodeId& node, int64_t round, int64_t step,
+                                              uint64_t total_bytes);
+  RoundStatus wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms);
+  std::unique_ptr<DownloadSession> begin_download(const NodeId& node, int64_t round,
+                                                  Selection selection);
+  void leave(const NodeId& node, int64_t step, const std::string& reason);
+
+  // Periodic housekeeping (about once a second): logs the nodes an open round waits for.
+  void tick();
+  bool all_left() const;
+  // Writes the lines of rounds whose downloads are incomplete and wakes every waiter.
+  void close();
+  int64_t published_round() const;
+  const SyncModel& model() const { return *model_; }
+
+ private:
+  friend class UploadSession;
+  friend class DownloadSession;
+  struct NodeSlot;
+  struct PendingLine;
+  void check_node(const NodeId& node) const;  // lock held
+  void upload_done(int64_t node, int64_t round, const UploadMeta& meta, const std::string& path,
+                   uint64_t bytes);              // lock held
+  void fold_ready();                             // lock held
+  void publish();                                // lock held
+  void persist(const std::string& sha);          // lock held
+  void download_done(int64_t node, int64_t round, Selection sel, uint64_t bytes);
+  void write_line(PendingLine& line);            // lock held
+  std::unique_ptr<SafetensorsStreamWriter> download_writer(int64_t node, int64_t round,
+                                                           Selection selection) const;  // lock held
+  std::string staged_path(int64_t round, int64_t node) const;
+
+  Config cfg_;
+  ServeOptions opts_;
+  std::unique_ptr<SyncModel> model_;
+  std::unique_ptr<RoundAggregator> agg_;
+  uint64_t incarnation_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<NodeSlot> nodes_;
+  int64_t published_round_ = 0, published_step_ = 0;
+  std::string published_sha_;
+  double published_alpha_ = 0;
+  bool published_merged_ = false;
+  uint64_t generation_ = 0;
+  int64_t next_fold_ = 0;
+  bool closed_ = false;
+  std::chrono::steady_clock::time_point round_start_, last_wait_log_;
+  bool round_started_ = false;
+  std::vector<PendingLine> pending_;
+  std::FILE* rounds_log_ = nullptr;
+};
+
+}  // namespace spes::sync

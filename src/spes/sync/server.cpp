@@ -1,0 +1,226 @@
+// gRPC glue of the sync server (see server.h): each RPC maps onto one RoundState call, and
+// SyncError codes map onto gRPC status codes.
+#include "spes/sync/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "spes/io/files.h"
+#include "spes_sync.grpc.pb.h"
+
+namespace spes::sync {
+namespace pb = ::spes::sync::v1;
+
+namespace {
+
+grpc::StatusCode grpc_code(SyncErrc c) {
+  switch (c) {
+    case SyncErrc::InvalidArgument: return grpc::StatusCode::INVALID_ARGUMENT;
+    case SyncErrc::FailedPrecondition: return grpc::StatusCode::FAILED_PRECONDITION;
+    case SyncErrc::DataLoss: return grpc::StatusCode::DATA_LOSS;
+    case SyncErrc::Aborted: return grpc::StatusCode::ABORTED;
+    case SyncErrc::ResourceExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case SyncErrc::Unavailable: return grpc::StatusCode::UNAVAILABLE;
+    case SyncErrc::DeadlineExceeded: return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case SyncErrc::Internal: return grpc::StatusCode::INTERNAL;
+  }
+  return grpc::StatusCode::INTERNAL;
+}
+
+NodeId from_pb(const pb::NodeIdentity& n) {
+  return NodeId{n.node_id(), n.incarnation(), n.auth_token()};
+}
+
+// Runs `body`, turning exceptions into a status (and logging refusals).
+template <class F>
+grpc::Status guarded(const char* rpc, F&& body) {
+  try {
+    body();
+    return grpc::Status::OK;
+  } catch (const SyncError& e) {
+    spdlog::warn("{} refused: {}", rpc, e.what());
+    return grpc::Status(grpc_code(e.code()), e.what());
+  } catch (const std::exception& e) {
+    spdlog::error("{} failed: {}", rpc, e.what());
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
+  }
+}
+
+class Service final : public pb::SpesSync::Service {
+ public:
+  explicit Service(RoundState& st) : st_(st) {}
+
+  grpc::Status Join(grpc::ServerContext*, const pb::JoinRequest* req,
+                    pb::JoinReply* rep) override {
+    return guarded("Join", [&] {
+      JoinInfo j;
+      j.node = from_pb(req->node());
+      j.protocol_version = req->protocol_version();
+      j.model_fingerprint = req->model_fingerprint();
+      j.ownership_fingerprint = req->ownership_fingerprint();
+      j.model_config_sha256 = req->model_config_sha256();
+      j.mode = req->mode();
+      j.num_peers = req->num_peers();
+      j.sync_steps = req->sync_steps();
+      j.transfer_dtype = req->transfer_dtype();
+      j.step = req->step();
+      const JoinResult r = st_.join(j);
+      rep->set_server_incarnation(r.server_incarnation);
+      rep->set_published_round(r.published_round);
+      rep->set_published_step(r.published_step);
+      rep->set_model_sha256(r.model_sha256);
+      rep->set_max_chunk_bytes(r.max_chunk_bytes);
+    });
+  }
+
+  grpc::Status Upload(grpc::ServerContext*, grpc::ServerReader<pb::UploadChunk>* reader,
+                      pb::UploadReply* rep) override {
+    return guarded("Upload", [&] {
+      pb::UploadChunk c;
+      if (!reader->Read(&c)) sync_fail(SyncErrc::InvalidArgument, "empty upload stream");
+      const NodeId node = from_pb(c.node());
+      const int64_t round = c.round(), step = c.step();
+      const uint64_t total = c.total_bytes();
+      std::unique_ptr<UploadSession> s = st_.begin_upload(node, round, step, total);
+      do {
+        if (c.node().node_id() != node.node_id || c.round() != round ||
+            c.total_bytes() != total)
+          sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
+        s->chunk(c.offset(), c.data(), c.sha256());
+      } while (reader->Read(&c));
+      const UploadResult r = s->finish();
+      rep->set_accepted(r.accepted);
+      rep->set_bytes_received(r.bytes);
+      rep->set_upload_sha256(r.sha256);
+      rep->set_duplicate(r.duplicate);
+    });
+  }
+
+  grpc::Status WaitRound(grpc::ServerContext*, const pb::WaitRoundRequest* req,
+                         pb::RoundInfo* rep) override {
+    return guarded("WaitRound", [&] {
+      const RoundStatus r = st_.wait_round(from_pb(req->node()), req->round(),
+                                           req->max_wait_ms());
+      rep->set_round(r.round);
+      rep->set_published(r.published);
+      rep->set_step(r.step);
+      rep->set_model_sha256(r.model_sha256);
+      rep->set_alpha(r.alpha);
+      rep->set_download_bytes(r.download_bytes);
+      for (int64_t n : r.waiting_for) rep->add_waiting_for(n);
+      rep->set_published_round(r.published_round);
+    });
+  }
+
+  grpc::Status Download(grpc::ServerContext* ctx, const pb::DownloadRequest* req,
+                        grpc::ServerWriter<pb::DownloadChunk>* writer) override {
+    return guarded("Download", [&] {
+      if (req->offset() != 0)
+        sync_fail(SyncErrc::InvalidArgument, "resuming a download (offset {}) is not "
+                  "supported yet", req->offset());
+      const Selection sel =
+          req->selection() == pb::SELECTION_ALL ? Selection::All : Selection::ForNode;
+      std::unique_ptr<DownloadSession> s = st_.begin_download(from_pb(req->node()),
+                                                              req->round(), sel);
+      pb::DownloadChunk c;
+      std::string data;
+      uint64_t offset = 0;
+      while (s->next(&data, &offset)) {
+        if (ctx->IsCancelled()) sync_fail(SyncErrc::Aborted, "download cancelled by the node");
+        c.set_round(s->round());
+        c.set_offset(offset);
+        c.set_total_bytes(s->total_bytes());
+        c.set_sha256(chunk_sha256(data));
+        c.set_data(std::move(data));
+        if (!writer->Write(c)) sync_fail(SyncErrc::Aborted, "node went away mid-download");
+        data = std::move(*c.mutable_data());
+      }
+    });
+  }
+
+  grpc::Status Leave(grpc::ServerContext*, const pb::LeaveRequest* req,
+                     pb::LeaveReply*) override {
+    return guarded("Leave", [&] { st_.leave(from_pb(req->node()), req->step(), req->reason()); });
+  }
+
+ private:
+  RoundState& st_;
+};
+
+}  // namespace
+
+bool is_loopback_host(const std::string& hp) {
+  std::string host = hp;
+  if (!host.empty() && host[0] == '[') {
+    host = host.substr(1, host.find(']') - 1);
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    host = host.substr(0, host.find(':'));
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+struct SyncServer::Impl {
+  ServerOptions opts;
+  std::unique_ptr<RoundState> state;
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  std::string address;
+  std::atomic<bool> stop{false};
+};
+
+SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = std::move(opts);
+  const std::string& listen = impl_->opts.listen;
+  SPES_CHECK(impl_->opts.allow_remote || is_loopback_host(listen),
+             "refusing to listen on '{}': the sync server has no authentication yet, so it "
+             "binds loopback only; pass --allow-remote to expose it anyway (any client that "
+             "can reach the port could then upload as any node)", listen);
+  impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
+  impl_->service = std::make_unique<Service>(*impl_->state);
+  grpc::ServerBuilder b;
+  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &impl_->port);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.SetMaxSendMessageSize(kMaxMessageBytes);
+  b.RegisterService(impl_->service.get());
+  impl_->server = b.BuildAndStart();
+  SPES_CHECK(impl_->server && impl_->port > 0, "sync server: cannot listen on '{}' (address in "
+             "use or invalid?)", listen);
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  impl_->address = host + ":" + std::to_string(impl_->port);
+  file_write_atomic(impl_->opts.state.out_dir + "/server.json",
+                    nlohmann::json({{"address", impl_->address}, {"pid", ::getpid()}}).dump() +
+                        "\n");
+  spdlog::info("sync server listening on {}", impl_->address);
+}
+
+SyncServer::~SyncServer() {
+  if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() +
+                                             std::chrono::seconds(2));
+  impl_->state->close();
+}
+
+int SyncServer::port() const { return impl_->port; }
+std::string SyncServer::address() const { return impl_->address; }
+RoundState& SyncServer::state() { return *impl_->state; }
+void SyncServer::stop() { impl_->stop = true; }
+
+void SyncServer::run(const std::atomic<bool>* stop_flag) {
+  for (;;) {
+    if (impl_->stop || (stop_flag && *stop_flag)) break;
+    if (impl_->opts.exit_when_done && impl_->state->all_left()) {
+      spdlog::info("every node has left; the sync server stops");
+      break;
+    }
+    impl_->state->tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  impl_->state->close();  // wakes long-polls so that Shutdown does not wait for them
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  impl_->server.reset();
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,42 @@
+// The sync server process: the gRPC service (proto/spes_sync.proto) over RoundState. Binds
+// loopback unless told otherwise, writes DIR/server.json with the bound address (port 0 picks a
+// free port), logs the nodes a round waits for, and runs until every node has left, stop() is
+// called or the stop flag is raised. Leaves out: TLS and authentication (the messages carry a
+// token field for them), restart from DIR.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "spes/io/config.h"
+#include "spes/sync/round_state.h"
+
+namespace spes::sync {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:0";  // host:port; port 0: any free port
+  bool allow_remote = false;           // listen on a non-loopback address (no auth yet!)
+  bool exit_when_done = true;          // return from run() once every node has left
+  ServeOptions state;                  // out_dir, keep_uploads
+};
+
+class SyncServer {
+ public:
+  SyncServer(const Config& cfg, ServerOptions opts);
+  ~SyncServer();
+  int port() const;
+  std::string address() const;  // "host:port" actually bound
+  // Serves until every node has left (exit_when_done), stop() or *stop_flag becomes true.
+  void run(const std::atomic<bool>* stop_flag = nullptr);
+  void stop();
+  RoundState& state();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback_host(const std::string& host_port);
+
+}  // namespace spes::sync

@@ -1,0 +1,139 @@
+// Checkpoint directories (see checkpoint.h).
+#include "spes/train/checkpoint.h"
+
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "spes/common/error.h"
+#include "spes/common/strings.h"
+#include "spes/data/tokenizer_path.h"
+#include "spes/io/files.h"
+#include "spes/io/safetensors.h"
+
+namespace spes {
+namespace fs = std::filesystem;
+
+NamedTensors registry_tensors(const ParamRegistry& registry) {
+  NamedTensors out;
+  for (const auto& e : registry.entries()) out.emplace_back(e.name, e.tensor.detach());
+  return out;
+}
+
+void registry_load_tensors(const ParamRegistry& registry, const NamedTensors& tensors,
+                           bool require_all, const std::string& origin) {
+  std::unordered_map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [n, t] : tensors) {
+    const RegistryEntry* e = registry.find(n);
+    SPES_CHECK(e, "{}: tensor '{}' is not part of this model (different architecture?)", origin,
+               n);
+    SPES_CHECK(t.sizes() == e->tensor.sizes(), "{}: tensor '{}' has shape [{}], the model "
+               "expects [{}]", origin, n, fmt::join(t.sizes(), ", "),
+               fmt::join(e->tensor.sizes(), ", "));
+    SPES_CHECK(t.is_floating_point(), "{}: tensor '{}' is not floating point", origin, n);
+    SPES_CHECK(torch::isfinite(t).all().item<bool>(), "{}: tensor '{}' holds NaN or Inf values",
+               origin, n);
+    by_name[n] = &t;
+  }
+  if (require_all)
+    for (const auto& e : registry.entries())
+      SPES_CHECK(by_name.count(e.name), "{}: tensor '{}' is missing", origin, e.name);
+  torch::NoGradGuard ng;
+  for (const auto& [n, t] : by_name) registry.find(n)->tensor.copy_(*t);
+}
+
+void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegistry& registry,
+                     const AdamW* optimizer, const TrainState& state) {
+  const fs::path dst(dir);
+  if (dst.has_parent_path()) fs::create_directories(dst.parent_path());
+  const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  nlohmann::json files;
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    file_write_atomic(tmp + "/" + name, bytes);
+    files[name] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
+  };
+  write("model.safetensors", safetensors_serialize(registry_tensors(registry),
+                                                   {{"format", "spes-checkpoint-v1"}}));
+  if (optimizer) write("optimizer.safetensors", safetensors_serialize(optimizer->state_tensors()));
+  write("config.yaml", config_to_yaml(cfg));
+  // Keep the tokenizer with the weights so evaluation and export need nothing else.
+  const std::string tok = resolve_tokenizer_path(cfg.data);
+  if (!tok.empty())
+    write(ends_with(tok, ".json") ? "tokenizer.json" : "tokenizer.model", file_read(tok));
+  nlohmann::json st = {{"format", "spes-checkpoint-v1"},
+                       {"step", state.step},
+                       {"tokens", state.tokens},
+                       {"loader", {{"epoch", state.loader.epoch},
+                                   {"position", state.loader.position}}},
+                       {"sync_round", state.sync_round},
+                       {"optimizer_step", optimizer ? optimizer->step_count() : 0},
+                       {"model_fingerprint", registry.fingerprint()},
+                       {"extra", state.extra},
+                       {"files", files}};
+  file_write_atomic(tmp + "/state.json", st.dump(2));
+  dir_fsync(tmp);
+  dir_commit(tmp, dir);
+}
+
+static nlohmann::json read_state(const std::string& dir) {
+  const std::string path = dir + "/state.json";
+  SPES_CHECK(fs::exists(path), "'{}' is not a checkpoint directory (no state.json)", dir);
+  try {
+    return nlohmann::json::parse(file_read(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: state.json is corrupt ({})", dir, e.what());
+  }
+}
+
+static std::string read_verified(const std::string& dir, const nlohmann::json& st,
+                                 const std::string& name) {
+  const std::string bytes = file_read(dir + "/" + name);
+  const auto& f = st.at("files").at(name);
+  SPES_CHECK(bytes.size() == f.at("bytes").get<size_t>(),
+             "{}/{}: size {} differs from the {} bytes recorded in state.json (truncated?)", dir,
+             name, bytes.size(), f.at("bytes").get<size_t>());
+  SPES_CHECK(sha256_hex(bytes) == f.at("sha256").get<std::string>(),
+             "{}/{}: checksum mismatch (the file is corrupt)", dir, name);
+  return bytes;
+}
+
+Config checkpoint_config(const std::string& dir) {
+  const auto st = read_state(dir);
+  return config_parse(read_verified(dir, st, "config.yaml"), {}, dir + "/config.yaml");
+}
+
+TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry,
+                           AdamW* optimizer) {
+  const auto st = read_state(dir);
+  TrainState s;
+  try {
+    const std::string model_path = dir + "/model.safetensors";
+    registry_load_tensors(registry,
+                          safetensors_parse(read_verified(dir, st, "model.safetensors"), nullptr,
+                                            model_path),
+                          /*require_all=*/true, model_path);
+    if (optimizer) {
+      SPES_CHECK(st.at("files").contains("optimizer.safetensors"),
+                 "{}: checkpoint has no optimizer state (weights only); cannot resume training",
+                 dir);
+      const std::string opt_path = dir + "/optimizer.safetensors";
+      optimizer->load_state(safetensors_parse(read_verified(dir, st, "optimizer.safetensors"),
+                                              nullptr, opt_path),
+                            st.at("optimizer_step").get<int64_t>(), opt_path);
+    }
+    s.step = st.at("step").get<int64_t>();
+    s.tokens = st.at("tokens").get<int64_t>();
+    s.loader.epoch = st.at("loader").at("epoch").get<int64_t>();
+    s.loader.position = st.at("loader").at("position").get<int64_t>();
+    s.sync_round = st.value("sync_round", int64_t{0});
+    s.extra = st.value("extra", nlohmann::json());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: state.json lacks a field or has a wrong type ({})", dir, e.what());
+  }
+  return s;
+}
+
+}  // namespace spes

@@ -1,0 +1,41 @@
+// Checkpoints: one directory per checkpoint holding model.safetensors (every weight),
+// optimizer.safetensors (AdamW moments of the trainable tensors), config.yaml and state.json
+// (step, data position, sync round, tokens, checksums of the two tensor files). Written into
+// a temporary directory, fsynced and renamed, so a crash never leaves a half-written checkpoint;
+// loading verifies the checksums.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "spes/data/loader.h"
+#include "spes/train/optimizer.h"
+#include "spes/train/registry.h"
+
+namespace spes {
+
+struct TrainState {
+  int64_t step = 0;            // optimizer steps completed
+  int64_t tokens = 0;          // training tokens consumed
+  LoaderState loader;          // training data position
+  int64_t sync_round = 0;      // last sync round applied (SPES nodes)
+  nlohmann::json extra;        // owner-defined state (e.g. the sync client's)
+};
+
+// Writes DIR atomically. `optimizer` may be null (weights-only export).
+void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegistry& registry,
+                     const AdamW* optimizer, const TrainState& state);
+// Loads weights into the registry's tensors (names and shapes must match) and, when given,
+// the optimizer moments. Returns the saved state.
+TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry,
+                           AdamW* optimizer);
+// The config stored in a checkpoint.
+Config checkpoint_config(const std::string& dir);
+// Copies named tensors into the registry's tensors, checking names, shapes and finiteness.
+// `require_all`: every registry tensor must be present.
+void registry_load_tensors(const ParamRegistry& registry, const NamedTensors& tensors,
+                           bool require_all, const std::string& origin);
+// The whole model as named tensors in registry order.
+NamedTensors registry_tensors(const ParamRegistry& registry);
+
+}  // namespace spes

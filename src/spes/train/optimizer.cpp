@@ -1,0 +1,165 @@
+// AdamW and the LR schedule (see optimizer.h).
+#include "spes/train/optimizer.h"
+
+#include <ATen/Parallel.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+#include "spes/common/error.h"
+
+namespace spes {
+
+double lr_at_step(const Config& cfg, int64_t step) {
+  const auto& s = cfg.scheduler;
+  const double peak = cfg.optimizer.learning_rate;
+  if (s.name == "constant") return peak;
+  const int64_t t_max = s.t_max > 0 ? s.t_max : cfg.total_steps();
+  if (step < s.t_warmup) {
+    const double frac = static_cast<double>(step) / static_cast<double>(s.t_warmup);
+    return peak * (s.warmup_start + (1.0 - s.warmup_start) * frac);
+  }
+  if (step >= t_max) return peak * s.alpha_f;
+  const double span = std::max<int64_t>(1, t_max - s.t_warmup);
+  const double progress = static_cast<double>(step - s.t_warmup) / span;
+  const double lo = peak * s.alpha_f;
+  return lo + (peak - lo) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+AdamW::AdamW(std::vector<RegistryEntry> params, const OptimizerConfig& cfg)
+    : params_(std::move(params)), cfg_(cfg) {
+  for (const auto& p : params_) {
+    exp_avg_.push_back(torch::zeros_like(p.tensor, torch::MemoryFormat::Contiguous));
+    exp_avg_sq_.push_back(torch::zeros_like(p.tensor, torch::MemoryFormat::Contiguous));
+  }
+}
+
+namespace {
+
+bool cpu_fast_path(const torch::Tensor& p, const torch::Tensor& g) {
+  return p.device().is_cpu() && p.scalar_type() == torch::kFloat32 &&
+         g.scalar_type() == torch::kFloat32 && p.is_contiguous() && g.is_contiguous();
+}
+
+double sum_squares(const torch::Tensor& g) {
+  if (g.device().is_cpu() && g.scalar_type() == torch::kFloat32 && g.is_contiguous()) {
+    const float* d = g.data_ptr<float>();
+    const int64_t n = g.numel();
+    // Deterministic: fixed-size chunks summed in double, then combined in chunk order.
+    constexpr int64_t kChunk = 1 << 16;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> partial(chunks, 0.0);
+    at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        double s = 0;
+        const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+        for (int64_t i = lo; i < hi; ++i) s += static_cast<double>(d[i]) * d[i];
+        partial[c] = s;
+      }
+    });
+    double s = 0;
+    for (double x : partial) s += x;
+    return s;
+  }
+  return g.to(torch::kFloat64).pow(2).sum().item<double>();
+}
+
+}  // namespace
+
+double AdamW::grad_norm() const {
+  double s = 0;
+  for (const auto& p : params_) {
+    const auto& g = p.tensor.grad();
+    if (g.defined()) s += sum_squares(g);
+  }
+  return std::sqrt(s);
+}
+
+double AdamW::step(double lr, double max_grad_norm) {
+  torch::NoGradGuard ng;
+  const double norm = grad_norm();
+  SPES_CHECK(std::isfinite(norm), "gradient norm is {} at optimizer step {}: the loss diverged "
+             "(lower optimizer.learning_rate or check the data)", norm, step_ + 1);
+  const double clip = (max_grad_norm > 0 && norm > max_grad_norm) ? max_grad_norm / (norm + 1e-6)
+                                                                  : 1.0;
+  ++step_;
+  const double b1 = cfg_.betas[0], b2 = cfg_.betas[1], eps = cfg_.eps, wd = cfg_.weight_decay;
+  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
+  const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor p = params_[i].tensor;
+    torch::Tensor g = p.grad();
+    if (!g.defined()) continue;
+    torch::Tensor& m = exp_avg_[i];
+    torch::Tensor& v = exp_avg_sq_[i];
+    if (cpu_fast_path(p, g)) {
+      float* pd = p.data_ptr<float>();
+      const float* gd = g.data_ptr<float>();
+      float* md = m.data_ptr<float>();
+      float* vd = v.data_ptr<float>();
+      const float fb1 = b1, fb2 = b2, fclip = clip, decay = 1.0f - float(lr * wd);
+      const float fstep = step_size, fbc2s = bc2_sqrt, feps = eps;
+      at::parallel_for(0, p.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) {
+          const float gj = gd[j] * fclip;
+          const float mj = fb1 * md[j] + (1.0f - fb1) * gj;
+          const float vj = fb2 * vd[j] + (1.0f - fb2) * gj * gj;
+          md[j] = mj;
+          vd[j] = vj;
+          pd[j] = pd[j] * decay - fstep * mj / (std::sqrt(vj) / fbc2s + feps);
+        }
+      });
+    } else {
+      torch::Tensor gc = clip != 1.0 ? g * clip : g;
+      p.mul_(1.0 - lr * wd);
+      m.mul_(b1).add_(gc, 1.0 - b1);
+      v.mul_(b2).addcmul_(gc, gc, 1.0 - b2);
+      torch::Tensor denom = (v.sqrt() / bc2_sqrt).add_(eps);
+      p.addcdiv_(m, denom, -step_size);
+    }
+  }
+  return norm;
+}
+
+void AdamW::zero_grad() {
+  for (auto& p : params_) p.tensor.mutable_grad().reset();
+}
+
+NamedTensors AdamW::state_tensors() const {
+  NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back("exp_avg/" + params_[i].name, exp_avg_[i]);
+    out.emplace_back("exp_avg_sq/" + params_[i].name, exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+void AdamW::load_state(const NamedTensors& tensors, int64_t step_count,
+                       const std::string& origin) {
+  std::unordered_map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (auto [prefix, dst] : {std::pair<const char*, torch::Tensor*>{"exp_avg/", &exp_avg_[i]},
+                               {"exp_avg_sq/", &exp_avg_sq_[i]}}) {
+      const std::string key = prefix + params_[i].name;
+      auto it = by_name.find(key);
+      SPES_CHECK(it != by_name.end(), "{}: optimizer state lacks '{}' (was the checkpoint made "
+                 "with a different set of trainable tensors?)", origin, key);
+      SPES_CHECK(it->second.sizes() == dst->sizes(), "{}: optimizer tensor '{}' has shape {} but "
+                 "the parameter has {}", origin, key, fmt::join(it->second.sizes(), "x"),
+                 fmt::join(dst->sizes(), "x"));
+      dst->copy_(it->second);
+    }
+  }
+  step_ = step_count;
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < exp_avg_.size(); ++i)
+    n += (exp_avg_[i].numel() + exp_avg_sq_[i].numel()) * exp_avg_[i].element_size();
+  return n;
+}
+
+}  // namespace spes

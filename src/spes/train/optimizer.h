@@ -1,0 +1,47 @@
+// AdamW over the trainable tensors only (frozen tensors get no moment tensors at all), with
+// global-norm gradient clipping folded into the update, and the LR schedule (linear warm-up
+// from warmup_start x peak, then cosine to alpha_f x peak). On CPU the update is one fused pass
+// over (param, grad, m, v) per tensor; on other devices it uses tensor ops. Matches
+// torch.optim.AdamW (decoupled decay: p -= lr*wd*p; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)).
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "spes/io/config.h"
+#include "spes/io/safetensors.h"
+#include "spes/train/registry.h"
+
+namespace spes {
+
+double lr_at_step(const Config& cfg, int64_t step);
+
+class AdamW {
+ public:
+  AdamW(std::vector<RegistryEntry> params, const OptimizerConfig& cfg);
+
+  // Global L2 norm of the current gradients of the trainable tensors (missing grads count 0).
+  double grad_norm() const;
+  // Clips to max_norm (<= 0: no clipping) and applies one AdamW step with learning rate lr.
+  // Returns the pre-clip gradient norm. Tensors without a gradient are skipped (as PyTorch).
+  double step(double lr, double max_grad_norm);
+  // Drops every gradient (set to undefined, freeing its memory until the next backward).
+  void zero_grad();
+
+  int64_t step_count() const { return step_; }
+  // Moments as named tensors ("exp_avg/<name>", "exp_avg_sq/<name>") for checkpoints.
+  NamedTensors state_tensors() const;
+  void load_state(const NamedTensors& tensors, int64_t step_count, const std::string& origin);
+  // Bytes held by optimizer moments.
+  int64_t state_bytes() const;
+  const std::vector<RegistryEntry>& params() const { return params_; }
+
+ private:
+  std::vector<RegistryEntry> params_;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  OptimizerConfig cfg_;
+  int64_t step_ = 0;
+};
+
+}  // namespace spes

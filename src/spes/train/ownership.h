@@ -1,0 +1,35 @@
+// Which node owns (trains) each expert: one declared map from (layer, expert) to node, built
+// from spes_config and validated once (every expert has exactly one owner in [0, N)). The
+// server and every node build it from the same config and compare fingerprints on join.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spes/io/config.h"
+
+namespace spes {
+
+class Ownership {
+ public:
+  // Contiguous blocks by default (node i owns [i*m, (i+1)*m) in every layer, m = E/N);
+  // spes_config.expert_owners gives an explicit map (one row for all layers, or one per layer).
+  static Ownership from_config(const Config& cfg);
+  Ownership(int64_t num_nodes, std::vector<std::vector<int64_t>> owner);
+
+  int64_t num_nodes() const { return num_nodes_; }
+  int64_t num_layers() const { return static_cast<int64_t>(owner_.size()); }
+  int64_t num_experts() const { return owner_.empty() ? 0 : static_cast<int64_t>(owner_[0].size()); }
+  int64_t owner(int64_t layer, int64_t expert) const { return owner_.at(layer).at(expert); }
+  // Experts of `layer` owned by `node`, ascending.
+  std::vector<int64_t> experts_of(int64_t node, int64_t layer) const;
+  const std::vector<std::vector<int64_t>>& table() const { return owner_; }
+  // Stable digest of the map, compared between server and nodes.
+  std::string fingerprint() const;
+
+ private:
+  int64_t num_nodes_;
+  std::vector<std::vector<int64_t>> owner_;  // [layer][expert] -> node
+};
+
+}  // namespace spes

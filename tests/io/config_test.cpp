@@ -1,0 +1,94 @@
+// Config loading: defaults, reference key names, --set overrides, and one clear error per
+// kind of bad input (unknown key with suggestion, wrong type, inconsistent sizes, bad YAML).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "spes/common/error.h"
+#include "spes/io/config.h"
+
+using namespace spes;
+using ::testing::HasSubstr;
+
+static std::string error_of(const std::string& yaml, std::vector<std::string> sets = {}) {
+  try {
+    config_parse(yaml, sets, "test.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, ReadsReferenceKeysAndOverrides) {
+  Config c = config_parse(
+      "model:\n  d_model: 64\n  n_heads: 4\n  n_layers: 2\n  moe_num_experts: 4\n"
+      "optimizer:\n  learning_rate: 0.001\n  betas: [0.9, 0.99]\n"
+      "spes_config:\n  num_peers: 2\n  sync_steps: 10\n  mode: spes\n"
+      "max_duration: 50ba\n",
+      {"model.d_model=128", "spes_config.peer_id=1"}, "test.yaml");
+  EXPECT_EQ(c.model.d_model, 128);
+  EXPECT_EQ(c.model.n_layers, 2);
+  EXPECT_DOUBLE_EQ(c.optimizer.learning_rate, 0.001);
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.99);
+  EXPECT_EQ(c.spes_config.peer_id, 1);
+  EXPECT_EQ(c.total_steps(), 50);
+}
+
+TEST(Config, TokenDurationRoundsUpToSteps) {
+  Config c = config_parse("max_duration: 1000T\nglobal_train_batch_size: 2\n"
+                          "device_train_microbatch_size: 1\nmodel:\n  max_sequence_length: 64\n",
+                          {}, "t");
+  EXPECT_EQ(c.total_steps(), 8);  // 1000 / 128 rounded up
+}
+
+TEST(Config, YamlRoundTrip) {
+  Config c = config_parse("", {"model.d_model=96", "model.n_heads=3", "data.paths=[a, b]",
+                               "spes_config.expert_owners=[[0,0,1,1],[1,1,0,0]]",
+                               "model.n_layers=2", "model.moe_num_experts=4",
+                               "spes_config.num_peers=2"},
+                          "t");
+  Config d = config_parse(config_to_yaml(c), {}, "t2");
+  EXPECT_EQ(config_to_yaml(c), config_to_yaml(d));
+  EXPECT_EQ(d.model.d_model, 96);
+  ASSERT_EQ(d.data.paths.size(), 2u);
+  ASSERT_EQ(d.spes_config.expert_owners.size(), 2u);
+  EXPECT_EQ(d.spes_config.expert_owners[1][0], 1);
+}
+
+TEST(Config, UnknownKeySuggestsNearest) {
+  EXPECT_THAT(error_of("model:\n  d_modle: 5\n"),
+              HasSubstr("unknown key 'model.d_modle' (did you mean 'model.d_model'?)"));
+  EXPECT_THAT(error_of("", {"optimizer.learning_rat=1"}),
+              HasSubstr("did you mean 'optimizer.learning_rate'"));
+}
+
+TEST(Config, WrongTypeNamesKeyAndExpectation) {
+  EXPECT_THAT(error_of("model:\n  d_model: large\n"),
+              HasSubstr("key 'model.d_model' must be an integer, found 'large'"));
+}
+
+TEST(Config, InconsistentSizes) {
+  EXPECT_THAT(error_of("model:\n  d_model: 100\n  n_heads: 3\n"),
+              HasSubstr("must be divisible by model.n_heads"));
+  EXPECT_THAT(error_of("global_train_batch_size: 6\ndevice_train_microbatch_size: 4\n"),
+              HasSubstr("must be a multiple of device_train_microbatch_size"));
+  EXPECT_THAT(error_of("model:\n  moe_top_k: 9\n"), HasSubstr("moe_top_k must be in [1"));
+  EXPECT_THAT(error_of("max_duration: soon\n"), HasSubstr("max_duration 'soon'"));
+}
+
+TEST(Config, MalformedYamlGivesLine) {
+  EXPECT_THAT(error_of("model:\n  d_model: [1, 2\n"), HasSubstr("malformed YAML at line"));
+}
+
+TEST(Config, MissingFile) {
+  try {
+    config_load("/nonexistent/x.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/x.yaml"));
+  }
+}
+
+TEST(Config, IgnoresReferenceOnlyKeys) {
+  Config c = config_parse("wandb:\n  project: x\nmodel:\n  flash_attention: true\n", {}, "t");
+  EXPECT_EQ(c.model.d_model, ModelConfig().d_model);
+}

@@ -1,0 +1,254 @@
+// End to end over loopback with real processes: `spes prepare` on small real text, then
+// `spes serve --keep-uploads` and 3 `spes node` processes started with different seeds, then
+// `spes launch` with 2 nodes. Checks: every node starts from the server's model; after every
+// sync all nodes report the published digest; frozen experts change only through a sync;
+// upload, gradient and optimizer bytes match the trainable set (S + X/N) exactly, download
+// bytes match P - X/N (P in merge rounds); `spes aggregate` on the kept uploads reproduces
+// each published model byte for byte.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "spes/io/files.h"
+#include "spes/sync/aggregate.h"
+#include "spes/sync/run_report.h"
+#include "spes/sync/subprocess.h"
+
+using namespace spes;
+using namespace spes::sync;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string g_dir;  // shared by the tests of this suite: corpus, tokens, config
+
+// Runs a child to completion (with a timeout); returns its exit code and output.
+int run_child(const std::vector<std::string>& argv, std::string* output, double timeout_s = 120) {
+  Subprocess p(argv);
+  std::vector<std::string> lines;
+  const auto t0 = std::chrono::steady_clock::now();
+  int code = -1;
+  while (!p.poll_exit(&code)) {
+    p.read_lines(&lines);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(timeout_s)) {
+      p.kill(SIGKILL);
+      code = p.wait();
+      lines.push_back("(killed after timeout)");
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  while (p.read_lines(&lines)) {
+  }
+  for (const auto& l : lines) *output += l + "\n";
+  return code;
+}
+
+std::string read_file_or_empty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+class SyncEndToEnd : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    g_dir = (fs::temp_directory_path() /
+             ("spes_e2e_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}())))
+                .string();
+    fs::create_directories(g_dir);
+    // Small real English text: the license texts every Debian system ships; paragraphs are
+    // documents. Falls back to generated sentences elsewhere.
+    std::ofstream corpus(g_dir + "/corpus.txt");
+    size_t bytes = 0;
+    for (const char* f : {"GPL-3", "GPL-2", "LGPL-2.1", "GFDL-1.3", "Apache-2.0", "MPL-2.0",
+                          "Artistic", "CC0-1.0"}) {
+      const std::string text = read_file_or_empty(std::string("/usr/share/common-licenses/") + f);
+      corpus << text << "\n\n";
+      bytes += text.size();
+    }
+    if (bytes < 50000) {
+      std::mt19937 rng(1);
+      const char* w[] = {"the", "node", "trains", "a", "model", "and", "sends", "its", "experts",
+                         "to", "server", "which", "averages", "shared", "weights", "every",
+                         "round", "then", "all", "nodes", "load", "result"};
+      for (int d = 0; d < 400; ++d) {
+        for (int s = 0; s < 8; ++s) {
+          for (int k = 0; k < 10; ++k) corpus << w[rng() % 22] << ' ';
+          corpus << ".\n";
+        }
+        corpus << "\n";
+      }
+    }
+    corpus.close();
+    std::string out;
+    const int code = run_child({SPES_BINARY, "prepare", "--input", g_dir + "/corpus.txt", "--out",
+                                g_dir + "/tokens", "--vocab-size", "256"},
+                               &out);
+    ASSERT_EQ(code, 0) << out;
+    std::ofstream cfg(g_dir + "/config.yaml");
+    cfg << "model:\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n  mlp_hidden_size: 32\n"
+           "  moe_num_experts: 6\n  moe_top_k: 2\n  vocab_size: 256\n  max_sequence_length: 32\n"
+           "  rope_theta: 10000\n"
+           "optimizer:\n  learning_rate: 0.003\n"
+           "scheduler:\n  t_warmup: 5\n"
+           "data:\n  paths: [" << g_dir << "/tokens]\n  validation_fraction: 0.05\n"
+           "spes_config:\n  mode: spes\n  num_peers: 3\n  sync_steps: 10\n"
+           "  merge_interval: 20\n  merge_alpha_start: 0.1\n  merge_decay_steps: 1000\n"
+           "  merge_topk: 2\n"
+           "max_duration: 30\nglobal_train_batch_size: 4\ndevice_train_microbatch_size: 4\n"
+           "eval_interval: 0\neval_batches: 2\nthreads: 1\n";
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    if (!::testing::Test::HasFailure()) fs::remove_all(g_dir, ec);
+  }
+};
+
+TEST_F(SyncEndToEnd, ServerAndThreeNodesWithDifferentSeeds) {
+  const std::string cfg_path = g_dir + "/config.yaml";
+  const std::string srv = g_dir + "/server";
+  Subprocess server({SPES_BINARY, "serve", "--config", cfg_path, "--out", srv, "--listen",
+                     "127.0.0.1:0", "--keep-uploads"});
+  std::string address;
+  std::vector<std::string> server_lines;
+  for (int i = 0; i < 600 && address.empty(); ++i) {
+    server.read_lines(&server_lines);
+    ASSERT_FALSE(server.poll_exit(nullptr)) << "server died";
+    if (fs::exists(srv + "/server.json"))
+      address = nlohmann::json::parse(file_read(srv + "/server.json"))["address"];
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(address.empty()) << "server did not start";
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int i = 0; i < 3; ++i)
+    nodes.push_back(std::make_unique<Subprocess>(std::vector<std::string>{
+        SPES_BINARY, "node", "--config", cfg_path, "--node-id", std::to_string(i), "--server",
+        address, "--out", g_dir + "/node" + std::to_string(i), "--progress", "none", "--set",
+        "seed=" + std::to_string(100 + 17 * i)}));
+  std::vector<std::vector<std::string>> node_lines(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  int done = 0;
+  std::vector<int> codes(3, -1);
+  while (done < 3 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120)) {
+    for (int i = 0; i < 3; ++i) {
+      nodes[i]->read_lines(&node_lines[i]);
+      if (codes[i] < 0 && nodes[i]->poll_exit(&codes[i])) ++done;
+    }
+    server.read_lines(&server_lines);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int i = 0; i < 3; ++i) {
+    while (nodes[i]->read_lines(&node_lines[i])) {
+    }
+    std::string log;
+    for (const auto& l : node_lines[i]) log += l + "\n";
+    ASSERT_EQ(codes[i], 0) << "node " << i << ":\n" << log;
+  }
+  int server_code = -1;
+  for (int i = 0; i < 200 && !server.poll_exit(&server_code); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(server_code, 0) << "the server exits once every node has left";
+
+  // --- the server's rounds and the nodes' sync records -----------------------------------
+  const Config cfg = config_load(cfg_path);
+  const auto rounds = read_jsonl(srv + "/rounds.jsonl");
+  ASSERT_EQ(rounds.size(), 3u);
+  EXPECT_EQ(rounds[1]["step"], 20);
+  EXPECT_GT(rounds[1]["alpha"].get<double>(), 0);  // 20 is a merge point (interval 20)
+  EXPECT_EQ(rounds[0]["alpha"].get<double>(), 0);
+  Metadata md0;
+  safetensors_load(srv + "/rounds/0/published.safetensors", &md0);
+  const std::string round0 = md0.at("model_sha256");
+
+  SyncModel layout(cfg);
+  int64_t S = 0, X = 0;
+  for (const auto& t : layout.plan().tensors()) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    (t.role == ParamRole::Expert ? X : S) += n;
+  }
+  const int64_t P = S + X, own = X / 3;
+  for (int i = 0; i < 3; ++i) {
+    const auto lines = read_jsonl(g_dir + "/node" + std::to_string(i) + "/metrics.jsonl");
+    ASSERT_EQ(lines.size(), 30u);
+    // Different seeds, same start: the server's round-0 model.
+    const auto& join = lines[0]["sync_join"];
+    EXPECT_EQ(join["model_sha256"], round0) << "node " << i;
+    // Trainable set = shared + own experts; gradients and AdamW moments exactly for it.
+    EXPECT_EQ(join["trainable_numel"].get<int64_t>(), S + own);
+    EXPECT_EQ(join["frozen_numel"].get<int64_t>(), X - own);
+    EXPECT_EQ(join["grad_numel"].get<int64_t>(), S + own);
+    EXPECT_EQ(join["optimizer_state_bytes"].get<int64_t>(), 2 * 4 * (S + own));
+    EXPECT_EQ(join["upload_data_bytes"].get<int64_t>(), 4 * (S + own));
+    std::string frozen_after = join["frozen_sha256"];
+    for (const auto& l : lines) {
+      if (!l.contains("sync")) continue;
+      const auto& s = l["sync"];
+      const int64_t r = s["round"];
+      EXPECT_EQ(s["model_sha256"], rounds[r - 1]["model_sha256"]) << "node " << i << " round " << r;
+      // Upload: S + X/N fp32 values plus a small header; download: P - own (P when merged).
+      const int64_t up = s["bytes_up"], down = s["bytes_down"];
+      EXPECT_GT(up, 4 * (S + own));
+      EXPECT_LT(up, 4 * (S + own) + 16384);
+      const int64_t want_down = 4 * (r == 2 ? P : P - own);
+      EXPECT_GT(down, want_down) << "round " << r;
+      EXPECT_LT(down, want_down + 16384) << "round " << r;
+      EXPECT_EQ(rounds[r - 1]["bytes_in_per_node"][i].get<int64_t>(), up);
+      EXPECT_EQ(rounds[r - 1]["bytes_out_per_node"][i].get<int64_t>(), down);
+      // Frozen experts change only through a sync.
+      EXPECT_EQ(s["frozen_sha256_before"], frozen_after) << "node " << i << " round " << r;
+      frozen_after = s["frozen_sha256_after"];
+    }
+    EXPECT_TRUE(lines.back().contains("val_loss"));
+  }
+  // Final validation loss: identical models at step 30 (a sync step) give identical losses.
+  const auto rep = cluster_report(g_dir, 3);
+  EXPECT_TRUE(rep["all_nodes_same_model_after_every_sync"].get<bool>()) << rep.dump(2);
+  EXPECT_EQ(rep["nodes"][0]["final_val_loss"], rep["nodes"][2]["final_val_loss"]);
+
+  // --- `spes aggregate` on the kept uploads reproduces the published models ----------------
+  for (int r = 1; r <= 3; ++r) {
+    const std::string rd = srv + "/rounds/" + std::to_string(r);
+    const std::string out = g_dir + "/aggregate" + std::to_string(r) + ".safetensors";
+    std::string log;
+    std::vector<std::string> argv = {SPES_BINARY, "aggregate", "--config", cfg_path, "--step",
+                                     std::to_string(10 * r), "--out", out, "--previous",
+                                     srv + "/rounds/" + std::to_string(r - 1) +
+                                         "/published.safetensors"};
+    for (int i = 2; i >= 0; --i) argv.push_back(rd + "/node" + std::to_string(i) + ".safetensors");
+    ASSERT_EQ(run_child(argv, &log), 0) << log;
+    EXPECT_EQ(sha256_hex(file_read(out)), sha256_hex(file_read(rd + "/published.safetensors")))
+        << "round " << r;
+  }
+}
+
+TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
+  std::string out;
+  const std::string dir = g_dir + "/launch";
+  const int code = run_child({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml",
+                              "--nodes", "2", "--out", dir, "--keep-uploads", "--set",
+                              "max_duration=20", "--set", "spes_config.merge_interval=0"},
+                             &out);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("[node 1]"));
+  EXPECT_THAT(out, ::testing::HasSubstr("every node held the published model after every sync: yes"));
+  const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
+  EXPECT_EQ(summary["server"]["rounds"], 2);
+  EXPECT_EQ(summary["verify"]["equal"], 2);
+  EXPECT_EQ(summary["nodes"].size(), 2u);
+  EXPECT_TRUE(fs::exists(dir + "/node1/metrics.jsonl"));
+  // A failing part fails the launch: an impossible config for the nodes.
+  std::string out2;
+  const int bad = run_child({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes",
+                             "4", "--out", g_dir + "/launch_bad"},
+                            &out2);
+  EXPECT_NE(bad, 0) << out2;  // 6 experts cannot be split over 4 nodes
+}
+
+}  // namespace

@@ -1,0 +1,310 @@
+// Aggregation and expert merging against hand-computed values, tensor by tensor: the merge
+// schedule (merge points, alpha), similarity and donors (K), simultaneous update, owner copies,
+// equal and token weighting, a missing owner, fedavg, the diloco outer Nesterov step, bf16
+// rounding, and what each node downloads.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "spes/common/error.h"
+#include "spes/sync/aggregate.h"
+#include "spes/sync/merge.h"
+#include "sync/sync_test_util.h"
+
+using namespace spes;
+using namespace spes::sync;
+using namespace spes::sync::testing;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+namespace {
+std::string gate(int64_t e, int64_t l = 0) { return expert_param_name(l, e, "gate_proj"); }
+std::string up(int64_t e, int64_t l = 0) { return expert_param_name(l, e, "up_proj"); }
+std::string down(int64_t e, int64_t l = 0) { return expert_param_name(l, e, "down_proj"); }
+const char* kEmbed = "model.embed_tokens.weight";
+const char* kRouter = "model.layers.0.mlp.gate.weight";
+}  // namespace
+
+// ---- schedule ------------------------------------------------------------------------------
+TEST(MergeSchedule, FirstSyncAtOrAfterEachMultipleOfTheInterval) {
+  MergeSchedule s;
+  s.interval = 25;
+  s.sync_steps = 10;
+  s.alpha_start = 0.5;
+  s.decay_steps = 100;
+  s.topk = 2;
+  std::vector<int64_t> points;
+  for (int64_t step = 10; step <= 120; step += 10)
+    if (s.is_merge_point(step)) points.push_back(step);
+  // Multiples 25, 50, 75, 100: first syncs at or after them are 30, 50, 80, 100.
+  EXPECT_THAT(points, ElementsAre(30, 50, 80, 100));
+  EXPECT_DOUBLE_EQ(s.alpha(30), 0.5 * (1 - 0.30));  // 0.35
+  EXPECT_DOUBLE_EQ(s.alpha(50), 0.25);
+  EXPECT_DOUBLE_EQ(s.alpha(80), 0.5 * (1 - 0.80));  // 0.1
+  EXPECT_DOUBLE_EQ(s.alpha(100), 0.0);              // decayed to zero
+  EXPECT_DOUBLE_EQ(s.alpha(40), 0.0);               // not a merge point
+  // Interval equal to the sync period: every sync; interval 0: never.
+  s.interval = 10;
+  EXPECT_TRUE(s.is_merge_point(10) && s.is_merge_point(20));
+  s.interval = 0;
+  EXPECT_FALSE(s.is_merge_point(30));
+  // No decay when decay_steps <= 0.
+  s.interval = 25;
+  s.decay_steps = 0;
+  EXPECT_DOUBLE_EQ(s.alpha(1000), 0.5);
+}
+
+TEST(MergeSchedule, FromConfigOnlyInSpesMode) {
+  Config c = tiny_config({"spes_config.merge_interval=20", "spes_config.merge_alpha_start=0.1",
+                          "spes_config.merge_decay_steps=200"});
+  MergeSchedule s = MergeSchedule::from_config(c);
+  EXPECT_TRUE(s.is_merge_point(20));
+  EXPECT_DOUBLE_EQ(s.alpha(20), 0.1 * 0.9);
+  c.spes_config.mode = "fedavg";
+  EXPECT_FALSE(MergeSchedule::from_config(c).is_merge_point(20));
+}
+
+// ---- similarity, donors, merge -------------------------------------------------------------
+namespace {
+ExpertMats mats(std::vector<float> g, std::vector<float> u, std::vector<float> d) {
+  auto t = [](std::vector<float> v) {
+    return torch::tensor(v, torch::kFloat32).reshape({1, static_cast<int64_t>(v.size())});
+  };
+  return {t(g), t(u), t(d)};
+}
+}  // namespace
+
+TEST(Merge, GateCosineAndDonors) {
+  // gate vectors: e0 = (1, 0), e1 = (1, 1), e2 = (0, 1), e3 = (-1, 0).
+  std::vector<ExpertMats> ex = {mats({1, 0}, {0}, {0}), mats({1, 1}, {0}, {0}),
+                                mats({0, 1}, {0}, {0}), mats({-1, 0}, {0}, {0})};
+  const auto cos = gate_cosine_matrix(ex);
+  const double r = 1 / std::sqrt(2.0);
+  EXPECT_NEAR(cos[0][1], r, 1e-12);
+  EXPECT_NEAR(cos[0][2], 0, 1e-12);
+  EXPECT_NEAR(cos[0][3], -1, 1e-12);
+  EXPECT_NEAR(cos[1][2], r, 1e-12);
+  EXPECT_NEAR(cos[1][3], -r, 1e-12);
+  EXPECT_NEAR(cos[2][3], 0, 1e-12);
+  // Mean over the 6 pairs: (r + 0 - 1 + r - r + 0) / 6.
+  EXPECT_NEAR(mean_pairwise(cos), (r - 1) / 6, 1e-12);
+  // K = 1: the most similar other expert; e1 sees a tie (r with e0 and e2): lower index.
+  EXPECT_THAT(merge_donors(cos, 1), ElementsAre(ElementsAre(1), ElementsAre(0), ElementsAre(1),
+                                                ElementsAre(2)));
+  // K = 2 (returned in ascending order): e0 -> {1, 2}; e1 -> {0, 2} (r, r: tie, both);
+  // e2 -> {1, then tie 0 vs 3 at 0 -> lower index 0}; e3 -> {2, 1}.
+  EXPECT_THAT(merge_donors(cos, 2), ElementsAre(ElementsAre(1, 2), ElementsAre(0, 2),
+                                                ElementsAre(0, 1), ElementsAre(1, 2)));
+  // K is clipped to E - 1.
+  EXPECT_THAT(merge_donors(cos, 10)[0], ElementsAre(1, 2, 3));
+}
+
+TEST(Merge, SimultaneousTensorByTensorUpdate) {
+  // Three experts with 1x1 matrices; gate values 1, 2, -3 -> cos(0,1) = 1, others -1.
+  // K = 1 donors: e0 -> e1, e1 -> e0, e2 -> e0 (tie -1 vs -1: lower index).
+  std::vector<ExpertMats> ex = {mats({1}, {10}, {100}), mats({2}, {20}, {200}),
+                                mats({-3}, {30}, {300})};
+  const auto donors = merge_donors(gate_cosine_matrix(ex), 1);
+  ASSERT_THAT(donors, ElementsAre(ElementsAre(1), ElementsAre(0), ElementsAre(0)));
+  experts_merge_layer(ex, donors, 0.5);
+  // P_e <- 0.5 P_e + 0.5 P_donor, every value from pre-merge values:
+  //   gate: e0 = 0.5*1 + 0.5*2 = 1.5; e1 = 0.5*2 + 0.5*1 = 1.5 (a sequential update would
+  //   give 0.5*2 + 0.5*1.5 = 1.75); e2 = 0.5*-3 + 0.5*1 = -1.
+  EXPECT_FLOAT_EQ(ex[0].gate.item<float>(), 1.5f);
+  EXPECT_FLOAT_EQ(ex[1].gate.item<float>(), 1.5f);
+  EXPECT_FLOAT_EQ(ex[2].gate.item<float>(), -1.0f);
+  // up with up: 15, 15, 20; down with down: 150, 150, 200.
+  EXPECT_FLOAT_EQ(ex[0].up.item<float>(), 15.f);
+  EXPECT_FLOAT_EQ(ex[1].up.item<float>(), 15.f);
+  EXPECT_FLOAT_EQ(ex[2].up.item<float>(), 20.f);
+  EXPECT_FLOAT_EQ(ex[0].down.item<float>(), 150.f);
+  EXPECT_FLOAT_EQ(ex[1].down.item<float>(), 150.f);
+  EXPECT_FLOAT_EQ(ex[2].down.item<float>(), 200.f);
+}
+
+TEST(Merge, MeanOfKDonors) {
+  // gate 1, 2, 4 all parallel (cos 1 everywhere): K = 2 donors are the two others.
+  std::vector<ExpertMats> ex = {mats({1}, {1}, {1}), mats({2}, {2}, {2}), mats({4}, {4}, {4})};
+  experts_merge_layer(ex, merge_donors(gate_cosine_matrix(ex), 2), 0.2);
+  // e0 = 0.8*1 + 0.2*(2+4)/2 = 1.4; e1 = 0.8*2 + 0.2*(1+4)/2 = 2.1; e2 = 0.8*4 + 0.2*1.5 = 3.5
+  EXPECT_FLOAT_EQ(ex[0].up.item<float>(), 1.4f);
+  EXPECT_FLOAT_EQ(ex[1].up.item<float>(), 2.1f);
+  EXPECT_FLOAT_EQ(ex[2].down.item<float>(), 3.5f);
+}
+
+// ---- aggregation ---------------------------------------------------------------------------
+TEST(Aggregate, SharedMeanAndOwnerCopies) {
+  SyncModel m(tiny_config());
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  // Node 0: shared tensors 1.0, its experts (0, 1) 10 + e; node 1: shared 3.0, experts 20 + e.
+  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) {
+    return full(t, t.role == ParamRole::Expert ? 10 + t.expert : 1.0);
+  });
+  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) {
+    return full(t, t.role == ParamRole::Expert ? 20 + t.expert : 3.0);
+  });
+  const RoundOutcome o = agg.finish();
+  EXPECT_THAT(o.nodes, ElementsAre(0, 1));
+  EXPECT_DOUBLE_EQ(o.alpha, 0);
+  EXPECT_DOUBLE_EQ(uniform_value(m, kEmbed), 2.0);   // (1 + 3) / 2
+  EXPECT_DOUBLE_EQ(uniform_value(m, kRouter), 2.0);
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(0)), 10);   // owner node 0's copy
+  EXPECT_DOUBLE_EQ(uniform_value(m, up(1)), 11);
+  EXPECT_DOUBLE_EQ(uniform_value(m, down(2)), 22);   // owner node 1's copy
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(3)), 23);
+}
+
+TEST(Aggregate, TokenWeightedMean) {
+  SyncModel m(tiny_config({"spes_config.weighting=tokens"}));
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  fold_filled(agg, m.plan(), 0, 100, [](const PlanTensor& t) { return full(t, 1.0); });
+  fold_filled(agg, m.plan(), 1, 300, [](const PlanTensor& t) { return full(t, 3.0); });
+  const RoundOutcome o = agg.finish();
+  EXPECT_THAT(o.weights, ElementsAre(100, 300));
+  EXPECT_DOUBLE_EQ(uniform_value(m, kEmbed), 2.5);   // (100*1 + 300*3) / 400
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(0)), 1.0);  // experts are still owner copies
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(2)), 3.0);
+}
+
+TEST(Aggregate, MissingOwnerKeepsLastPublishedValue) {
+  SyncModel m(tiny_config());
+  const torch::Tensor before = m.tensors()[m.plan().index(gate(3))].clone();
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 5.0); });
+  agg.finish();  // node 1 absent
+  EXPECT_DOUBLE_EQ(uniform_value(m, kEmbed), 5.0);  // mean over the nodes present
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(1)), 5.0);
+  EXPECT_TRUE(torch::equal(m.tensors()[m.plan().index(gate(3))], before));
+}
+
+TEST(Aggregate, NodesFoldOnceEachInAscendingOrderWithTheirOwnTensors) {
+  SyncModel m(tiny_config());
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 1.0); });
+  EXPECT_THROW(agg.begin_node(0, 80), Error);  // out of order
+  agg.abort();
+  agg.begin(1, 10);
+  agg.begin_node(0, 80);
+  try {
+    agg.add(gate(2), torch::zeros({4, 8}));  // node 1's expert
+    FAIL() << "accepted another node's expert";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("not in its upload set"));
+  }
+}
+
+TEST(Aggregate, FedAvgAveragesEverything) {
+  SyncModel m(tiny_config({"spes_config.mode=fedavg"}));
+  EXPECT_EQ(m.plan().upload_of(0).size(), m.plan().tensors().size());
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 1.0); });
+  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 2.0); });
+  agg.finish();
+  for (const auto& t : m.plan().tensors()) EXPECT_DOUBLE_EQ(uniform_value(m, t.name), 1.5) << t.name;
+}
+
+TEST(Aggregate, DilocoOuterNesterovStep) {
+  SyncModel m(tiny_config({"spes_config.mode=diloco"}));  // outer lr 0.7, momentum 0.9
+  NamedTensors ones;
+  for (const auto& t : m.plan().tensors()) ones.emplace_back(t.name, full(t, 1.0));
+  m.load(ones, "test");
+  RoundAggregator agg(m);
+  // Round 1: prev 1, avg (0.25 + 0.75) / 2 = 0.5 -> delta 0.5, m = 0.5,
+  // new = 1 - 0.7 * (0.5 + 0.9 * 0.5) = 0.335.
+  agg.begin(1, 10);
+  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.25); });
+  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.75); });
+  agg.finish();
+  EXPECT_NEAR(uniform_value(m, kEmbed), 0.335, 1e-6);
+  EXPECT_NEAR(uniform_value(m, gate(3)), 0.335, 1e-6);  // experts too (no owners in diloco)
+  EXPECT_NEAR(m.momentum()[m.plan().index(kEmbed)].max().item<double>(), 0.5, 1e-6);
+  // Round 2: prev 0.335, avg 0.135 -> delta 0.2, m = 0.9*0.5 + 0.2 = 0.65,
+  // new = 0.335 - 0.7 * (0.2 + 0.9 * 0.65) = -0.2145.
+  agg.begin(2, 20);
+  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.135); });
+  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.135); });
+  agg.finish();
+  EXPECT_NEAR(uniform_value(m, kEmbed), -0.2145, 1e-6);
+  EXPECT_NEAR(m.momentum()[m.plan().index(kEmbed)].max().item<double>(), 0.65, 1e-6);
+}
+
+TEST(Aggregate, MergeAtAMergePointTensorByTensor) {
+  SyncModel m(tiny_config({"spes_config.merge_interval=10", "spes_config.merge_alpha_start=0.5",
+                           "spes_config.merge_decay_steps=0", "spes_config.merge_topk=1"}));
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  // gate_proj constants +1, +2, -1, -3: cos(0,1) = 1 = cos(2,3), every other pair -1.
+  // K = 1 donors: 0 -> 1, 1 -> 0, 2 -> 3, 3 -> 2. up = 10(e+1), down = 100(e+1).
+  const double g[4] = {1, 2, -1, -3};
+  auto value = [&](const PlanTensor& t) {
+    if (t.role != ParamRole::Expert) return full(t, 0.5);
+    if (t.name == gate(t.expert)) return full(t, g[t.expert]);
+    if (t.name == up(t.expert)) return full(t, 10.0 * (t.expert + 1));
+    return full(t, 100.0 * (t.expert + 1));
+  };
+  fold_filled(agg, m.plan(), 0, 80, value);
+  fold_filled(agg, m.plan(), 1, 80, value);
+  const RoundOutcome o = agg.finish();
+  EXPECT_TRUE(o.merged);
+  EXPECT_DOUBLE_EQ(o.alpha, 0.5);
+  ASSERT_EQ(o.gate_cos_before.size(), 1u);
+  EXPECT_NEAR(o.gate_cos_before[0], (1 - 1 - 1 - 1 - 1 + 1) / 6.0, 1e-12);  // -1/3
+  // gate: 0.5*1 + 0.5*2 = 1.5 (twice), 0.5*-1 + 0.5*-3 = -2 (twice).
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(0)), 1.5);
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(1)), 1.5);
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(2)), -2);
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(3)), -2);
+  // up with up: (10 + 20) / 2 = 15, 15, (30 + 40) / 2 = 35, 35; down with down: 150 ... 350.
+  EXPECT_DOUBLE_EQ(uniform_value(m, up(0)), 15);
+  EXPECT_DOUBLE_EQ(uniform_value(m, up(3)), 35);
+  EXPECT_DOUBLE_EQ(uniform_value(m, down(1)), 150);
+  EXPECT_DOUBLE_EQ(uniform_value(m, down(2)), 350);
+  EXPECT_DOUBLE_EQ(uniform_value(m, kEmbed), 0.5);  // merging touches experts only
+  // After the merge the gate vectors are 1.5, 1.5, -2, -2: mean cosine again -1/3.
+  EXPECT_NEAR(o.gate_cos[0], -1.0 / 3, 1e-12);
+  // Merged rounds send every expert back; other rounds skip the node's own experts.
+  EXPECT_EQ(m.plan().download_for(0, true).size(), m.plan().tensors().size());
+  const auto plain = m.plan().download_for(0, false);
+  EXPECT_EQ(plain.size(), m.plan().tensors().size() - 6);  // 2 own experts x 3 matrices
+  for (size_t i : plain) EXPECT_NE(m.plan().tensors()[i].owner, 0);
+}
+
+TEST(Aggregate, Bf16TransferPublishesBf16Values) {
+  SyncModel m(tiny_config({"spes_config.transfer_dtype=bf16"}));
+  for (const auto& t : m.tensors())  // the initial model already is what the wire carries
+    EXPECT_TRUE(torch::equal(t, t.to(torch::kBFloat16).to(torch::kFloat32)));
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  // 1 and 1 + 2^-7 are bf16 values; their mean 1 + 2^-8 is not and rounds (to even) to 1.
+  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 1.0); });
+  fold_filled(agg, m.plan(), 1, 80,
+              [](const PlanTensor& t) { return full(t, 1.0 + std::ldexp(1.0, -7)); });
+  agg.finish();
+  EXPECT_DOUBLE_EQ(uniform_value(m, kEmbed), 1.0);
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(2)), 1.0 + std::ldexp(1.0, -7));
+}
+
+TEST(Aggregate, SameSeedSameInitialModelAndDigestMatchesANodeRegistry) {
+  SyncModel a(tiny_config()), b(tiny_config());
+  EXPECT_EQ(a.weights_sha256(), b.weights_sha256());
+  SyncModel c(tiny_config({"seed=7"}));
+  EXPECT_NE(a.weights_sha256(), c.weights_sha256());
+  // A node's registry over a model holding the same weights gives the same digest.
+  const Config cfg = tiny_config({"seed=99"});
+  Transformer node_model(cfg.model);
+  node_model.init_weights(99);
+  ParamRegistry reg(node_model, cfg, Ownership::from_config(cfg), 1);
+  EXPECT_NE(reg.weights_sha256(), a.weights_sha256());
+  {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < reg.entries().size(); ++i) reg.entries()[i].tensor.copy_(a.tensors()[i]);
+  }
+  EXPECT_EQ(reg.weights_sha256(), a.weights_sha256());
+  EXPECT_EQ(reg.fingerprint(), a.model_fingerprint());
+}
