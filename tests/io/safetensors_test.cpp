@@ -29,15 +29,6 @@ std::string raw(const std::string& header, const std::string& data) {
   return le64(header.size()) + header + data;
 }
 
-std::string parse_error(const std::string& bytes) {
-  try {
-    safetensors_parse(bytes, nullptr, "lying.safetensors");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 const torch::Tensor& find(const NamedTensors& ts, const std::string& name) {
   for (const auto& [n, t] : ts)
     if (n == name) return t;

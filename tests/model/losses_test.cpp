@@ -261,8 +261,9 @@ TEST(ComputeLossesNumeric, TinyModelTermsAndWeights) {
 
 // Whole-model gradient: autograd vs central differences of compute_losses().total on a few
 // entries of the embedding, q_proj, router, an expert and the LM head, in double.
-// The tolerance allows for the fp32 internals of rms_norm, the router and lm_losses (see the
-// DoubleInputsAreComputedInDouble tests): with those fixed it can be tightened to ~1e-6.
+// While rms_norm, the router and lm_losses compute in fp32 even for double inputs (see the
+// DoubleInputsAreComputedInDouble tests) the loss is an fp32 number and the check needs a large
+// step and a loose tolerance; once the loss comes back in double the check tightens itself.
 TEST(ComputeLossesNumeric, WholeModelFiniteDifferences) {
   ModelConfig cfg = tiny_config();
   cfg.init_std = 0.2;  // larger weights: gradients well above the fp32 noise of the loss
@@ -292,7 +293,9 @@ TEST(ComputeLossesNumeric, WholeModelFiniteDifferences) {
       "model.layers.1.mlp.gate.weight", expert_param_name(0, busy_expert, "down_proj"),
       expert_param_name(0, busy_expert, "gate_proj"), "lm_head.weight"};
   torch::manual_seed(8);
-  const double eps = 1e-3;
+  const bool exact = compute_losses(model, tokens, targets).total.scalar_type() == torch::kFloat64;
+  const double eps = exact ? 1e-5 : 1e-2;
+  const double tol_abs = exact ? 1e-6 : 2e-3, tol_rel = exact ? 1e-5 : 1e-2;
   int64_t checked = 0;
   for (const auto& name : names) {
     const torch::Tensor& p = param(model, name);
@@ -317,7 +320,8 @@ TEST(ComputeLossesNumeric, WholeModelFiniteDifferences) {
       if (!same_p || !same_m) continue;  // a top-k choice flipped: not differentiable there
       const double fd = (lp - lm) / (2 * eps);
       const double ad = g.view(-1)[i].item<double>();
-      EXPECT_NEAR(fd, ad, 2e-3 * gscale + 1e-2 * std::abs(ad)) << name << "[" << i << "]";
+      EXPECT_NEAR(fd, ad, tol_abs * gscale + tol_rel * std::abs(ad))
+          << name << "[" << i << "] exact=" << exact;
       ++checked;
     }
   }

@@ -188,7 +188,9 @@ TEST(MoeForwardRef, MatchesPerTokenLoopFp32) {
         ASSERT_EQ(out.sizes(), c.x.sizes());
         EXPECT_EQ(out.scalar_type(), torch::kFloat32);
         EXPECT_LT(max_abs_diff(out, ref.out), 2e-5);
-        if (starve) EXPECT_EQ(ref.counts[E - 1], 0.0);
+        if (starve) {
+          EXPECT_EQ(ref.counts[E - 1], 0.0);
+        }
         for (int64_t e = 0; e < E; ++e) EXPECT_EQ(st.counts[e].item<double>(), ref.counts[e]);
       }
 }
@@ -240,15 +242,18 @@ TEST(MoeRouterStats, CountsAndProbs) {
     EXPECT_LT((row_sums - 1.0).abs().max().item<double>(), 1e-6);
     EXPECT_LT(max_abs_diff(st.probs, ref.probs), 1e-6);
     // logits = x router^T
-    Mat lg = to_mat(torch::matmul(c.x.to(torch::kFloat64), c.router.to(torch::kFloat64).t()));
-    EXPECT_LT(max_abs_diff(st.logits, lg), 1e-5);
+    torch::Tensor lg = torch::matmul(c.x.to(torch::kFloat64), c.router.to(torch::kFloat64).t());
+    EXPECT_LT(((st.logits.to(torch::kFloat64) - lg).abs() / (1.0 + lg.abs())).max().item<double>(),
+              1e-6);
     for (int64_t e = 0; e < E; ++e) EXPECT_EQ(st.counts[e].item<double>(), ref.counts[e]);
-    if (E == 8) EXPECT_EQ(st.counts[E - 1].item<double>(), 0.0);
+    if (E == 8) {
+      EXPECT_EQ(st.counts[E - 1].item<double>(), 0.0);
+    }
   }
 }
 
 // Gradients w.r.t. x, router and every expert's w1/v1/w2 against central differences.
-// The tolerance (1e-4 relative at eps 1e-4) is what a correct gradient passes even while the
+// The tolerance (1e-3 relative at eps 1e-3) is what a correct gradient passes even while the
 // router is evaluated in fp32 (see DoubleInputsAreComputedInDouble); a wrong gradient term is
 // off by O(1).
 TEST(MoeGrad, MatchesFiniteDifferences) {
@@ -257,7 +262,7 @@ TEST(MoeGrad, MatchesFiniteDifferences) {
     SCOPED_TRACE(testing::Message() << "E=" << E << " k=" << k << " norm=" << norm);
     MoeCase c = make_case(7, 5, 4, E, torch::kFloat64, 40 + E, E == 5);
     int64_t checked = 0;
-    double worst = grad_check(c, k, norm, 1e-4, &checked);
+    double worst = grad_check(c, k, norm, 1e-3, &checked);
     const int64_t total = 7 * 5 + E * 5 + E * 3 * 20;
     EXPECT_GT(checked, total * 9 / 10);
     EXPECT_LT(worst, 1e-3);
@@ -308,6 +313,8 @@ TEST(MoeGrad, FrozenExpertPassesInputGradient) {
       EXPECT_EQ(t->grad().defined(), !is_frozen) << "expert " << e;
       EXPECT_FALSE(is_frozen && t->requires_grad());
     }
-    if (!is_frozen) EXPECT_TRUE(torch::allclose(frozen[e].w1.grad(), all[e].w1.grad()));
+    if (!is_frozen) {
+      EXPECT_TRUE(torch::allclose(frozen[e].w1.grad(), all[e].w1.grad()));
+    }
   }
 }

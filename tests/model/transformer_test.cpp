@@ -206,8 +206,11 @@ TEST(TransformerForward, ShapesAndRouterStats) {
     EXPECT_EQ(s.probs.sizes(), (std::vector<int64_t>{24, 4}));
     EXPECT_EQ(s.counts.sum().item<double>(), 24.0 * 2);
   }
-  // Final RMSNorm with unit weight: every hidden vector has mean square ~1.
-  EXPECT_NEAR(r.hidden.pow(2).mean(-1).min().item<double>(), 1.0, 1e-3);
+  // Final RMSNorm with unit weight: every hidden vector has mean square ms/(ms + eps) <= 1,
+  // close to 1 (the residual stream of this small-init model has rms ~0.02, so ms ~ 4e-4).
+  torch::Tensor ms = r.hidden.pow(2).mean(-1);
+  EXPECT_LE(ms.max().item<double>(), 1.0 + 1e-5);
+  EXPECT_GT(ms.min().item<double>(), 0.95);
   EXPECT_EQ(m.logits(tokens).sizes(), (std::vector<int64_t>{3, 8, 32}));
   // Causal: changing the last token leaves the logits of earlier positions unchanged.
   torch::Tensor t2 = tokens.clone();

@@ -106,7 +106,7 @@ class SyncEndToEnd : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     std::error_code ec;
-    if (!::testing::Test::HasFailure()) fs::remove_all(g_dir, ec);
+    if (::testing::UnitTest::GetInstance()->failed_test_count() == 0) fs::remove_all(g_dir, ec);
   }
 };
 

@@ -63,7 +63,7 @@ struct Node {
   }
 };
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     base_ = fs::temp_directory_path() /
@@ -115,7 +115,7 @@ TrainState sample_state() {
 
 }  // namespace
 
-TEST_F(CheckpointTest, RoundTrip) {
+TEST_F(CheckpointFiles, RoundTrip) {
   Config cfg = tiny_config();
   Node a(cfg, 1);
   a.train_step(10);
@@ -166,7 +166,7 @@ TEST_F(CheckpointTest, RoundTrip) {
   EXPECT_EQ(c.opt.step_count(), 0);
 }
 
-TEST_F(CheckpointTest, CorruptionAndTruncationDetectedWeightsUnchanged) {
+TEST_F(CheckpointFiles, CorruptionAndTruncationDetectedWeightsUnchanged) {
   Config cfg = tiny_config();
   Node a(cfg, 1);
   a.train_step(10);
@@ -227,7 +227,7 @@ TEST_F(CheckpointTest, CorruptionAndTruncationDetectedWeightsUnchanged) {
 // "step" leaves the model with the checkpoint's weights but the caller's old optimizer state.
 // Fix: read, verify and parse every file and field first; copy into the model and optimizer only
 // when everything has been validated.
-TEST_F(CheckpointTest, FailedOptimizerLoadLeavesWeightsUnchanged) {
+TEST_F(CheckpointFiles, FailedOptimizerLoadLeavesWeightsUnchanged) {
   Config cfg = tiny_config();
   Node a(cfg, 1);
   a.train_step(10);

@@ -208,7 +208,9 @@ TEST(RegistrySpesNode, TrainsExactlyItsExpertsAndShared) {
     if (e.role == ParamRole::Expert)
       expect_grad = fr.routers[e.layer].counts[e.expert].item<double>() > 0;
     EXPECT_EQ(e.tensor.grad().defined(), expect_grad) << e.name;
-    if (expect_grad) EXPECT_GT(e.tensor.grad().abs().sum().item<double>(), 0.0) << e.name;
+    if (expect_grad) {
+      EXPECT_GT(e.tensor.grad().abs().sum().item<double>(), 0.0) << e.name;
+    }
   }
 
   // Optimizer state: two fp32 moments per trainable element, nothing for frozen tensors.

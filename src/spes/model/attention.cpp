@@ -22,7 +22,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   torch::Tensor mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
                            .triu(1);
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  torch::Tensor probs = torch::softmax(scores, -1, at::promote_types(q.scalar_type(), torch::kFloat32)).to(q.scalar_type());
   return torch::matmul(probs, vv);
 #endif
 }

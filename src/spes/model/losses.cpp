@@ -5,12 +5,12 @@ namespace spes {
 
 std::pair<torch::Tensor, torch::Tensor> lm_losses(const torch::Tensor& logits,
                                                   const torch::Tensor& targets) {
-  torch::Tensor lf = logits.to(torch::kFloat32);
+  torch::Tensor lf = logits.to(at::promote_types(logits.scalar_type(), torch::kFloat32));
   torch::Tensor valid = targets >= 0;
   torch::Tensor safe_t = targets.clamp_min(0);
   torch::Tensor lse = torch::logsumexp(lf, -1);                          // [N]
   torch::Tensor tgt = lf.gather(-1, safe_t.unsqueeze(-1)).squeeze(-1);    // [N]
-  torch::Tensor mask = valid.to(torch::kFloat32);
+  torch::Tensor mask = valid.to(lf.scalar_type());
   torch::Tensor n = mask.sum().clamp_min(1.0);
   torch::Tensor ce = ((lse - tgt) * mask).sum() / n;
   torch::Tensor z = (lse.pow(2) * mask).sum() / n;

@@ -4,9 +4,10 @@
 namespace spes {
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  torch::Tensor xf = x.to(torch::kFloat32);
+  const auto ct = at::promote_types(x.scalar_type(), torch::kFloat32);
+  torch::Tensor xf = x.to(ct);
   torch::Tensor inv = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return (xf * inv * weight.to(torch::kFloat32)).to(x.scalar_type());
+  return (xf * inv * weight.to(ct)).to(x.scalar_type());
 }
 
 std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t max_seq, int64_t head_dim,

@@ -225,7 +225,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
   frozen_sha_ = frozen_after;
   tokens_at_sync_ = t.state().tokens;
   t.state().sync_round = round;
-  spdlog::info("node {}: round {} (step {}): up {} , down {}, upload {:.2f} s, wait {:.2f} s, "
+  spdlog::info("node {}: round {} (step {}): up {}, down {}, upload {:.2f} s, wait {:.2f} s, "
                "download {:.2f} s{}, sha256 {}", node, round, step,
                human_bytes(static_cast<double>(up.bytes)), human_bytes(static_cast<double>(down)),
                upload_s, wait_s, download_s,

@@ -159,7 +159,7 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
   if (got.size() != want.size())
     sync_fail(SyncErrc::InvalidArgument, "{}: upload holds {} tensors but node {} trains {} "
               "(first missing: '{}')", origin, got.size(), m.node, want.size(),
-              plan.tensors()[want[std::min(got.size(), want.size() - 1)]].name);
+              plan.tensors()[want[got.size()]].name);
   return m;
 }
 

@@ -317,9 +317,9 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
                 node.node_id, round);
     } else {
       const uint64_t limit = 8 + kMaxHeaderBytes + model_->plan().upload_data_bytes(node.node_id);
-      if (total_bytes > limit)
-        sync_fail(SyncErrc::ResourceExhausted, "node {}: upload of {} bytes exceeds the {} bytes "
-                  "its tensors can take", node.node_id, total_bytes, limit);
+      if (total_bytes < 8 || total_bytes > limit)
+        sync_fail(SyncErrc::ResourceExhausted, "node {}: an upload of {} bytes is impossible "
+                  "(its tensors take at most {} bytes)", node.node_id, total_bytes, limit);
       slot.up = NodeSlot::Up::Uploading;
       if (!round_started_) {
         round_started_ = true;
@@ -327,19 +327,17 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
       }
     }
   }
-  if (!impl->duplicate) {
-    impl->path = staged_path(round, node.node_id);
-    impl->partial = impl->path + ".partial";
-    fs::create_directories(fs::path(impl->path).parent_path());
-    impl->f = std::fopen(impl->partial.c_str(), "wb");
-    if (!impl->f) {
-      std::lock_guard<std::mutex> lk(mu_);
-      nodes_[node.node_id].up = NodeSlot::Up::None;
-      sync_fail(SyncErrc::Internal, "cannot create '{}'", impl->partial);
-    }
+  // From here on the session's destructor cleans up (file, slot) whatever goes wrong.
+  UploadSession::Impl* s = impl.get();
+  std::unique_ptr<UploadSession> session(new UploadSession(std::move(impl)));
+  if (!s->duplicate) {
+    s->path = staged_path(round, node.node_id);
+    s->partial = s->path + ".partial";
+    fs::create_directories(fs::path(s->path).parent_path());
+    s->f = std::fopen(s->partial.c_str(), "wb");
+    if (!s->f) sync_fail(SyncErrc::Internal, "cannot create '{}'", s->partial);
     const std::string origin = fmt::format("upload of node {} round {}", node.node_id, round);
-    UploadSession::Impl* s = impl.get();
-    impl->reader = std::make_unique<SafetensorsStreamReader>(
+    s->reader = std::make_unique<SafetensorsStreamReader>(
         total_bytes, origin,
         [this, s, origin](const StreamHeader& h) {
           s->meta = check_upload_header(model_->plan(), h, s->node, origin);
@@ -352,7 +350,7 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
         },
         kMaxHeaderBytes);
   }
-  return std::unique_ptr<UploadSession>(new UploadSession(std::move(impl)));
+  return session;
 }
 
 void RoundState::upload_done(int64_t node, int64_t round, const UploadMeta& meta,

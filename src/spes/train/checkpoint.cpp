@@ -111,19 +111,23 @@ TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry
   TrainState s;
   try {
     const std::string model_path = dir + "/model.safetensors";
-    registry_load_tensors(registry,
-                          safetensors_parse(read_verified(dir, st, "model.safetensors"), nullptr,
-                                            model_path),
-                          /*require_all=*/true, model_path);
+    NamedTensors weights = safetensors_parse(read_verified(dir, st, "model.safetensors"), nullptr,
+                                             model_path);
+    NamedTensors opt_state;
+    const std::string opt_path = dir + "/optimizer.safetensors";
     if (optimizer) {
       SPES_CHECK(st.at("files").contains("optimizer.safetensors"),
                  "{}: checkpoint has no optimizer state (weights only); cannot resume training",
                  dir);
-      const std::string opt_path = dir + "/optimizer.safetensors";
-      optimizer->load_state(safetensors_parse(read_verified(dir, st, "optimizer.safetensors"),
-                                              nullptr, opt_path),
-                            st.at("optimizer_step").get<int64_t>(), opt_path);
+      opt_state = safetensors_parse(read_verified(dir, st, "optimizer.safetensors"), nullptr,
+                                    opt_path);
     }
+    const int64_t opt_step = optimizer ? st.at("optimizer_step").get<int64_t>() : 0;
+    (void)st.at("step"); (void)st.at("tokens"); (void)st.at("loader").at("epoch");
+    (void)st.at("loader").at("position");
+    if (optimizer) optimizer->check_state(opt_state, opt_path);  // all checks before any copy
+    registry_load_tensors(registry, weights, /*require_all=*/true, model_path);
+    if (optimizer) optimizer->load_state(opt_state, opt_step, opt_path);
     s.step = st.at("step").get<int64_t>();
     s.tokens = st.at("tokens").get<int64_t>();
     s.loader.epoch = st.at("loader").at("epoch").get<int64_t>();

@@ -32,6 +32,7 @@ AdamW::AdamW(std::vector<RegistryEntry> params, const OptimizerConfig& cfg)
     exp_avg_.push_back(torch::zeros_like(p.tensor, torch::MemoryFormat::Contiguous));
     exp_avg_sq_.push_back(torch::zeros_like(p.tensor, torch::MemoryFormat::Contiguous));
   }
+  tensor_steps_.assign(params_.size(), 0);
 }
 
 namespace {
@@ -84,13 +85,13 @@ double AdamW::step(double lr, double max_grad_norm) {
                                                                   : 1.0;
   ++step_;
   const double b1 = cfg_.betas[0], b2 = cfg_.betas[1], eps = cfg_.eps, wd = cfg_.weight_decay;
-  const double bc1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(b2, static_cast<double>(step_));
-  const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor p = params_[i].tensor;
     torch::Tensor g = p.grad();
     if (!g.defined()) continue;
+    const double t = static_cast<double>(++tensor_steps_[i]);
+    const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
+    const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
     torch::Tensor& m = exp_avg_[i];
     torch::Tensor& v = exp_avg_sq_[i];
     if (cpu_fast_path(p, g)) {
@@ -131,26 +132,45 @@ NamedTensors AdamW::state_tensors() const {
   for (size_t i = 0; i < params_.size(); ++i) {
     out.emplace_back("exp_avg/" + params_[i].name, exp_avg_[i]);
     out.emplace_back("exp_avg_sq/" + params_[i].name, exp_avg_sq_[i]);
+    out.emplace_back("step/" + params_[i].name, torch::tensor(tensor_steps_[i], torch::kInt64));
   }
   return out;
 }
 
+void AdamW::check_state(const NamedTensors& tensors, const std::string& origin) const {
+  std::unordered_map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [n, t] : tensors) by_name[n] = &t;
+  auto need = [&](const std::string& key) -> const torch::Tensor& {
+    auto it = by_name.find(key);
+    SPES_CHECK(it != by_name.end(), "{}: optimizer state lacks '{}' (was the checkpoint made "
+               "with a different set of trainable tensors?)", origin, key);
+    return *it->second;
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (const char* prefix : {"exp_avg/", "exp_avg_sq/"}) {
+      const std::string key = prefix + params_[i].name;
+      const torch::Tensor& t = need(key);
+      SPES_CHECK(t.sizes() == exp_avg_[i].sizes(), "{}: optimizer tensor '{}' has shape [{}] but "
+                 "the parameter has [{}]", origin, key, fmt::join(t.sizes(), ", "),
+                 fmt::join(exp_avg_[i].sizes(), ", "));
+      SPES_CHECK(t.is_floating_point() && torch::isfinite(t).all().item<bool>(),
+                 "{}: optimizer tensor '{}' is not finite floating point data", origin, key);
+    }
+    const torch::Tensor& st = need("step/" + params_[i].name);
+    SPES_CHECK(st.numel() == 1 && st.scalar_type() == torch::kInt64 && st.item<int64_t>() >= 0,
+               "{}: 'step/{}' must be one non-negative int64", origin, params_[i].name);
+  }
+}
+
 void AdamW::load_state(const NamedTensors& tensors, int64_t step_count,
                        const std::string& origin) {
+  check_state(tensors, origin);
   std::unordered_map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
   torch::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i) {
-    for (auto [prefix, dst] : {std::pair<const char*, torch::Tensor*>{"exp_avg/", &exp_avg_[i]},
-                               {"exp_avg_sq/", &exp_avg_sq_[i]}}) {
-      const std::string key = prefix + params_[i].name;
-      auto it = by_name.find(key);
-      SPES_CHECK(it != by_name.end(), "{}: optimizer state lacks '{}' (was the checkpoint made "
-                 "with a different set of trainable tensors?)", origin, key);
-      SPES_CHECK(it->second.sizes() == dst->sizes(), "{}: optimizer tensor '{}' has shape {} but "
-                 "the parameter has {}", origin, key, fmt::join(it->second.sizes(), "x"),
-                 fmt::join(dst->sizes(), "x"));
-      dst->copy_(it->second);
-    }
+    exp_avg_[i].copy_(by_name.at("exp_avg/" + params_[i].name));
+    exp_avg_sq_[i].copy_(by_name.at("exp_avg_sq/" + params_[i].name));
+    tensor_steps_[i] = by_name.at("step/" + params_[i].name).item<int64_t>();
   }
   step_ = step_count;
 }

@@ -30,8 +30,12 @@ class AdamW {
   void zero_grad();
 
   int64_t step_count() const { return step_; }
-  // Moments as named tensors ("exp_avg/<name>", "exp_avg_sq/<name>") for checkpoints.
+  // Moments and per-tensor step counts as named tensors ("exp_avg/<name>",
+  // "exp_avg_sq/<name>", "step/<name>") for checkpoints.
   NamedTensors state_tensors() const;
+  // Throws (changing nothing) unless `tensors` hold a complete, well-shaped state.
+  void check_state(const NamedTensors& tensors, const std::string& origin) const;
+  // check_state, then replaces the moments and step counts.
   void load_state(const NamedTensors& tensors, int64_t step_count, const std::string& origin);
   // Bytes held by optimizer moments.
   int64_t state_bytes() const;
@@ -40,8 +44,11 @@ class AdamW {
  private:
   std::vector<RegistryEntry> params_;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  // Steps each tensor has taken: a tensor without a gradient in a step (an expert that got no
+  // tokens) is skipped and keeps its own bias correction, as in torch.optim.AdamW.
+  std::vector<int64_t> tensor_steps_;
   OptimizerConfig cfg_;
-  int64_t step_ = 0;
+  int64_t step_ = 0;  // optimizer steps taken
 };
 
 }  // namespace spes
