@@ -229,7 +229,7 @@ TEST(RoundState, JoinChecksFingerprintsAndSettings) {
 
 TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   TempDir tmp;
-  const Config cfg = tiny_config({"spes_config.merge_interval=10", "spes_config.merge_topk=1",
+  const Config cfg = tiny_config({"spes_config.merge_interval=20", "spes_config.merge_topk=1",
                                   "spes_config.merge_alpha_start=0.1"});
   RoundState st(cfg, {tmp.path, /*keep_uploads=*/true});
   // Different seeds: the nodes start from different weights until they load round 0.
@@ -302,9 +302,14 @@ TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   EXPECT_TRUE(send(st, n0.id, 1, n0.upload(1)).duplicate);  // a retry is ignored
   const RoundStatus w0 = st.wait_round(n0.id, 1, 10);
   ASSERT_TRUE(w0.published);
-  EXPECT_GT(w0.alpha, 0);  // step 10 is a merge point (interval 10)
+  EXPECT_EQ(w0.alpha, 0);  // step 10 is not a merge point (interval 20)
   EXPECT_EQ(w0.model_sha256, st.model().weights_sha256());
-  // Merge round: own experts come back too, so the download is the whole model.
+  // Each node gets P - its own experts (fp32) plus the stream header.
+  {
+    auto s = st.begin_download(n0.id, 1, Selection::ForNode);
+    const uint64_t header = s->total_bytes() - static_cast<uint64_t>(4 * (S + X - X / 2));
+    EXPECT_LT(header, 8192u);
+  }
   uint64_t down0 = n0.download(st, 1, Selection::ForNode);
   uint64_t down1 = n1.download(st, 1, Selection::ForNode);
   EXPECT_EQ(down0, w0.download_bytes);
@@ -312,15 +317,17 @@ TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   EXPECT_EQ(n0.reg->weights_sha256(), w0.model_sha256);
   EXPECT_EQ(n1.reg->weights_sha256(), w0.model_sha256);
 
-  // Round 2 (step 20): not a merge point; each node gets P - its own experts.
+  // Round 2 (step 20): a merge point; own experts come back too: the whole model.
   EXPECT_TRUE(send(st, n0.id, 2, n0.upload(2)).accepted);
   EXPECT_TRUE(send(st, n1.id, 2, n1.upload(2)).accepted);
   const RoundStatus w2 = st.wait_round(n0.id, 2, 10);
   ASSERT_TRUE(w2.published);
-  EXPECT_EQ(w2.alpha, 0);
-  auto s = st.begin_download(n0.id, 2, Selection::ForNode);
-  const uint64_t header = s->total_bytes() - static_cast<uint64_t>(4 * (S + X - X / 2));
-  EXPECT_LT(header, 8192u);  // the rest is exactly P - own experts in fp32
+  EXPECT_GT(w2.alpha, 0);
+  {
+    auto s = st.begin_download(n0.id, 2, Selection::ForNode);
+    const uint64_t header = s->total_bytes() - static_cast<uint64_t>(4 * (S + X));
+    EXPECT_LT(header, 8192u);
+  }
   n0.download(st, 2, Selection::ForNode);
   n1.download(st, 2, Selection::ForNode);
   EXPECT_EQ(n0.reg->weights_sha256(), w2.model_sha256);
@@ -333,8 +340,9 @@ TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   EXPECT_EQ(lines[0]["round"], 1);
   EXPECT_EQ(lines[0]["step"], 10);
   EXPECT_THAT(lines[0]["nodes"].get<std::vector<int64_t>>(), ElementsAre(0, 1));
-  EXPECT_GT(lines[0]["alpha"].get<double>(), 0);
-  EXPECT_EQ(lines[1]["alpha"].get<double>(), 0);
+  EXPECT_EQ(lines[0]["alpha"].get<double>(), 0);
+  EXPECT_GT(lines[1]["alpha"].get<double>(), 0);
+  EXPECT_TRUE(lines[1]["merged"].get<bool>());
   EXPECT_EQ(lines[0]["bytes_out"].get<uint64_t>(), down0 + down1);
   EXPECT_EQ(lines[1]["bytes_in"].get<uint64_t>(),
             n0.upload(2).total_bytes() + n1.upload(2).total_bytes());

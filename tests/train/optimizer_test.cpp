@@ -149,8 +149,10 @@ TEST(AdamWNumeric, TensorWithoutGradientIsSkipped) {
   EXPECT_NEAR(opt.grad_norm(), 2.0, 1e-12);
   opt.step(1e-2, 0.0);
   EXPECT_TRUE(torch::equal(ps[1].tensor, b0));
-  EXPECT_EQ(opt.state_tensors()[2].second.abs().sum().item<double>(), 0.0);
+  // b's entries (exp_avg, exp_avg_sq, step) follow a's three and are all still zero.
   EXPECT_EQ(opt.state_tensors()[3].second.abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(opt.state_tensors()[4].second.abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(opt.state_tensors()[5].second.item<int64_t>(), 0);
   // max_grad_norm <= 0 disables clipping; step() returns the pre-clip norm either way.
   ps[0].tensor.mutable_grad() = torch::full({4}, 1e6);
   EXPECT_NEAR(opt.step(1e-2, 0.0), 2e6, 1e-3);

@@ -217,7 +217,7 @@ TEST(RegistrySpesNode, TrainsExactlyItsExpertsAndShared) {
   AdamW opt(reg.trainable(), cfg.optimizer);
   EXPECT_EQ(opt.state_bytes(), 2 * 4 * reg.trainable_numel());
   NamedTensors st = opt.state_tensors();
-  EXPECT_EQ(st.size(), 2 * tr.size());
+  EXPECT_EQ(st.size(), 3 * tr.size());  // exp_avg, exp_avg_sq, step per trainable tensor
   for (const auto& [name, t] : st) {
     const std::string pname = name.substr(name.find('/') + 1);
     ASSERT_NE(reg.find(pname), nullptr) << name;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "spes/common/error.h"
 #include "spes/io/files.h"
 #include "spes/train/trainer.h"
 

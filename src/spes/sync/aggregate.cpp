@@ -72,6 +72,8 @@ void RoundAggregator::begin(int64_t round, int64_t step) {
   node_ = last_node_ = -1;
   acc_.assign(model_.tensors().size(), torch::Tensor());
   wsum_.assign(model_.tensors().size(), 0.0);
+  first_node_.assign(model_.tensors().size(), -1);
+  owner_files_.clear();
   out_ = RoundOutcome();
   out_.round = round;
   out_.step = step;
@@ -81,10 +83,11 @@ void RoundAggregator::abort() {
   active_ = false;
   acc_.clear();
   wsum_.clear();
+  owner_files_.clear();
   node_ = -1;
 }
 
-void RoundAggregator::begin_node(int64_t node, int64_t tokens) {
+void RoundAggregator::begin_node(int64_t node, int64_t tokens, const std::string& source_file) {
   const RoundPlan& plan = model_.plan();
   SPES_CHECK(active_, "aggregator: no round open");
   SPES_CHECK(node_ < 0, "aggregator: node {} is still being folded", node_);
@@ -97,14 +100,21 @@ void RoundAggregator::begin_node(int64_t node, int64_t tokens) {
              "needs a positive count", node, tokens);
   node_ = node;
   weight_ = by_tokens ? static_cast<double>(tokens) : 1.0;
+  source_ = source_file;
   expect_ = plan.upload_of(node);
   got_ = 0;
+  filled_ = 0;
   out_.nodes.push_back(node);
   out_.tokens.push_back(tokens);
   out_.weights.push_back(weight_);
 }
 
 void RoundAggregator::add(const std::string& name, const torch::Tensor& value) {
+  add_run(name, 0, value.reshape({-1}), true);
+}
+
+void RoundAggregator::add_run(const std::string& name, int64_t first, const torch::Tensor& run,
+                              bool last) {
   const RoundPlan& plan = model_.plan();
   SPES_CHECK(node_ >= 0, "aggregator: add('{}') outside a node's upload", name);
   const int64_t i = plan.index(name);
@@ -112,26 +122,44 @@ void RoundAggregator::add(const std::string& name, const torch::Tensor& value) {
   SPES_CHECK(got_ < expect_.size() && expect_[got_] == static_cast<size_t>(i),
              "aggregator: node {} sent '{}' out of order or not in its upload set", node_, name);
   const PlanTensor& t = plan.tensors()[i];
-  SPES_CHECK(value.sizes().vec() == t.shape, "aggregator: '{}' has the wrong shape", name);
+  int64_t numel = 1;
+  for (int64_t d : t.shape) numel *= d;
+  SPES_CHECK(first == filled_ && first + run.numel() <= numel &&
+                 (!last || first + run.numel() == numel),
+             "aggregator: '{}' elements [{}, {}) arrive out of place (tensor has {})", name,
+             first, first + run.numel(), numel);
   torch::NoGradGuard ng;
-  torch::Tensor v = value.detach().to(torch::kCPU, torch::kFloat32);
-  if (t.rule == Combine::OwnerCopy) {
-    acc_[i] = v.clone();
-    wsum_[i] = 1.0;
-  } else if (!acc_[i].defined()) {
-    acc_[i] = weight_ == 1.0 ? v.clone() : v.mul(weight_);
-    wsum_[i] = weight_;
-  } else {
-    acc_[i].add_(v, weight_);
-    wsum_[i] += weight_;
+  const bool owner_copy = t.rule == Combine::OwnerCopy;
+  if (!(owner_copy && !source_.empty())) {  // file-backed owner copies are read in finish()
+    torch::Tensor v = run.detach().to(torch::kCPU, torch::kFloat32);
+    if (!acc_[i].defined()) {
+      acc_[i] = torch::empty(t.shape, torch::kFloat32);
+      first_node_[i] = node_;
+    }
+    torch::Tensor dst = acc_[i].view({-1}).slice(0, first, first + run.numel());
+    if (owner_copy || first_node_[i] == node_) {
+      dst.copy_(owner_copy || weight_ == 1.0 ? v : v.mul(weight_));
+    } else {
+      dst.add_(v, weight_);
+    }
   }
-  ++got_;
+  filled_ += run.numel();
+  if (last) {
+    if (owner_copy) {
+      wsum_[i] = 1.0;
+    } else {
+      wsum_[i] += weight_;
+    }
+    ++got_;
+    filled_ = 0;
+  }
 }
 
 void RoundAggregator::end_node() {
   SPES_CHECK(node_ >= 0, "aggregator: end_node without begin_node");
   SPES_CHECK(got_ == expect_.size(), "aggregator: node {} sent {} of its {} tensors", node_, got_,
              expect_.size());
+  if (!source_.empty()) owner_files_.emplace_back(node_, source_);
   last_node_ = node_;
   node_ = -1;
 }
@@ -144,6 +172,19 @@ RoundOutcome RoundAggregator::finish() {
   const double lr = model_.config().spes_config.outer_lr;
   const double mu = model_.config().spes_config.outer_momentum;
   torch::NoGradGuard ng;
+  // Owner copies straight from the staged uploads into the published tensors.
+  for (const auto& [node, path] : owner_files_) {
+    SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr, kMaxHeaderBytes);
+    reader.set_slice_handler([&, node = node](const StreamEntry& e, int64_t first,
+                                              const torch::Tensor& run, bool) {
+      const int64_t i = plan.index(e.name);
+      const PlanTensor& t = plan.tensors()[i];
+      if (t.rule != Combine::OwnerCopy || t.owner != node) return;
+      pub[i].view({-1}).slice(0, first, first + run.numel()).copy_(run);
+    });
+    stream_file(path, reader);
+  }
+  owner_files_.clear();
   for (size_t i = 0; i < pub.size(); ++i) {
     torch::Tensor& acc = acc_[i];
     if (!acc.defined()) continue;  // nobody uploaded it: keeps the last published value
@@ -192,13 +233,14 @@ UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const s
         SPES_CHECK(meta.step == agg.step(), "{}: upload is for step {} (round {}) but the round "
                    "being aggregated is step {} (round {})", path, meta.step, meta.round,
                    agg.step(), agg.round());
-        agg.begin_node(meta.node, meta.tokens);
+        agg.begin_node(meta.node, meta.tokens, path);
       },
-      [&](const StreamEntry& e, const torch::Tensor& t) {
-        check_upload_tensor(e, t, path);
-        agg.add(e.name, t);
-      },
-      kMaxHeaderBytes);
+      nullptr, kMaxHeaderBytes);
+  reader.set_slice_handler(
+      [&](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
+        check_upload_run(e, run, path);
+        agg.add_run(e.name, first, run, last);
+      });
   stream_file(path, reader);
   agg.end_node();
   return meta;

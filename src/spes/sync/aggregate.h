@@ -6,9 +6,10 @@
 //   diloco: outer Nesterov step on the averaged pseudo-gradient, momentum kept here;
 //   then, in mode spes at a merge point, expert merging (merge.h);
 //   then rounding to the transfer dtype, so the published model is exactly what nodes receive.
-// Memory: the published model, one running sum per mean tensor and one owner copy per expert
-// (about one model), never N uploads: uploads are folded one node at a time, in ascending
-// node order (floating-point sums depend on order; a fixed order makes them reproducible).
+// Memory: the published model plus one running sum per averaged tensor (S, the shared tensors
+// in mode spes), never N uploads: uploads are folded one node at a time, piece by piece, in
+// ascending node order (floating-point sums depend on order; a fixed order makes them
+// reproducible); experts' owner copies are read back from the staged upload files at finish.
 // Leaves out: transport, staging of uploads on disk, persistence (round_state.h).
 #pragma once
 #include <torch/torch.h>
@@ -78,10 +79,14 @@ class RoundAggregator {
   bool active() const { return active_; }
   int64_t round() const { return round_; }
   int64_t step() const { return step_; }
-  // Folds one node's upload: begin_node, then add() for each tensor, then end_node().
-  // Nodes must come in ascending id order. `tokens`: what the node trained this round.
-  void begin_node(int64_t node, int64_t tokens);
+  // Folds one node's upload: begin_node, then its tensors in model order (whole with add(), or
+  // as consecutive runs with add_run()), then end_node(). Nodes come in ascending id order.
+  // `tokens`: what the node trained this round. With `source_file` (the upload as staged on
+  // disk), owner-copied tensors are not held in memory: finish() reads them from the file
+  // again, so the file must exist until then.
+  void begin_node(int64_t node, int64_t tokens, const std::string& source_file = "");
   void add(const std::string& name, const torch::Tensor& value);
+  void add_run(const std::string& name, int64_t first, const torch::Tensor& run, bool last);
   void end_node();
   // Combines, applies the outer step and merging, rounds to the transfer dtype and writes the
   // result into the model's published tensors. The aggregator is then idle.
@@ -96,15 +101,20 @@ class RoundAggregator {
   int64_t round_ = 0, step_ = 0;
   int64_t node_ = -1, last_node_ = -1;
   double weight_ = 0;
+  std::string source_;          // this node's upload file ("" : owner copies in memory)
   std::vector<size_t> expect_;  // this node's upload indices
-  size_t got_ = 0;
+  size_t got_ = 0;              // tensors of this node completed
+  int64_t filled_ = 0;          // elements of the current tensor received
   std::vector<torch::Tensor> acc_;
   std::vector<double> wsum_;
+  std::vector<int64_t> first_node_;  // node whose values initialised acc_[i]
+  std::vector<std::pair<int64_t, std::string>> owner_files_;  // read back in finish()
   RoundOutcome out_;
 };
 
 // Folds one upload file (a stream exactly as the server received it) into `agg`, with the
-// server's checks (header against the plan, finite values). `expect_node` < 0: any node.
+// server's checks (header against the plan, finite values), reading it piece by piece; owner
+// copies are read back from the file by finish(). `expect_node` < 0: any node.
 UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
                             int64_t expect_node = -1);
 

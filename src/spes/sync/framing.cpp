@@ -219,27 +219,50 @@ void SafetensorsStreamReader::feed_data(const char* data, size_t n) {
   auto& es = header_.entries;
   for (;;) {
     while (next_ < es.size() && es[next_].begin == es[next_].end) {
-      if (on_tensor_) on_tensor_(es[next_], torch::empty(es[next_].shape,
-                                                         torch::TensorOptions().dtype(es[next_].dtype)));
+      const auto opts = torch::TensorOptions().dtype(es[next_].dtype);
+      if (on_slice_) on_slice_(es[next_], 0, torch::empty({0}, opts), true);
+      else if (on_tensor_) on_tensor_(es[next_], torch::empty(es[next_].shape, opts));
       ++next_;
     }
     if (n == 0) return;
     SPES_CHECK(next_ < es.size(), "{}: bytes past the last tensor", origin_);
     const StreamEntry& e = es[next_];
     const uint64_t size = e.end - e.begin;
-    if (current_fill_ == 0)
-      current_ = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
     const size_t take = static_cast<size_t>(std::min<uint64_t>(size - current_fill_, n));
-    std::memcpy(static_cast<char*>(current_.data_ptr()) + current_fill_, data, take);
-    current_fill_ += take;
+    if (on_slice_) {
+      // Whole elements out of (carried partial element + new bytes); the rest is carried.
+      const uint64_t esz = c10::elementSize(e.dtype);
+      const uint64_t avail = carry_.size() + take;
+      const uint64_t whole = avail / esz * esz;
+      const int64_t first = static_cast<int64_t>((current_fill_ - carry_.size()) / esz);
+      torch::Tensor run = torch::empty({static_cast<int64_t>(whole / esz)},
+                                       torch::TensorOptions().dtype(e.dtype));
+      char* dst = static_cast<char*>(run.data_ptr());
+      if (whole > 0) {
+        std::memcpy(dst, carry_.data(), carry_.size());
+        std::memcpy(dst + carry_.size(), data, whole - carry_.size());
+        carry_.assign(data + (whole - carry_.size()), avail - whole);
+      } else {
+        carry_.append(data, take);
+      }
+      current_fill_ += take;
+      const bool last = current_fill_ == size;
+      if (whole > 0 || last) on_slice_(e, first, run, last);
+    } else {
+      if (current_fill_ == 0)
+        current_ = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+      std::memcpy(static_cast<char*>(current_.data_ptr()) + current_fill_, data, take);
+      current_fill_ += take;
+    }
     data += take;
     n -= take;
     if (current_fill_ == size) {
       torch::Tensor t = std::move(current_);
       current_ = torch::Tensor();
       current_fill_ = 0;
+      carry_.clear();
       ++next_;
-      if (on_tensor_) on_tensor_(e, t);
+      if (!on_slice_ && on_tensor_) on_tensor_(e, t);
     }
   }
 }

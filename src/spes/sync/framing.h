@@ -64,12 +64,20 @@ struct StreamHeader {
 // Parses a safetensors stream fed in pieces of any size. `on_header` sees the parsed header
 // before any data (throw to reject); `on_tensor` receives each tensor (CPU, the stream's dtype)
 // once complete. The header must describe exactly `total_bytes` with no holes or overlaps.
+// Slice mode (set_slice_handler) hands out each tensor instead as consecutive 1-D runs of whole
+// elements as their bytes arrive, so memory stays at one piece whatever the tensor size.
 class SafetensorsStreamReader {
  public:
   using HeaderFn = std::function<void(const StreamHeader&)>;
   using TensorFn = std::function<void(const StreamEntry&, const torch::Tensor&)>;
+  // `first`: index of the run's first element in the flattened tensor; `last`: the tensor ends
+  // with this run (an empty tensor gives one empty run).
+  using SliceFn = std::function<void(const StreamEntry&, int64_t first, const torch::Tensor& run,
+                                     bool last)>;
   SafetensorsStreamReader(uint64_t total_bytes, std::string origin, HeaderFn on_header,
                           TensorFn on_tensor, uint64_t max_header_bytes = 16ull << 20);
+  // Switches to slice mode (before the first feed).
+  void set_slice_handler(SliceFn on_slice) { on_slice_ = std::move(on_slice); }
   void feed(const char* data, size_t n);
   // Throws unless every byte of the stream has been fed.
   void finish() const;
@@ -85,6 +93,8 @@ class SafetensorsStreamReader {
   std::string origin_;
   HeaderFn on_header_;
   TensorFn on_tensor_;
+  SliceFn on_slice_;
+  std::string carry_;         // slice mode: bytes of a partial element
   uint64_t consumed_ = 0;
   std::string head_;  // header bytes until parsed
   bool parsed_ = false;

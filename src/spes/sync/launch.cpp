@@ -147,6 +147,7 @@ int launch_cluster(const LaunchOptions& o) {
 
   // Combined view; the first failure stops everything.
   std::string failure;
+  std::chrono::steady_clock::time_point server_exit;
   for (;;) {
     std::vector<pollfd> fds;
     for (auto& p : parts)
@@ -161,14 +162,15 @@ int launch_cluster(const LaunchOptions& o) {
         p.done = true;
         if (p.code != 0 && failure.empty())
           failure = fmt::format("{} exited with code {}", p.name, p.code);
-        if (k == 0 && failure.empty()) {
-          for (size_t j = 1; j < parts.size(); ++j)
-            if (!parts[j].done && !parts[j].proc->poll_exit(nullptr))
-              failure = "the sync server exited while nodes were still running";
-        }
+        if (k == 0) server_exit = std::chrono::steady_clock::now();
       }
       if (k > 0 && !p.done) nodes_done = false;
     }
+    // The server exits once every node has left; the nodes exit right after. A server gone
+    // for long while nodes still run means they lost it.
+    if (parts[0].done && !nodes_done && failure.empty() &&
+        std::chrono::steady_clock::now() - server_exit > std::chrono::seconds(30))
+      failure = "the sync server exited while nodes were still running";
     if (g_interrupted && failure.empty()) failure = "interrupted";
     if (!failure.empty() || nodes_done) break;
   }

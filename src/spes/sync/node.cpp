@@ -70,18 +70,20 @@ uint64_t download_into(SyncClient& client, const ParamRegistry& reg, int64_t rou
       sync_fail(SyncErrc::InvalidArgument, "{}: {} tensors, the model has {}", origin,
                 h.entries.size(), reg.entries().size());
   };
-  auto on_tensor = [&](const StreamEntry& e, const torch::Tensor& t) {
-    if (t.numel() > 0 && !torch::isfinite(t).all().item<bool>())
+  // Values go straight into the model's tensors, piece by piece (memory: one chunk).
+  auto on_run = [&](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
+    if (run.numel() > 0 && !torch::isfinite(run).all().item<bool>())
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' holds NaN or Inf", origin, e.name);
     torch::NoGradGuard ng;
-    reg.find(e.name)->tensor.copy_(t);
-    names->insert(e.name);
+    reg.find(e.name)->tensor.view({-1}).slice(0, first, first + run.numel()).copy_(run);
+    if (last) names->insert(e.name);
   };
   return client.download(
       round, sel,
       [&](uint64_t total) {
-        reader = std::make_unique<SafetensorsStreamReader>(total, origin, on_header, on_tensor,
+        reader = std::make_unique<SafetensorsStreamReader>(total, origin, on_header, nullptr,
                                                            kMaxHeaderBytes);
+        reader->set_slice_handler(on_run);
       },
       [&](const char* p, size_t n) { reader->feed(p, n); });
 }

@@ -163,8 +163,8 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
   return m;
 }
 
-void check_upload_tensor(const StreamEntry& entry, const torch::Tensor& t,
-                         const std::string& origin) {
+void check_upload_run(const StreamEntry& entry, const torch::Tensor& t,
+                      const std::string& origin) {
   if (t.numel() > 0 && !torch::isfinite(t).all().item<bool>())
     sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' holds NaN or Inf values; the upload "
               "is rejected", origin, entry.name);

@@ -75,9 +75,10 @@ Metadata upload_metadata(const UploadMeta& m);
 // set in model order, shapes, wire dtype. `expect_node` < 0: take the node from the metadata.
 UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header,
                                int64_t expect_node, const std::string& origin);
-// Checks one received tensor (finite values). Shapes were checked with the header.
-void check_upload_tensor(const StreamEntry& entry, const torch::Tensor& t,
-                         const std::string& origin);
+// Checks values received for a tensor (the whole tensor or a run of it): all finite. Shapes
+// were checked with the header.
+void check_upload_run(const StreamEntry& entry, const torch::Tensor& values,
+                      const std::string& origin);
 
 // Digest of the model section of a config (nodes and server must agree on it).
 std::string model_config_sha256(const Config& cfg);

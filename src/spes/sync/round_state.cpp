@@ -345,10 +345,12 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
             sync_fail(SyncErrc::InvalidArgument, "{}: payload says round {} step {}", origin,
                       s->meta.round, s->meta.step);
         },
-        [origin](const StreamEntry& e, const torch::Tensor& t) {
-          check_upload_tensor(e, t, origin);
-        },
-        kMaxHeaderBytes);
+        nullptr, kMaxHeaderBytes);
+    // Values are checked piece by piece as they arrive (memory: one chunk per upload).
+    s->reader->set_slice_handler(
+        [origin](const StreamEntry& e, int64_t, const torch::Tensor& run, bool) {
+          check_upload_run(e, run, origin);
+        });
   }
   return session;
 }
@@ -372,13 +374,15 @@ void RoundState::fold_ready() {
     auto& slot = nodes_[next_fold_];
     fold_upload_file(*agg_, model_->plan(), slot.path, next_fold_);
     slot.up = NodeSlot::Up::Folded;
-    if (!opts_.keep_uploads) {
-      std::error_code ec;
-      fs::remove(slot.path, ec);
-    }
     ++next_fold_;
   }
-  if (next_fold_ == N) publish();
+  if (next_fold_ < N) return;
+  publish();  // reads the owner copies back from the staged files
+  if (!opts_.keep_uploads)
+    for (int64_t i = 0; i < N; ++i) {
+      std::error_code ec;
+      fs::remove(staged_path(published_round_, i), ec);
+    }
 }
 
 void RoundState::publish() {
