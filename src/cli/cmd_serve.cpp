@@ -1,6 +1,7 @@
 // `spes serve`: the SPES sync server. Collects each round's uploads, aggregates and merges
 // them, persists the published model in DIR and appends one line per round to
 // DIR/rounds.jsonl; exits once every node has left (or on SIGINT/SIGTERM).
+#include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -25,6 +26,12 @@ struct ServeArgs {
 };
 
 void run_serve(const ServeArgs& a) {
+#ifdef __GLIBC__
+  // Chunks and tensor pieces of 1-4 MiB come and go on many gRPC threads; with glibc's
+  // adaptive mmap threshold they end up in per-thread arenas that never shrink (measured: peak
+  // RSS 1007 MiB instead of 640 MiB for a 252 MB model). A fixed threshold returns them.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);
   SPES_CHECK(a.overwrite || !fs::exists(a.out + "/state.json"),

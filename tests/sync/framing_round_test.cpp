@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "spes/common/error.h"
@@ -104,6 +105,32 @@ TEST(Framing, StreamReaderRoundTripFedInPieces) {
       EXPECT_TRUE(torch::equal(got[i].second, t[i].second));
     }
     EXPECT_EQ(md.at("k"), "v");
+  }
+}
+
+TEST(Framing, SliceModeHandsOutRunsOfWholeElements) {
+  const NamedTensors t = sample_tensors();
+  const std::string bytes = all_bytes(SafetensorsStreamWriter(t, torch::kBFloat16, {}));
+  for (size_t piece : {size_t(1), size_t(3), size_t(7), size_t(1000)}) {
+    std::map<std::string, torch::Tensor> got;
+    std::map<std::string, int> lasts;
+    SafetensorsStreamReader r(bytes.size(), "test", nullptr, nullptr);
+    r.set_slice_handler([&](const StreamEntry& e, int64_t first, const torch::Tensor& run,
+                            bool last) {
+      auto& g = got[e.name];
+      if (!g.defined()) g = torch::full({e.end - e.begin > 0 ? static_cast<int64_t>(
+                                             (e.end - e.begin) / 2) : 0}, -1.0, torch::kBFloat16);
+      ASSERT_EQ(run.dim(), 1);
+      g.slice(0, first, first + run.numel()).copy_(run);  // runs never split an element
+      lasts[e.name] += last;
+    });
+    for (size_t off = 0; off < bytes.size(); off += piece)
+      r.feed(bytes.data() + off, std::min(piece, bytes.size() - off));
+    r.finish();
+    for (const auto& [name, x] : t) {
+      EXPECT_EQ(lasts[name], 1) << name;
+      EXPECT_TRUE(torch::equal(got[name], x.to(torch::kBFloat16).reshape({-1}))) << name << piece;
+    }
   }
 }
 

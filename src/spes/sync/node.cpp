@@ -122,7 +122,9 @@ void SyncNode::on_start(Trainer& t) {
                id.incarnation);
   const JoinResult jr = with_retry("join", opts_.connect_timeout_s, [&] {
     if (!client_->wait_connected(std::min(5.0, opts_.connect_timeout_s)))
-      sync_fail(SyncErrc::Unavailable, "cannot connect to sync server {}", opts_.server);
+      sync_fail(SyncErrc::Unavailable, "cannot connect to sync server {} within {:.0f} s (is "
+                "`spes serve` running there? --connect-timeout sets how long to keep trying)",
+                opts_.server, opts_.connect_timeout_s);
     return client_->join(info);
   });
   std::set<std::string> names;
