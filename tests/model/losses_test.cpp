@@ -3,6 +3,8 @@
 // model, a whole-model finite-difference gradient check, and the dense (non-MoE) variant.
 #include <gtest/gtest.h>
 
+#include "model/tiny_model_config.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -31,19 +33,7 @@ std::vector<std::vector<double>> rows_of(const torch::Tensor& t_) {
   return out;
 }
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.mlp_hidden_size = 12;
-  c.moe_num_experts = 4;
-  c.moe_top_k = 2;
-  c.vocab_size = 32;
-  c.max_sequence_length = 8;
-  c.rope_theta = 10000.0;
-  return c;
-}
+ModelConfig tiny_config() { return spes::testing::tiny_model_config(); }
 
 // Token batch [2, 8] and next-token targets (last position ignored).
 std::pair<torch::Tensor, torch::Tensor> tiny_batch(int64_t vocab, uint64_t seed) {

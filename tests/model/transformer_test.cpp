@@ -3,6 +3,8 @@
 // norm weights 1).
 #include <gtest/gtest.h>
 
+#include "model/tiny_model_config.h"
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -13,18 +15,7 @@ using namespace spes;
 
 namespace {
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.mlp_hidden_size = 12;
-  c.moe_num_experts = 4;
-  c.moe_top_k = 2;
-  c.vocab_size = 32;
-  c.max_sequence_length = 8;
-  return c;
-}
+ModelConfig small_config() { return spes::testing::tiny_model_config(); }
 
 std::map<std::string, torch::Tensor> by_name(const Transformer& m) {
   std::map<std::string, torch::Tensor> out;
