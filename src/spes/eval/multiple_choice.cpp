@@ -90,11 +90,10 @@ std::vector<double> mc_choice_logprobs(const Transformer& model, const Tokenizer
   torch::Tensor logp = torch::log_softmax(model.logits(batch).to(torch::kFloat32), -1);
   std::vector<double> out;
   for (size_t i = 0; i < seqs.size(); ++i) {
+    // Position t-1 predicts token t: gather the continuation tokens' log-probabilities at once.
     const int64_t len = seqs[i].size(), first = len - cont_len[i];
-    double s = 0;
-    auto lp = logp[i];
-    for (int64_t t = first; t < len; ++t) s += lp[t - 1][seqs[i][t]].item<double>();
-    out.push_back(s);
+    torch::Tensor targets = batch[i].narrow(0, first, cont_len[i]).unsqueeze(1);
+    out.push_back(logp[i].narrow(0, first - 1, cont_len[i]).gather(1, targets).sum().item<double>());
   }
   if (n_tokens) *n_tokens = cont_len;
   return out;

@@ -15,7 +15,7 @@ torch::Tensor expert_forward(const ExpertWeights& e, const torch::Tensor& x) {
 torch::Tensor moe_forward(const torch::Tensor& x, const torch::Tensor& router,
                           const std::vector<ExpertWeights>& experts, int64_t top_k,
                           bool norm_topk_prob, RouterStats* stats) {
-  const int64_t N = x.size(0), E = static_cast<int64_t>(experts.size());
+  const int64_t E = static_cast<int64_t>(experts.size());
   torch::Tensor logits = torch::matmul(x, router.t()).to(at::promote_types(x.scalar_type(), torch::kFloat32));  // [N, E]
   torch::Tensor probs = torch::softmax(logits, -1);
   auto [top_w, top_i] = probs.topk(top_k, -1);  // [N, k]
@@ -46,7 +46,6 @@ torch::Tensor moe_forward(const torch::Tensor& x, const torch::Tensor& router,
     stats->probs = probs;
     stats->counts = counts.to(torch::kFloat32);
   }
-  (void)N;
   return out;
 }
 

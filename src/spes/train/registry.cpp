@@ -48,7 +48,7 @@ ParamRegistry::ParamRegistry(const Transformer& model, const Config& cfg,
     e.layer = p.layer;
     e.expert = p.expert;
     if (p.role == ParamRole::Expert) {
-      e.owner = ownership.num_layers() > p.layer ? ownership.owner(p.layer, p.expert) : 0;
+      e.owner = ownership.owner(p.layer, p.expert);
       e.trainable = (!own_only || e.owner == node_id) && !frozen[p.layer][p.expert];
     } else {
       e.trainable = true;
