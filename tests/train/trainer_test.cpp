@@ -147,6 +147,15 @@ TEST_F(TrainerTest, FrozenExpertsStayUntouched) {
   int64_t trainable = 0;
   for (const auto& e : t.registry().entries()) trainable += e.trainable ? e.tensor.numel() : 0;
   EXPECT_EQ(t.optimizer().state_bytes(), 2 * 4 * trainable);
+  // The first metrics line records the memory actually held: fp32 gradients of the trainable
+  // tensors only, and two AdamW moments each.
+  const auto m = read_metrics(dir_ / "frozen");
+  ASSERT_TRUE(m.front().contains("memory"));
+  const auto& mem = m.front()["memory"];
+  EXPECT_EQ(mem["trainable_numel"].get<int64_t>(), trainable);
+  EXPECT_EQ(mem["grad_bytes"].get<int64_t>(), 4 * trainable);
+  EXPECT_EQ(mem["optimizer_state_bytes"].get<int64_t>(), 8 * trainable);
+  EXPECT_FALSE(m.back().contains("memory"));
 }
 
 TEST_F(TrainerTest, MissingDataIsOneClearError) {

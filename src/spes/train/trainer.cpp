@@ -74,17 +74,33 @@ nlohmann::json Trainer::train_step() {
     rz += t.router_z.item<double>() / accum;
     z += t.z.item<double>() / accum;
   }
+  nlohmann::json memory;
+  if (!memory_logged_) {
+    // What this node really holds for training, measured on the tensors (the SPES saving).
+    int64_t grad_bytes = 0;
+    for (const auto& e : registry_->entries())
+      if (e.tensor.grad().defined()) grad_bytes += e.tensor.grad().nbytes();
+    memory = {{"params_numel", model_->num_params()},
+              {"trainable_numel", registry_->trainable_numel()},
+              {"grad_bytes", grad_bytes}};
+  }
   const double grad_norm = optimizer_->step(lr, cfg_.max_grad_norm);
+  if (!memory_logged_) {
+    memory["optimizer_state_bytes"] = optimizer_->state_bytes();
+    memory_logged_ = true;
+  }
   optimizer_->zero_grad();
   state_.step += 1;
   state_.tokens += cfg_.tokens_per_step();
   state_.loader = train_loader_->state();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {{"step", state_.step}, {"loss", loss}, {"ce", ce}, {"lb_loss", lb},
+  nlohmann::json rec = {{"step", state_.step}, {"loss", loss}, {"ce", ce}, {"lb_loss", lb},
           {"router_z_loss", rz}, {"z_loss", z}, {"lr", lr}, {"grad_norm", grad_norm},
           {"tokens", state_.tokens},
           {"tokens_per_s", static_cast<double>(cfg_.tokens_per_step()) / secs},
           {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()}};
+  if (!memory.is_null()) rec["memory"] = memory;
+  return rec;
 }
 
 EvalResult Trainer::evaluate(int64_t max_batches) {

@@ -78,6 +78,7 @@ class Trainer {
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<MetricsLog> metrics_;
   TrainState state_;
+  bool memory_logged_ = false;  // the first step of this process logs a "memory" record
 };
 
 }  // namespace spes

@@ -1,0 +1,177 @@
+// SVG line charts (see svg_chart.h).
+#include "spes/report/svg_chart.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "spes/common/error.h"
+
+namespace spes::report {
+
+namespace {
+
+const char* const kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+bool usable(double x, double y, bool log_y) {
+  return std::isfinite(x) && std::isfinite(y) && (!log_y || y > 0);
+}
+
+}  // namespace
+
+std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
+  if (!(hi > lo)) return {lo};
+  const double raw = (hi - lo) / std::max(1, max_ticks - 1);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * mag;
+  for (double m : {1.0, 2.0, 5.0}) {
+    if (m * mag >= raw) {
+      step = m * mag;
+      break;
+    }
+  }
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / step - 1e-9) * step; t <= hi + step * 1e-9; t += step)
+    ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  return ticks;
+}
+
+std::string tick_label(double v) {
+  const double a = std::abs(v);
+  auto trim = [](std::string s) {
+    if (s.find('.') != std::string::npos) {
+      while (!s.empty() && s.back() == '0') s.pop_back();
+      if (!s.empty() && s.back() == '.') s.pop_back();
+    }
+    return s;
+  };
+  if (a >= 1e9) return trim(fmt::format("{:.2f}", v / 1e9)) + "G";
+  if (a >= 1e6) return trim(fmt::format("{:.2f}", v / 1e6)) + "M";
+  if (a >= 1e4) return trim(fmt::format("{:.1f}", v / 1e3)) + "k";
+  if (a >= 100 || a == 0) return trim(fmt::format("{:.0f}", v));
+  if (a >= 1) return trim(fmt::format("{:.2f}", v));
+  return trim(fmt::format("{:.4f}", v));
+}
+
+std::string render_line_chart(const std::vector<Series>& series, const ChartOptions& o) {
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const auto& s : series) {
+    SPES_CHECK(s.x.size() == s.y.size(), "chart series '{}': {} x values but {} y values",
+               s.label, s.x.size(), s.y.size());
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!usable(s.x[i], s.y[i], o.log_y)) continue;
+      x0 = std::min(x0, s.x[i]);
+      x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, s.y[i]);
+      y1 = std::max(y1, s.y[i]);
+    }
+  }
+  SPES_CHECK(std::isfinite(x0), "chart '{}': no series has a finite point to draw", o.title);
+  auto fy = [&](double y) { return o.log_y ? std::log10(y) : y; };
+  double ly0 = fy(y0), ly1 = fy(y1);
+  if (x1 <= x0) x1 = x0 + 1;
+  if (ly1 <= ly0) {
+    ly0 -= 0.5;
+    ly1 += 0.5;
+  } else {
+    const double pad = 0.04 * (ly1 - ly0);
+    ly0 -= pad;
+    ly1 += pad;
+  }
+  const int left = 78, right = 190, top = 42, bottom = 56;
+  const double pw = o.width - left - right, ph = o.height - top - bottom;
+  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
+  auto py = [&](double y) { return top + (1 - (fy(y) - ly0) / (ly1 - ly0)) * ph; };
+
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
+      "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{3}</text>\n",
+      o.width, o.height, left, xml_escape(o.title));
+  // Grid and ticks.
+  for (double t : nice_ticks(x0, x1, 8)) {
+    if (t < x0 || t > x1) continue;
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
+                       "stroke=\"#e5e5e5\"/>\n<text x=\"{0:.1f}\" y=\"{3:.1f}\" "
+                       "text-anchor=\"middle\">{4}</text>\n",
+                       px(t), top, top + ph, top + ph + 16, tick_label(t));
+  }
+  std::vector<double> yt;
+  if (o.log_y) {
+    for (double e = std::floor(ly0); e <= std::ceil(ly1); e += 1)
+      for (double m : {1.0, 2.0, 5.0}) {
+        const double v = m * std::pow(10.0, e);
+        if (fy(v) >= ly0 && fy(v) <= ly1) yt.push_back(v);
+      }
+    if (yt.size() < 2) {
+      yt.clear();
+      for (double t : nice_ticks(y0, y1, 6)) yt.push_back(t);
+    }
+  } else {
+    yt = nice_ticks(ly0, ly1, 7);
+  }
+  for (double t : yt) {
+    if (o.log_y && t <= 0) continue;
+    const double y = py(t);
+    if (y < top - 0.5 || y > top + ph + 0.5) continue;
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
+                       "stroke=\"#e5e5e5\"/>\n<text x=\"{3}\" y=\"{4:.1f}\" "
+                       "text-anchor=\"end\">{5}</text>\n",
+                       left, y, left + pw, left - 6, y + 4, tick_label(t));
+  }
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
+                     "stroke=\"#444\"/>\n",
+                     left, top, pw, ph);
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                     left + pw / 2, o.height - 12, xml_escape(o.x_label));
+  svg += fmt::format("<text transform=\"translate(18,{:.1f}) rotate(-90)\" "
+                     "text-anchor=\"middle\">{}</text>\n",
+                     top + ph / 2, xml_escape(o.y_label + (o.log_y ? " (log scale)" : "")));
+  // Series and legend.
+  int legend_row = 0;
+  for (size_t k = 0; k < series.size(); ++k) {
+    const auto& s = series[k];
+    const char* color = kPalette[k % (sizeof(kPalette) / sizeof(kPalette[0]))];
+    std::string points;
+    std::string dots;
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!usable(s.x[i], s.y[i], o.log_y)) continue;
+      points += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(s.y[i]));
+      if (s.markers)
+        dots += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.8\" fill=\"{}\"/>\n",
+                            px(s.x[i]), py(s.y[i]), color);
+    }
+    if (points.empty()) continue;
+    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
+                       "points=\"{}\"/>\n{}",
+                       color, points, dots);
+    const double ly = top + 10 + 18 * legend_row++;
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
+                       "stroke=\"{3}\" stroke-width=\"3\"/>\n<text x=\"{4:.1f}\" y=\"{5:.1f}\">"
+                       "{6}</text>\n",
+                       left + pw + 12, ly, left + pw + 32, color, left + pw + 38, ly + 4,
+                       xml_escape(s.label));
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace spes::report

@@ -1,0 +1,34 @@
+// Self-contained SVG line charts (no fonts, scripts or network needed to view them): several
+// labelled series on shared axes with "nice" ticks, a legend and optional log-scale y. Used by
+// `spes plot` for loss curves and round statistics.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace spes::report {
+
+struct Series {
+  std::string label;
+  std::vector<double> x, y;  // same length; points with non-finite values are skipped
+  bool markers = false;      // draw a dot at each point (sparse series such as val_loss)
+};
+
+struct ChartOptions {
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  int width = 820;
+  int height = 460;
+  bool log_y = false;
+};
+
+// The chart as a complete SVG document. Fails when no series has a finite point.
+std::string render_line_chart(const std::vector<Series>& series, const ChartOptions& opts);
+
+// Up to `max_ticks` round tick values covering [lo, hi] (steps of 1, 2 or 5 x 10^k).
+std::vector<double> nice_ticks(double lo, double hi, int max_ticks);
+
+// A compact label for a tick value: 1.2M, 400k, 3.5, 0.02.
+std::string tick_label(double v);
+
+}  // namespace spes::report

@@ -1,0 +1,32 @@
+// The memory and communication formulas of SPES.md section 4 for one node of a run, computed
+// from the registry of the run's config (which tensors are shared, which experts the node owns):
+// gradient + AdamW bytes = 12 x trainable values (fp32 gradient, first and second moment);
+// per round, SPES uploads S + X_i values and downloads P - X_i (P in merge rounds, when its own
+// experts changed too); FedAvg and DiLoCo move P each way; centralized training moves nothing.
+// The experiment report puts these next to what the runs measured.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "spes/io/config.h"
+
+namespace spes::report {
+
+struct TransferFormula {
+  std::string mode;               // spes_config.mode
+  int64_t shared_numel = 0;       // S
+  int64_t expert_numel = 0;       // X (all experts of all layers)
+  int64_t own_expert_numel = 0;   // X_i (experts node i owns; X in full-model modes)
+  int64_t value_bytes = 4;        // transfer dtype: 4 (fp32) or 2 (bf16)
+
+  int64_t total_numel() const { return shared_numel + expert_numel; }  // P
+  int64_t trainable_numel() const;
+  int64_t grad_and_optimizer_bytes() const { return 12 * trainable_numel(); }
+  int64_t upload_bytes() const;         // payload only (no safetensors header)
+  int64_t download_bytes() const;       // a round without merging
+  int64_t download_merge_bytes() const; // a merge round
+};
+
+TransferFormula transfer_formula(const Config& cfg, int64_t node);
+
+}  // namespace spes::report

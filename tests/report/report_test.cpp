@@ -1,0 +1,132 @@
+// Reports and plots: tick choice and chart geometry by hand, the SPES.md formulas against
+// parameter counts worked out from the model's dimensions, and run-directory readers against
+// small hand-written metrics files.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "../data/data_test_util.h"
+#include "../model/tiny_model_config.h"
+#include "spes/common/error.h"
+#include "spes/report/run_compare.h"
+#include "spes/report/run_data.h"
+#include "spes/report/svg_chart.h"
+#include "spes/report/transfer_formula.h"
+
+namespace spes::report {
+namespace {
+
+TEST(SvgChart, NiceTicksAreRoundSteps) {
+  EXPECT_EQ(nice_ticks(0, 1, 6), (std::vector<double>{0, 0.2, 0.4, 0.6000000000000001, 0.8, 1}));
+  EXPECT_EQ(nice_ticks(3.7, 9.2, 8), (std::vector<double>{4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(nice_ticks(0, 800000, 5), (std::vector<double>{0, 200000, 400000, 600000, 800000}));
+  EXPECT_EQ(tick_label(1200000), "1.2M");
+  EXPECT_EQ(tick_label(400000), "400k");
+  EXPECT_EQ(tick_label(3.5), "3.5");
+  EXPECT_EQ(tick_label(0.02), "0.02");
+}
+
+TEST(SvgChart, PointsLandWhereTheAxesSay) {
+  // Plot area: x from 78 to 820-190=630 (552 px), y from 42 to 460-56=404 (362 px). y range
+  // [0, 1] is padded by 4% on each side: [-0.04, 1.04].
+  Series s{"a<b", {0, 10}, {0, 1}, false};
+  const std::string svg = render_line_chart({s}, ChartOptions{});
+  const double y0 = 42 + (1 - (0 + 0.04) / 1.08) * 362, y1 = 42 + (1 - (1 + 0.04) / 1.08) * 362;
+  EXPECT_NE(svg.find(fmt::format("points=\"78.0,{:.1f} 630.0,{:.1f} \"", y0, y1)),
+            std::string::npos)
+      << svg;
+  EXPECT_NE(svg.find("a&lt;b"), std::string::npos);  // labels are escaped
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+}
+
+TEST(SvgChart, RefusesAChartWithNothingToDraw) {
+  Series s{"nan", {1, 2}, {NAN, NAN}, false};
+  EXPECT_THROW(render_line_chart({s}, ChartOptions{}), Error);
+  Series bad{"ragged", {1, 2}, {1}, false};
+  EXPECT_THROW(render_line_chart({bad}, ChartOptions{}), Error);
+}
+
+TEST(TransferFormula, MatchesCountsFromTheDimensions) {
+  Config cfg;
+  cfg.model = spes::testing::tiny_model_config();  // d 16, 2 layers, 4 experts, F 12, V 32
+  cfg.spes_config.mode = "spes";
+  cfg.spes_config.num_peers = 2;
+  const int64_t d = 16, L = 2, E = 4, F = 12, V = 32;
+  const int64_t expert = 3 * d * F;                         // gate, up, down
+  const int64_t X = L * E * expert;
+  const int64_t per_layer = 4 * d * d /* q k v o */ + 2 * d /* q_norm, k_norm */ +
+                            2 * d /* two RMSNorms */ + E * d /* router */;
+  const int64_t S = 2 * V * d /* embedding, head */ + d /* final norm */ + L * per_layer;
+  const TransferFormula f = transfer_formula(cfg, 1);
+  EXPECT_EQ(f.expert_numel, X);
+  EXPECT_EQ(f.shared_numel, S);
+  EXPECT_EQ(f.own_expert_numel, L * 2 * expert);  // node 1 owns experts 2 and 3
+  EXPECT_EQ(f.grad_and_optimizer_bytes(), 12 * (S + L * 2 * expert));
+  EXPECT_EQ(f.upload_bytes(), 4 * (S + L * 2 * expert));
+  EXPECT_EQ(f.download_bytes(), 4 * (S + X - L * 2 * expert));
+  EXPECT_EQ(f.download_merge_bytes(), 4 * (S + X));
+
+  cfg.spes_config.mode = "fedavg";
+  cfg.spes_config.transfer_dtype = "bf16";
+  const TransferFormula g = transfer_formula(cfg, 1);
+  EXPECT_EQ(g.upload_bytes(), 2 * (S + X));
+  EXPECT_EQ(g.download_bytes(), 2 * (S + X));
+  EXPECT_EQ(g.grad_and_optimizer_bytes(), 12 * (S + X));
+}
+
+void write_lines(const std::filesystem::path& p, const std::vector<std::string>& lines) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(p);
+  for (const auto& l : lines) out << l << "\n";
+}
+
+TEST(RunData, ClusterCurvesUseClusterTokensAndSplitMergeRounds) {
+  spes::test::TempDir dir;
+  const auto d = dir.path;
+  write_lines(d / "node0/metrics.jsonl",
+              {R"({"step":1,"tokens":100,"loss":5,"peak_rss_mb":10,"memory":{"trainable_numel":7,"grad_bytes":28,"optimizer_state_bytes":56}})",
+               R"({"step":2,"tokens":200,"loss":4,"val_loss":4.5,"peak_rss_mb":12,"sync":{"round":1,"bytes_up":1000,"bytes_down":3000,"alpha":0}})",
+               R"({"step":4,"tokens":400,"loss":3,"val_loss":3.5,"peak_rss_mb":11,"sync":{"round":2,"bytes_up":1000,"bytes_down":5000,"alpha":0.05}})"});
+  write_lines(d / "node1/metrics.jsonl",
+              {R"({"step":1,"tokens":100,"loss":7,"peak_rss_mb":20})",
+               R"({"step":2,"tokens":200,"loss":6,"val_loss":4.5,"peak_rss_mb":21})",
+               R"({"step":4,"tokens":400,"loss":5,"val_loss":3.5,"peak_rss_mb":19})"});
+  write_lines(d / "server/rounds.jsonl", {R"({"round":1,"peak_rss_mb":30})",
+                                          R"({"round":2,"peak_rss_mb":33})"});
+  const RunData run = load_run(d.string(), "x");
+  EXPECT_TRUE(run.cluster);
+  ASSERT_EQ(run.nodes.size(), 2u);
+  const Series val = val_loss_series(run);
+  EXPECT_EQ(val.x, (std::vector<double>{400, 800}));
+  EXPECT_EQ(val.y, (std::vector<double>{4.5, 3.5}));
+  const Series tr = train_loss_series(run, -1, 2);  // means 6, 5, 4; moving average of 2
+  EXPECT_EQ(tr.x, (std::vector<double>{200, 400, 800}));
+  EXPECT_EQ(tr.y, (std::vector<double>{6, 5.5, 4.5}));
+  const RunSummary s = summarize(run);
+  EXPECT_EQ(s.tokens, 800);
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_DOUBLE_EQ(s.final_val_loss, 3.5);
+  EXPECT_DOUBLE_EQ(s.peak_rss_mb, 21);
+  EXPECT_DOUBLE_EQ(s.server_peak_rss_mb, 33);
+  EXPECT_EQ(s.rounds, 2);
+  EXPECT_DOUBLE_EQ(s.bytes_up, 1000);
+  EXPECT_DOUBLE_EQ(s.bytes_down_plain, 3000);
+  EXPECT_DOUBLE_EQ(s.bytes_down_merge, 5000);
+  EXPECT_EQ(s.grad_bytes, 28);
+  EXPECT_EQ(s.optimizer_state_bytes, 56);
+  const std::string table = markdown_comparison({run});
+  EXPECT_NE(table.find("| x | - | 2 | 800 | 3.5000 | 21 MiB |"), std::string::npos) << table;
+}
+
+TEST(RunData, RefusesADirectoryWithoutARun) {
+  spes::test::TempDir dir;
+  try {
+    load_run(dir.path.string());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a run directory"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace spes::report
