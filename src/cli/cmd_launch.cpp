@@ -1,8 +1,10 @@
 // `spes launch`: a local SPES cluster (the sync server and N nodes as separate processes on
-// localhost) with one combined progress view and an end-of-run summary.
+// localhost) with one combined progress view, the cluster summary, and the final model's
+// validation loss next to the unigram baseline with a generated sample.
 #include <cstdlib>
 
 #include "cli/command.h"
+#include "cli/run_summary.h"
 #include "spes/sync/launch.h"
 
 namespace {
@@ -10,6 +12,7 @@ namespace {
 spes::cli::SubcommandRegistrar reg("launch", "Run a sync server and N SPES nodes on localhost",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<spes::sync::LaunchOptions>();
+  auto no_summary = std::make_shared<bool>(false);
   sub.add_option("--config", a->config, "YAML config (empty: built-in defaults)");
   sub.add_option("--nodes", a->nodes, "Number of nodes (0: spes_config.num_peers, or 4)");
   sub.add_option("--out", a->out, "Run directory (server/, node<i>/, summary.json)");
@@ -17,9 +20,12 @@ spes::cli::SubcommandRegistrar reg("launch", "Run a sync server and N SPES nodes
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep every upload and published model; the summary re-checks each round");
   sub.add_flag("--overwrite", a->overwrite, "Replace an earlier run in --out");
-  sub.callback([a] {
+  sub.add_flag("--no-summary", *no_summary,
+               "Skip the final model's baseline comparison and sample");
+  sub.callback([a, no_summary] {
     const int code = spes::sync::launch_cluster(*a);
     if (code != 0) std::exit(code);
+    if (!*no_summary) spes::cli::print_cluster_summary(a->out);
   });
 });
 

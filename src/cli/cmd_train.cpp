@@ -17,7 +17,12 @@ struct TrainArgs {
 };
 
 void run_train(const TrainArgs& a) {
-  const spes::Config cfg = spes::config_load(a.config, a.sets);
+  spes::Config cfg = spes::config_load(a.config, a.sets);
+  if (cfg.spes_config.mode != "centralized") {
+    spdlog::info("spes train runs one node that trains every expert (spes_config.mode '{}' "
+                 "applies to `spes launch` and `spes node`)", cfg.spes_config.mode);
+    cfg.spes_config.mode = "centralized";
+  }
   spes::TrainerOptions opts;
   opts.resume_from = a.resume == "none" ? "" : a.resume;
   opts.progress = spes::progress_mode_from_string(a.progress);

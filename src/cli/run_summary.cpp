@@ -1,5 +1,7 @@
-// End-of-run summary (see run_summary.h).
+// End-of-run result (see run_summary.h).
 #include "cli/run_summary.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -7,21 +9,24 @@
 #include "spes/data/tokenizer.h"
 #include "spes/data/tokenizer_path.h"
 #include "spes/eval/generate.h"
+#include "spes/eval/loaded_model.h"
 #include "spes/eval/unigram_baseline.h"
+#include "spes/io/files.h"
+#include "spes/sync/run_report.h"
 
 namespace spes::cli {
 
-void print_run_summary(Trainer& trainer, const EvalResult& r) {
-  const Config& cfg = trainer.config();
-  std::printf("\n=== result after %lld steps, %lld tokens ===\n",
-              static_cast<long long>(trainer.state().step),
-              static_cast<long long>(trainer.state().tokens));
-  if (trainer.has_validation()) {
+void print_run_result(const Config& cfg, Transformer& model, const RunResult& r) {
+  std::printf("\n=== result after %lld steps, %lld tokens ===\n", static_cast<long long>(r.steps),
+              static_cast<long long>(r.tokens));
+  if (r.has_validation) {
     const double base = unigram_baseline_loss(cfg);
-    std::printf("validation loss   %.4f nats/token (perplexity %.1f) on %lld tokens\n", r.loss,
-                r.perplexity, static_cast<long long>(r.tokens));
+    std::printf("validation loss   %.4f nats/token (perplexity %.1f) on %lld tokens\n",
+                r.validation.loss, r.validation.perplexity,
+                static_cast<long long>(r.validation.tokens));
     std::printf("unigram baseline  %.4f nats/token (perplexity %.1f)\n", base, std::exp(base));
-    std::printf("improvement       %.4f nats/token below the baseline\n", base - r.loss);
+    std::printf("improvement       %.4f nats/token below the baseline\n",
+                base - r.validation.loss);
   }
   const std::string tok_path = resolve_tokenizer_path(cfg.data);
   if (tok_path.empty()) return;
@@ -30,9 +35,42 @@ void print_run_summary(Trainer& trainer, const EvalResult& r) {
   SampleOptions o;
   o.max_new_tokens = 48;
   o.stop_token = tok->eos_id();
-  auto ids = generate_tokens(trainer.model(), tok->encode(prompt), o);
+  auto ids = generate_tokens(model, tok->encode(prompt), o);
   std::printf("sample: %s\n", tok->decode(ids).c_str());
   std::fflush(stdout);
+}
+
+void print_run_summary(Trainer& trainer, const EvalResult& final_eval) {
+  RunResult r;
+  r.steps = trainer.state().step;
+  r.tokens = trainer.state().tokens;
+  r.has_validation = trainer.has_validation();
+  r.validation = final_eval;
+  print_run_result(trainer.config(), trainer.model(), r);
+}
+
+void print_cluster_summary(const std::string& dir) {
+  const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
+  LoadedModel lm = load_model_from_checkpoint(dir + "/node0/checkpoint");
+  RunResult r;
+  double loss = 0;
+  int64_t n = 0;
+  for (const auto& node : summary.at("nodes")) {
+    r.steps = std::max(r.steps, node.value("steps", int64_t{0}));
+    if (node.contains("final_val_loss")) {
+      loss += node["final_val_loss"].get<double>();
+      ++n;
+    }
+  }
+  r.tokens = r.steps * lm.config.tokens_per_step() * static_cast<int64_t>(summary["nodes"].size());
+  r.has_validation = n > 0;
+  if (n > 0) {
+    r.validation.loss = loss / static_cast<double>(n);
+    r.validation.perplexity = std::exp(r.validation.loss);
+    for (const auto& line : sync::read_jsonl(dir + "/node0/metrics.jsonl"))
+      if (line.contains("val_tokens")) r.validation.tokens = line["val_tokens"].get<int64_t>();
+  }
+  print_run_result(lm.config, *lm.model, r);
 }
 
 }  // namespace spes::cli
