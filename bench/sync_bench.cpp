@@ -1,0 +1,284 @@
+// Sync benchmark: a real `spes serve` process on loopback and N simulated nodes (threads of this
+// process, each with its own copy of the model and a gRPC client) that join, then for several
+// rounds upload their trainable tensors, wait for the round and download what they lack,
+// exactly as `spes node` does but without training. Reports per round the latency (every node
+// starts uploading -> every node has its download), the bytes per node and the throughput, and
+// the server's peak RSS against the model's fp32 size. Defaults: the d_model 512 shape of
+// bench/train_bench (about 117M parameters, 8 experts) with 4 nodes owning 2 experts each.
+//   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spes/common/error.h"
+#include "spes/common/strings.h"
+#include "spes/common/sysinfo.h"
+#include "spes/io/config.h"
+#include "spes/io/files.h"
+#include "spes/model/transformer.h"
+#include "spes/sync/client.h"
+#include "spes/sync/framing.h"
+#include "spes/sync/plan.h"
+#include "spes/sync/run_report.h"
+#include "spes/sync/subprocess.h"
+#include "spes/train/ownership.h"
+#include "spes/train/registry.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  int64_t nodes = 4, rounds = 6, merge_interval = 2;
+  int64_t d_model = 512, n_layers = 8, n_heads = 8, experts = 8, top_k = 2, hidden = 1024;
+  int64_t vocab = 8192, seq = 256;
+  std::string dtype = "fp32";
+  std::string spes;  // path of the spes executable (default: ../spes next to this bench)
+  std::string out = "runs/sync_bench";
+};
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "usage: sync_bench [--nodes N] [--rounds R] [--merge-interval I] [--dtype fp32|bf16]"
+               "\n  [--d-model D] [--layers L] [--heads H] [--experts E] [--hidden F] "
+               "[--vocab V]\n  [--spes PATH] [--out DIR]\n");
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage();
+    const std::string v = argv[++i];
+    if (k == "--nodes") a.nodes = std::stoll(v);
+    else if (k == "--rounds") a.rounds = std::stoll(v);
+    else if (k == "--merge-interval") a.merge_interval = std::stoll(v);
+    else if (k == "--dtype") a.dtype = v;
+    else if (k == "--d-model") a.d_model = std::stoll(v);
+    else if (k == "--layers") a.n_layers = std::stoll(v);
+    else if (k == "--heads") a.n_heads = std::stoll(v);
+    else if (k == "--experts") a.experts = std::stoll(v);
+    else if (k == "--hidden") a.hidden = std::stoll(v);
+    else if (k == "--vocab") a.vocab = std::stoll(v);
+    else if (k == "--spes") a.spes = v;
+    else if (k == "--out") a.out = v;
+    else usage();
+  }
+  return a;
+}
+
+spes::Config bench_config(const Args& a) {
+  spes::Config c;
+  c.model.d_model = a.d_model;
+  c.model.n_layers = a.n_layers;
+  c.model.n_heads = a.n_heads;
+  c.model.moe_num_experts = a.experts;
+  c.model.moe_top_k = a.top_k;
+  c.model.mlp_hidden_size = a.hidden;
+  c.model.vocab_size = a.vocab;
+  c.model.max_sequence_length = a.seq;
+  c.data.paths = {"unused-by-the-server"};
+  c.spes_config.mode = "spes";
+  c.spes_config.num_peers = a.nodes;
+  c.spes_config.sync_steps = 1;  // round r is step r
+  c.spes_config.transfer_dtype = a.dtype;
+  c.spes_config.merge_interval = a.merge_interval;
+  c.spes_config.merge_alpha_start = 0.01;
+  c.spes_config.merge_decay_steps = 10000;
+  c.spes_config.merge_topk = std::min<int64_t>(4, a.experts - 1);
+  c.max_duration = std::to_string(a.rounds);
+  return c;
+}
+
+// All simulated nodes start each round together (std::barrier is C++20; the project is C++17).
+class Barrier {
+ public:
+  explicit Barrier(int64_t n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t gen = generation_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++generation_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return generation_ != gen; });
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t n_, waiting_ = 0, generation_ = 0;
+};
+
+struct NodeTimes {
+  std::vector<double> upload_s, wait_s, download_s;
+  std::vector<uint64_t> up_bytes, down_bytes;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    torch::set_num_threads(1);
+    const spes::Config cfg = bench_config(a);
+    fs::remove_all(a.out);
+    fs::create_directories(a.out);
+    const std::string cfg_path = a.out + "/config.yaml";
+    spes::file_write_atomic(cfg_path, spes::config_to_yaml(cfg));
+    const std::string exe =
+        a.spes.empty() ? (fs::path(spes::sync::self_executable()).parent_path().parent_path() /
+                          "spes").string()
+                       : a.spes;
+    SPES_CHECK(fs::exists(exe), "spes executable '{}' not found; pass --spes PATH", exe);
+
+    // The nodes' models first (the server's initial model comes from its own seed; nodes load
+    // it on join as `spes node` does, but here only the bytes matter).
+    const spes::Ownership own = spes::Ownership::from_config(cfg);
+    std::vector<std::unique_ptr<spes::Transformer>> models;
+    std::vector<std::unique_ptr<spes::ParamRegistry>> regs;
+    for (int64_t i = 0; i < a.nodes; ++i) {
+      models.push_back(std::make_unique<spes::Transformer>(cfg.model));
+      regs.push_back(std::make_unique<spes::ParamRegistry>(*models.back(), cfg, own, i));
+    }
+    const int64_t P = models[0]->num_params();
+    const double fp32_mib = 4.0 * static_cast<double>(P) / (1 << 20);
+    fmt::print("sync_bench: {:.1f}M parameters ({:.0f} MiB fp32), {} nodes, {} rounds, {} "
+               "transfers, merging every {} rounds\n", P / 1e6, fp32_mib, a.nodes, a.rounds,
+               a.dtype, a.merge_interval);
+
+    spes::sync::Subprocess server({exe, "serve", "--config", cfg_path, "--out",
+                                   a.out + "/server", "--listen", "127.0.0.1:0", "--overwrite"});
+    std::string address;
+    const auto t_start = Clock::now();
+    while (address.empty()) {
+      std::vector<std::string> lines;
+      server.read_lines(&lines);
+      int code = 0;
+      SPES_CHECK(!server.poll_exit(&code), "the sync server exited with code {} at start", code);
+      SPES_CHECK(Clock::now() - t_start < std::chrono::seconds(120), "the server did not start");
+      try {
+        address = nlohmann::json::parse(spes::file_read(a.out + "/server/server.json"))
+                      .at("address").get<std::string>();
+      } catch (const std::exception&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+
+    const spes::sync::WireDtype wire = spes::sync::wire_dtype_from_string(a.dtype);
+    std::vector<NodeTimes> times(a.nodes);
+    std::vector<double> round_s(a.rounds + 1, 0);
+    std::vector<Clock::time_point> round_t0(a.rounds + 1);
+    Barrier sync_point(a.nodes);
+    std::vector<std::thread> threads;
+    for (int64_t i = 0; i < a.nodes; ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          spes::sync::NodeId id{i, static_cast<uint64_t>(0x5eed0000 + i), ""};
+          spes::sync::SyncClient client(address, id);
+          SPES_CHECK(client.wait_connected(60), "node {}: cannot connect to {}", i, address);
+          const spes::ParamRegistry& reg = *regs[i];
+          client.join(spes::sync::node_join_info(cfg, reg, id, 0));
+          auto discard = [](const char*, size_t) {};
+          client.download(0, spes::sync::Selection::All, [](uint64_t) {}, discard);
+          for (int64_t r = 1; r <= a.rounds; ++r) {
+            {  // a small change, so every round aggregates real updates
+              torch::NoGradGuard ng;
+              for (const auto& e : reg.entries())
+                if (e.trainable) e.tensor.add_(1e-4);
+            }
+            sync_point.arrive_and_wait();
+            if (i == 0) round_t0[r] = Clock::now();
+            sync_point.arrive_and_wait();
+            const auto t0 = Clock::now();
+            const spes::sync::UploadMeta meta{i, r, r, 1000, id.incarnation, reg.fingerprint()};
+            const auto up = client.upload(r, r, spes::sync::node_upload_writer(reg, meta, wire));
+            const auto t1 = Clock::now();
+            spes::sync::RoundStatus st;
+            do {
+              st = client.wait_round(r, spes::sync::kMaxWaitMs);
+            } while (!st.published);
+            const auto t2 = Clock::now();
+            const uint64_t down =
+                client.download(r, spes::sync::Selection::ForNode, [](uint64_t) {}, discard);
+            const auto t3 = Clock::now();
+            auto secs = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };
+            times[i].upload_s.push_back(secs(t0, t1));
+            times[i].wait_s.push_back(secs(t1, t2));
+            times[i].download_s.push_back(secs(t2, t3));
+            times[i].up_bytes.push_back(up.bytes);
+            times[i].down_bytes.push_back(down);
+            sync_point.arrive_and_wait();
+            if (i == 0) round_s[r] = secs(round_t0[r], Clock::now());
+          }
+          client.leave(a.rounds, "benchmark finished");
+        } catch (const std::exception& e) {  // the other threads would wait forever
+          std::fprintf(stderr, "sync_bench: node %lld: %s\n", static_cast<long long>(i), e.what());
+          std::_Exit(1);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    const int code = server.wait();
+    SPES_CHECK(code == 0, "the sync server exited with code {}", code);
+
+    const auto rounds = spes::sync::read_jsonl(a.out + "/server/rounds.jsonl");
+    double server_rss = 0;
+    for (const auto& r : rounds) server_rss = std::max(server_rss, r.value("peak_rss_mb", 0.0));
+    fmt::print("{:>5} {:>6} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>11}\n", "round", "merge",
+               "round_s", "upload_s", "wait_s", "download_s", "up/node", "down/node",
+               "throughput");
+    nlohmann::json report = {{"params", P}, {"nodes", a.nodes}, {"dtype", a.dtype},
+                             {"rounds", nlohmann::json::array()}};
+    double max_round = 0, sum_round = 0;
+    for (int64_t r = 1; r <= a.rounds; ++r) {
+      double up_s = 0, wait_s = 0, down_s = 0;
+      uint64_t total = 0;
+      for (const auto& t : times) {
+        up_s = std::max(up_s, t.upload_s[r - 1]);
+        wait_s = std::max(wait_s, t.wait_s[r - 1]);
+        down_s = std::max(down_s, t.download_s[r - 1]);
+        total += t.up_bytes[r - 1] + t.down_bytes[r - 1];
+      }
+      const bool merged = r - 1 < static_cast<int64_t>(rounds.size()) &&
+                          rounds[r - 1].value("alpha", 0.0) > 0;
+      const double mibps = static_cast<double>(total) / (1 << 20) / round_s[r];
+      fmt::print("{:>5} {:>6} {:>9.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>12} {:>12} {:>7.0f} MiB/s\n",
+                 r, merged ? "yes" : "no", round_s[r], up_s, wait_s, down_s,
+                 spes::human_bytes(static_cast<double>(times[0].up_bytes[r - 1])),
+                 spes::human_bytes(static_cast<double>(times[0].down_bytes[r - 1])), mibps);
+      max_round = std::max(max_round, round_s[r]);
+      sum_round += round_s[r];
+      report["rounds"].push_back({{"round", r}, {"merged", merged}, {"seconds", round_s[r]},
+                                  {"bytes_up_node0", times[0].up_bytes[r - 1]},
+                                  {"bytes_down_node0", times[0].down_bytes[r - 1]},
+                                  {"mib_per_s", mibps}});
+    }
+    report["round_seconds_mean"] = sum_round / static_cast<double>(a.rounds);
+    report["round_seconds_max"] = max_round;
+    report["server_peak_rss_mb"] = server_rss;
+    report["model_fp32_mib"] = fp32_mib;
+    spes::file_write_atomic(a.out + "/sync_bench.json", report.dump(2) + "\n");
+    fmt::print("round latency {:.2f} s mean, {:.2f} s max | server peak RSS {:.0f} MiB = {:.2f} x "
+               "the fp32 model ({:.0f} MiB) | bench process peak RSS {:.0f} MiB\n",
+               sum_round / static_cast<double>(a.rounds), max_round, server_rss,
+               server_rss / fp32_mib, fp32_mib, spes::peak_rss_mb());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sync_bench: %s\n", e.what());
+    return 1;
+  }
+}
