@@ -13,7 +13,7 @@ spes::cli::SubcommandRegistrar reg("launch", "Run a sync server and N SPES nodes
                                    [](CLI::App& sub) {
   auto a = std::make_shared<spes::sync::LaunchOptions>();
   auto no_summary = std::make_shared<bool>(false);
-  sub.add_option("--config", a->config, "YAML config (empty: built-in defaults)");
+  sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
   sub.add_option("--nodes", a->nodes, "Number of nodes (0: spes_config.num_peers, or 4)");
   sub.add_option("--out", a->out, "Run directory (server/, node<i>/, summary.json)");
   sub.add_option("--set", a->sets, "Override a config key for every part (repeatable)");

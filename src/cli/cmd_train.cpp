@@ -36,7 +36,7 @@ void run_train(const TrainArgs& a) {
 
 spes::cli::SubcommandRegistrar reg("train", "Train a model on one node", [](CLI::App& sub) {
   auto a = std::make_shared<TrainArgs>();
-  sub.add_option("--config", a->config, "YAML config (empty: built-in defaults)");
+  sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
   sub.add_option("--out", a->out, "Run directory (metrics.jsonl, checkpoint/)");
   sub.add_option("--set", a->sets, "Override a config key: --set model.d_model=512 (repeatable)");
   sub.add_option("--resume", a->resume,

@@ -92,3 +92,18 @@ TEST(Config, IgnoresReferenceOnlyKeys) {
   Config c = config_parse("wandb:\n  project: x\nmodel:\n  flash_attention: true\n", {}, "t");
   EXPECT_EQ(c.model.d_model, ModelConfig().d_model);
 }
+
+namespace spes {
+namespace {
+
+TEST(ConfigBuiltinDefault, IsConfigsDefaultYaml) {
+  // The compiled-in default and the file in the repository are the same config.
+  const Config builtin = config_load("");
+  const Config file = config_load(std::string(SPES_SOURCE_DIR) + "/configs/default.yaml");
+  EXPECT_EQ(config_to_yaml(builtin), config_to_yaml(file));
+  EXPECT_EQ(builtin.spes_config.mode, "spes");
+  EXPECT_EQ(config_load("", {"model.d_model=64"}).model.d_model, 64);
+}
+
+}  // namespace
+}  // namespace spes

@@ -215,7 +215,9 @@ Config config_parse(const std::string& yaml_text, const std::vector<std::string>
 }
 
 Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
-  if (path.empty()) return config_parse("", overrides, "built-in defaults");
+  if (path.empty())
+    return config_parse(builtin_default_config_yaml(), overrides,
+                        "built-in default config (configs/default.yaml)");
   std::ifstream f(path);
   SPES_CHECK(f.good(), "config file '{}' cannot be read (does it exist?)", path);
   std::stringstream ss;

@@ -159,7 +159,9 @@ struct Config {
 
 // Loads a YAML file (empty path: built-in defaults), applies `key=value` overrides and checks
 // every value. Throws spes::Error naming the file, key and expected value on any problem.
+// path empty: the built-in default, configs/default.yaml as compiled in.
 Config config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+const char* builtin_default_config_yaml();
 // Same, from YAML text (`origin` names it in errors).
 Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
                     const std::string& origin);
