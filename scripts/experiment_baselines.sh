@@ -9,12 +9,16 @@
 # same VAL_WINDOWS validation windows every EVAL steps. Then it draws the curves (`spes plot`),
 # tabulates loss, memory and bytes next to the SPES.md formulas (`spes compare`) and writes
 # docs/RESULTS.md. Arms already finished in OUT are kept (RERUN=1 runs them again).
-#   bash scripts/experiment_baselines.sh            # about 40 minutes on 2 idle CPU cores
-#   STEPS=60 EVAL=20 bash scripts/experiment_baselines.sh   # a quick smoke run
+# The model is the default config's at half width (MODEL="d_model=128 mlp_hidden_size=256": 5.5M
+# parameters, 8 experts per layer), so that the five arms fit in well under an hour on 2 cores;
+# MODEL="" runs the default width.
+#   bash scripts/experiment_baselines.sh
+#   STEPS=20 EVAL=10 SYNC=10 MERGE_INTERVAL=10 OUT=/tmp/x DOC=/tmp/x/RESULTS.md \
+#     bash scripts/experiment_baselines.sh   # a quick smoke run
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-STEPS=${STEPS:-240}          # optimizer steps per node
+STEPS=${STEPS:-160}          # optimizer steps per node
 NODES=${NODES:-4}
 NODE_BATCH=${NODE_BATCH:-4}  # sequences per step per node (centralized: NODES x NODE_BATCH)
 SYNC=${SYNC:-20}             # steps between syncs
@@ -24,6 +28,8 @@ MERGE_INTERVAL=${MERGE_INTERVAL:-40}
 MERGE_ALPHA=${MERGE_ALPHA:-0.05}
 MERGE_DECAY=${MERGE_DECAY:-$((2 * STEPS))}
 MERGE_TOPK=${MERGE_TOPK:-4}
+MODEL=${MODEL-d_model=128 mlp_hidden_size=256}
+THREADS=${THREADS:-1}        # intra-op threads per process (cluster arms: NODES processes)
 OUT=${OUT:-runs/experiment}
 DOC=${DOC:-docs/RESULTS.md}
 FIGS=$(dirname "$DOC")/results  # charts, linked from DOC as results/...
@@ -34,7 +40,8 @@ ARMS=(centralized fedavg diloco spes-nomerge spes-merge)
 bash scripts/prepare_default_data.sh
 mkdir -p "$OUT"
 
-common=(--set "max_duration=$STEPS" --set "eval_interval=$EVAL")
+common=(--set "max_duration=$STEPS" --set "eval_interval=$EVAL" --set "threads=$THREADS")
+for kv in $MODEL; do common+=(--set "model.$kv"); done
 cluster=(--set "global_train_batch_size=$NODE_BATCH" --set "device_train_microbatch_size=$NODE_BATCH"
          --set "eval_batches=$((VAL_WINDOWS / NODE_BATCH))" --set "spes_config.sync_steps=$SYNC"
          --set "spes_config.num_peers=$NODES")
@@ -101,8 +108,9 @@ in \`$OUT/\` (\`spes compare\` and \`spes plot\` on them reproduce the table and
 
 ## Setup
 
-- Model: \`$CONFIG\` (OLMoE-style MoE, d_model 256, 4 layers, 8 experts top-2, vocabulary 8192,
-  sequence 128), King James + World English Bibles tokenized by \`spes prepare\`.
+- Model: \`$CONFIG\` with \`${MODEL:-no changes}\` (OLMoE-style MoE, 4 layers, 8 experts top-2,
+  vocabulary 8192, sequence 128), trained on the King James + World English Bibles tokenized by
+  \`spes prepare\` (the default job's data).
 - Equal total tokens: every arm runs $STEPS optimizer steps of $central_batch sequences in all
   (centralized: one node with batch $central_batch; the others: $NODES nodes with batch $NODE_BATCH each,
   each node on its own part of the data), the same warm-up + cosine schedule, and is evaluated on

@@ -152,6 +152,7 @@ EvalResult Trainer::run() {
       if (val_loader_) {
         rec["val_loss"] = last.loss;
         rec["val_ppl"] = last.perplexity;
+        rec["val_tokens"] = last.tokens;
         val = last.loss;
       }
       evaluated_last = true;
