@@ -31,6 +31,9 @@ struct ModelConfig {
   double z_loss_weight = 1e-4;        // output (LM head) z-loss weight
   int64_t eos_token_id = 0;
   int64_t pad_token_id = -1;
+  // Start from these weights instead of a random init: a checkpoint directory or a Hugging Face
+  // directory (spes import-hf / upcycle output, or an export). Architecture must match.
+  std::string init_checkpoint;
 
   bool is_moe() const { return block_type == "moe"; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
@@ -46,7 +49,7 @@ struct ModelConfig {
     v("init_std", init_std); v("init_cutoff_factor", init_cutoff_factor);
     v("moe_loss_weight", moe_loss_weight); v("moe_zloss_weight", moe_zloss_weight);
     v("z_loss_weight", z_loss_weight); v("eos_token_id", eos_token_id);
-    v("pad_token_id", pad_token_id);
+    v("pad_token_id", pad_token_id); v("init_checkpoint", init_checkpoint);
   }
 };
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "spes/common/error.h"
+#include "spes/interop/init_checkpoint.h"
 #include "spes/model/layers.h"
 
 namespace spes {
@@ -83,6 +84,10 @@ Transformer::Transformer(const ModelConfig& cfg, torch::Device device)
 }
 
 void Transformer::init_weights(uint64_t seed) {
+  if (!cfg_.init_checkpoint.empty()) {  // start from given weights (interop/init_checkpoint.h)
+    model_load_init_checkpoint(*this, cfg_.init_checkpoint);
+    return;
+  }
   torch::NoGradGuard ng;
   // A private CPU generator makes the init independent of the device and of global RNG use.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);

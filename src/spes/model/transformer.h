@@ -51,7 +51,8 @@ class Transformer {
  public:
   Transformer(const ModelConfig& cfg, torch::Device device = torch::kCPU);
 
-  // Truncated-normal init (std, cut at +-cutoff*std) of every matrix; norm weights 1.
+  // Truncated-normal init (std, cut at +-cutoff*std) of every matrix; norm weights 1. With
+  // model.init_checkpoint set, copies that checkpoint's weights instead (seed unused).
   void init_weights(uint64_t seed);
   // Final hidden states for token ids [B, T] (no LM head: the loss applies it in chunks).
   ForwardResult forward(const torch::Tensor& tokens) const;

@@ -44,7 +44,8 @@ void registry_load_tensors(const ParamRegistry& registry, const NamedTensors& te
 }
 
 void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegistry& registry,
-                     const AdamW* optimizer, const TrainState& state) {
+                     const AdamW* optimizer, const TrainState& state,
+                     const std::string& tokenizer_file) {
   const fs::path dst(dir);
   if (dst.has_parent_path()) fs::create_directories(dst.parent_path());
   const std::string tmp = dir + ".tmp." + std::to_string(::getpid());
@@ -60,7 +61,8 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
   if (optimizer) write("optimizer.safetensors", safetensors_serialize(optimizer->state_tensors()));
   write("config.yaml", config_to_yaml(cfg));
   // Keep the tokenizer with the weights so evaluation and export need nothing else.
-  const std::string tok = resolve_tokenizer_path(cfg.data);
+  const std::string tok =
+      tokenizer_file.empty() ? resolve_tokenizer_path(cfg.data) : tokenizer_file;
   if (!tok.empty())
     write(ends_with(tok, ".json") ? "tokenizer.json" : "tokenizer.model", file_read(tok));
   nlohmann::json st = {{"format", "spes-checkpoint-v1"},

@@ -22,9 +22,11 @@ struct TrainState {
   nlohmann::json extra;        // owner-defined state (e.g. the sync client's)
 };
 
-// Writes DIR atomically. `optimizer` may be null (weights-only export).
+// Writes DIR atomically. `optimizer` may be null (weights-only export). The tokenizer kept with
+// the weights is `tokenizer_file` when given, else the one cfg.data names (if any).
 void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegistry& registry,
-                     const AdamW* optimizer, const TrainState& state);
+                     const AdamW* optimizer, const TrainState& state,
+                     const std::string& tokenizer_file = "");
 // Loads weights into the registry's tensors (names and shapes must match) and, when given,
 // the optimizer moments. Returns the saved state.
 TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry,
