@@ -12,6 +12,7 @@
 
 #include "interop/interop_test_util.h"
 #include "spes/common/error.h"
+#include "spes/data/tokenizer.h"
 #include "spes/eval/loaded_model.h"
 #include "spes/interop/hf_export.h"
 #include "spes/interop/hf_import.h"
@@ -114,6 +115,38 @@ TEST(InteropExport, OlmoeDirectoryHasTheDocumentedFilesNamesAndShapes) {
   // Nothing else is left next to the export.
   for (const auto& e : fs::directory_iterator(d.path))
     EXPECT_THAT(e.path().filename().string(), ::testing::Not(HasSubstr(".tmp.")));
+}
+
+TEST(InteropExport, SentencePieceTokenizerIsCopiedForLlamaTokenizerWithANote) {
+  interop_test::TempDir d;
+  std::string text;
+  const std::vector<std::string> words = {"the", "river", "walked", "over", "mountain", "and",
+                                          "spoke", "light", "water", "earth", "king", "house",
+                                          "bread", "seven", "days", "nights", "people", "gave"};
+  for (int i = 0; i < 2000; ++i)
+    text += words[i % 18] + " " + words[(i * 7) % 18] + " " + std::to_string(i % 97) + " " +
+            words[(i * 5 + 3) % 18] + ".\n";
+  spes::test::write_bytes(d.file("a.txt"), text);
+  sentencepiece_train({d.file("a.txt")}, 320, d.file("sp"), "bpe");
+  ModelConfig m = interop_test::tiny();
+  m.vocab_size = 320;
+  m.eos_token_id = 2;  // the trained model's </s>
+  auto model = interop_test::random_model(m, 2);
+  checkpoint_write_fresh(d.file("ckpt"), interop_test::config_of(m), *model, d.file("sp.model"),
+                         true);
+  const HfExportResult r = hf_export(d.file("ckpt"), d.file("hf"), {});
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_THAT(r.notes[0], HasSubstr("no tokenizer.json was written"));
+  EXPECT_EQ(file_read(d.file("hf/tokenizer.model")), file_read(d.file("sp.model")));
+  EXPECT_FALSE(fs::exists(d.file("hf/tokenizer.json")));
+  const json tc = json::parse(file_read(d.file("hf/tokenizer_config.json")));
+  EXPECT_EQ(tc["tokenizer_class"], "LlamaTokenizer");
+  EXPECT_EQ(tc["eos_token"], "</s>");
+  EXPECT_EQ(tc["unk_token"], "<unk>");
+  EXPECT_EQ(tc["add_bos_token"], false);
+  // Imported back, the tokenizer.model travels with the checkpoint.
+  hf_import_to_checkpoint(d.file("hf"), d.file("back"), 0, true, false);
+  EXPECT_EQ(file_read(d.file("back/tokenizer.model")), file_read(d.file("sp.model")));
 }
 
 TEST(InteropExport, Qwen3MoeHasPerHeadNormsOfHeadDim) {
