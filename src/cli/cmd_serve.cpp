@@ -40,6 +40,8 @@ void run_serve(const ServeArgs& a) {
     for (const char* f : {"state.json", "published.safetensors", "rounds.jsonl"})
       fs::remove(a.out + "/" + f);
     fs::remove_all(a.out + "/rounds");
+    for (const auto& e : fs::directory_iterator(a.out))  // diloco momentum-<round>.safetensors
+      if (e.path().filename().string().rfind("momentum-", 0) == 0) fs::remove(e.path());
   }
   spes::sync::ServerOptions o;
   const std::string& addr = cfg.spes_config.server_addr;
