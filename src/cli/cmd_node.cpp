@@ -1,17 +1,20 @@
 // `spes node`: one SPES node: trains the shared tensors plus its own experts (mode spes) or
 // everything (fedavg, diloco), syncing with `spes serve` every spes_config.sync_steps steps.
-// Writes OUT/metrics.jsonl (sync records included) and OUT/checkpoint like `spes train`.
+// Writes OUT/metrics.jsonl (sync records included) and OUT/checkpoint like `spes train`
+// (every save_interval steps too); restarted with the same OUT it resumes from its checkpoint.
+// The node's token comes from --token-file or SPES_NODE_TOKEN.
 #include <spdlog/spdlog.h>
 
 #include "cli/command.h"
 #include "spes/io/config.h"
+#include "spes/sync/auth.h"
 #include "spes/sync/node.h"
 #include "spes/train/trainer.h"
 
 namespace {
 
 struct NodeArgs {
-  std::string config, out, server, resume = "auto", progress = "auto";
+  std::string config, out, server, resume = "auto", progress = "auto", token_file;
   int64_t node_id = -1;
   double connect_timeout = 120;
   std::vector<std::string> sets;
@@ -25,6 +28,8 @@ void run_node(const NodeArgs& a) {
   spes::sync::NodeOptions no;
   no.server = a.server.empty() ? cfg.spes_config.server_addr : a.server;
   no.connect_timeout_s = a.connect_timeout;
+  no.auth_token = spes::sync::node_token(a.token_file);
+  no.faults = spes::sync::node_faults_from_env();
   spes::sync::SyncNode node(no);
   spes::TrainerOptions opts;
   opts.node_id = id;
@@ -55,6 +60,8 @@ spes::cli::SubcommandRegistrar reg("node", "Run one SPES node against a sync ser
   sub.add_option("--progress", a->progress, "Progress display: auto, bar, lines or none");
   sub.add_option("--connect-timeout", a->connect_timeout,
                  "Seconds to keep retrying while the server is not up");
+  sub.add_option("--token-file", a->token_file, "File holding this node's secret token "
+                 "(default: $SPES_NODE_TOKEN; see spes_config.auth_tokens_file)");
   sub.callback([a] { run_node(*a); });
 });
 

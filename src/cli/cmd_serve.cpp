@@ -1,6 +1,7 @@
 // `spes serve`: the SPES sync server. Collects each round's uploads, aggregates and merges
 // them, persists the published model in DIR and appends one line per round to
-// DIR/rounds.jsonl; exits once every node has left (or on SIGINT/SIGTERM).
+// DIR/rounds.jsonl; exits once every node has left (or on SIGINT/SIGTERM). Restarted with the
+// same DIR it continues from the last published round (--overwrite starts over).
 #include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -22,7 +23,7 @@ void on_signal(int) { g_stop = true; }
 struct ServeArgs {
   std::string config, out = "runs/server", listen;
   std::vector<std::string> sets;
-  bool keep_uploads = false, allow_remote = false, overwrite = false, keep_running = false;
+  bool keep_uploads = false, overwrite = false, keep_running = false;
 };
 
 void run_serve(const ServeArgs& a) {
@@ -34,13 +35,18 @@ void run_serve(const ServeArgs& a) {
 #endif
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);
-  SPES_CHECK(a.overwrite || !fs::exists(a.out + "/state.json"),
-             "'{}' already holds a sync server's state (state.json); choose another --out or "
-             "pass --overwrite (restarting a server from its state is not supported yet)", a.out);
+  if (a.overwrite && fs::exists(a.out + "/state.json")) {
+    spdlog::info("--overwrite: starting over in '{}'", a.out);
+    for (const char* f : {"state.json", "published.safetensors", "rounds.jsonl"})
+      fs::remove(a.out + "/" + f);
+    fs::remove_all(a.out + "/rounds");
+    for (const auto& e : fs::directory_iterator(a.out))  // diloco momentum-<round>.safetensors
+      if (e.path().filename().string().rfind("momentum-", 0) == 0) fs::remove(e.path());
+  }
   spes::sync::ServerOptions o;
   const std::string& addr = cfg.spes_config.server_addr;
   o.listen = a.listen.empty() ? "127.0.0.1:" + addr.substr(addr.rfind(':') + 1) : a.listen;
-  o.allow_remote = a.allow_remote;
+  o.state.resume = !a.overwrite;
   o.exit_when_done = !a.keep_running;
   o.state.out_dir = a.out;
   o.state.keep_uploads = a.keep_uploads;
@@ -59,13 +65,13 @@ spes::cli::SubcommandRegistrar reg("serve", "Run the SPES sync server", [](CLI::
   sub.add_option("--out", a->out, "Server directory (published model, state.json, rounds.jsonl)");
   sub.add_option("--listen", a->listen,
                  "host:port to bind (default: 127.0.0.1 and the port of spes_config.server_addr; "
-                 "port 0 picks a free one, written to OUT/server.json)");
+                 "port 0 picks a free one, written to OUT/server.json; a non-loopback address "
+                 "needs spes_config.auth_tokens_file)");
   sub.add_option("--set", a->sets, "Override a config key (repeatable)");
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep OUT/rounds/<round>/node<i>.safetensors and published.safetensors");
-  sub.add_flag("--allow-remote", a->allow_remote,
-               "Allow a non-loopback --listen address (there is no authentication yet)");
-  sub.add_flag("--overwrite", a->overwrite, "Start fresh even if OUT holds a previous run");
+  sub.add_flag("--overwrite", a->overwrite,
+               "Start over even if OUT holds a previous run (default: continue from it)");
   sub.add_flag("--keep-running", a->keep_running, "Do not exit when every node has left");
   sub.callback([a] { run_serve(*a); });
 });

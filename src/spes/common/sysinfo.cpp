@@ -4,11 +4,23 @@
 #include <sched.h>
 #include <sys/resource.h>
 
+#include <cstdio>
 #include <thread>
 
 namespace spes {
 
 double peak_rss_mb() {
+  // VmHWM of this process image. Not getrusage's ru_maxrss: Linux carries that over an
+  // execve, so a process started by a large parent (e.g. `spes serve` spawned by the sync
+  // benchmark holding N models) would report the parent's peak instead of its own.
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib >= 0) return static_cast<double>(kib) / 1024.0;
+  }
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux

@@ -4,7 +4,7 @@
 
 namespace spes {
 
-double peak_rss_mb();   // getrusage(RUSAGE_SELF).ru_maxrss in MiB
+double peak_rss_mb();   // peak RSS of this process image (VmHWM) in MiB
 int cpu_cores();        // hardware threads available to this process
 
 }  // namespace spes

@@ -302,6 +302,20 @@ void config_validate(const Config& c, const std::string& o) {
              "{}: spes_config.weighting must be equal or tokens, found '{}'", o, s.weighting);
   SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
   SPES_CHECK(s.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
+  SPES_CHECK(s.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers ({}); "
+             "a round could never publish at its deadline", o, s.min_nodes, s.num_peers);
+  SPES_CHECK(s.round_timeout > 0, "{}: spes_config.round_timeout must be > 0 seconds, found {}",
+             o, s.round_timeout);
+  SPES_CHECK(s.heartbeat_timeout > 0, "{}: spes_config.heartbeat_timeout must be > 0 seconds, "
+             "found {}", o, s.heartbeat_timeout);
+  SPES_CHECK(s.max_update_norm_ratio >= 0, "{}: spes_config.max_update_norm_ratio must be >= 0 "
+             "(0 disables the check), found {}", o, s.max_update_norm_ratio);
+  SPES_CHECK(s.retry_max_s >= 0 && s.retry_backoff_max_s > 0, "{}: spes_config.retry_max_s must "
+             "be >= 0 and retry_backoff_max_s > 0", o);
+  SPES_CHECK(s.tls_cert.empty() == s.tls_key.empty(), "{}: spes_config.tls_cert and tls_key go "
+             "together (the server's PEM certificate chain and private key)", o);
+  SPES_CHECK(s.tls_client_cert.empty() == s.tls_client_key.empty(), "{}: "
+             "spes_config.tls_client_cert and tls_client_key go together", o);
 }
 
 }  // namespace spes

@@ -106,7 +106,16 @@ struct SpesConfig {
   double outer_lr = 0.7;                // diloco
   double outer_momentum = 0.9;          // diloco
   double round_timeout = 600.0;         // seconds a round waits for stragglers
-  int64_t min_nodes = 1;
+  int64_t min_nodes = 1;                // uploads a round needs to publish at its deadline
+  std::string auth_tokens_file;         // YAML/JSON map node id -> secret token ("": no auth)
+  double heartbeat_timeout = 60.0;      // seconds of silence after which a node is dead
+  double max_update_norm_ratio = 10.0;  // reject ||upload - published|| > r ||published|| (0: off)
+  double retry_max_s = 600.0;           // node: keep retrying an unreachable server this long
+  double retry_backoff_max_s = 5.0;     // node: longest pause between retries
+  std::string tls_cert, tls_key;        // server: PEM certificate chain and key (TLS on)
+  std::string tls_client_ca;            // server: require client certificates signed by this
+  std::string tls_ca;                   // node: PEM roots to verify the server (TLS on)
+  std::string tls_client_cert, tls_client_key;  // node: its certificate (optional)
   template <class V> void visit(V& v) {
     v("mode", mode); v("num_peers", num_peers); v("peer_id", peer_id);
     v("num_train_experts_per_node", num_train_experts_per_node);
@@ -116,6 +125,11 @@ struct SpesConfig {
     v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
     v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);
     v("round_timeout", round_timeout); v("min_nodes", min_nodes);
+    v("auth_tokens_file", auth_tokens_file); v("heartbeat_timeout", heartbeat_timeout);
+    v("max_update_norm_ratio", max_update_norm_ratio); v("retry_max_s", retry_max_s);
+    v("retry_backoff_max_s", retry_backoff_max_s); v("tls_cert", tls_cert);
+    v("tls_key", tls_key); v("tls_client_ca", tls_client_ca); v("tls_ca", tls_ca);
+    v("tls_client_cert", tls_client_cert); v("tls_client_key", tls_client_key);
   }
 };
 

@@ -21,6 +21,10 @@ SyncErrc errc_of(grpc::StatusCode c) {
     case grpc::StatusCode::RESOURCE_EXHAUSTED: return SyncErrc::ResourceExhausted;
     case grpc::StatusCode::UNAVAILABLE: return SyncErrc::Unavailable;
     case grpc::StatusCode::DEADLINE_EXCEEDED: return SyncErrc::DeadlineExceeded;
+    case grpc::StatusCode::OUT_OF_RANGE: return SyncErrc::OutOfRange;
+    case grpc::StatusCode::NOT_FOUND: return SyncErrc::NotJoined;
+    case grpc::StatusCode::PERMISSION_DENIED: return SyncErrc::PermissionDenied;
+    case grpc::StatusCode::UNAUTHENTICATED: return SyncErrc::PermissionDenied;
     default: return SyncErrc::Internal;
   }
 }
@@ -44,7 +48,7 @@ struct SyncClient::Impl {
   std::unique_ptr<pb::SpesSync::Stub> stub;
 };
 
-SyncClient::SyncClient(const std::string& address, NodeId id)
+SyncClient::SyncClient(const std::string& address, NodeId id, const ClientTls& tls)
     : impl_(std::make_unique<Impl>()), id_(std::move(id)) {
   impl_->address = address;
   grpc::ChannelArguments args;
@@ -52,7 +56,15 @@ SyncClient::SyncClient(const std::string& address, NodeId id)
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  impl_->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!tls.root_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = tls.root_pem;
+    ssl.pem_cert_chain = tls.cert_pem;
+    ssl.pem_private_key = tls.key_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  impl_->channel = grpc::CreateCustomChannel(address, creds, args);
   impl_->stub = pb::SpesSync::NewStub(impl_->channel);
 }
 
@@ -92,6 +104,8 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   r.published_step = rep.published_step();
   r.model_sha256 = rep.model_sha256();
   r.max_chunk_bytes = rep.max_chunk_bytes();
+  r.heartbeat_interval_ms = rep.heartbeat_interval_ms();
+  r.published_nodes.assign(rep.published_nodes().begin(), rep.published_nodes().end());
   return r;
 }
 
@@ -112,6 +126,10 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
     payload.read(off, kChunkBytes, &data);
     c.set_offset(off);
     c.set_sha256(chunk_sha256(data));
+    if (corrupt_next_ && !data.empty()) {
+      corrupt_next_ = false;
+      data[0] = static_cast<char>(data[0] ^ 0x5a);  // the checksum no longer matches
+    }
     c.set_data(std::move(data));
     if (!w->Write(c)) break;  // the server ended the stream: Finish() says why
     data = std::move(*c.mutable_data());
@@ -144,21 +162,25 @@ RoundStatus SyncClient::wait_round(int64_t round, uint32_t max_wait_ms) {
   r.download_bytes = rep.download_bytes();
   r.waiting_for.assign(rep.waiting_for().begin(), rep.waiting_for().end());
   r.published_round = rep.published_round();
+  r.published_step = rep.published_step();
+  r.nodes.assign(rep.nodes().begin(), rep.nodes().end());
   return r;
 }
 
 uint64_t SyncClient::download(int64_t round, Selection selection,
                               const std::function<void(uint64_t)>& on_begin,
-                              const std::function<void(const char*, size_t)>& on_data) {
+                              const std::function<void(const char*, size_t)>& on_data,
+                              uint64_t offset) {
   pb::DownloadRequest req;
   fill(req.mutable_node(), id_);
   req.set_round(round);
+  req.set_offset(offset);
   req.set_selection(selection == Selection::All ? pb::SELECTION_ALL : pb::SELECTION_FOR_NODE);
   grpc::ClientContext ctx;
   set_deadline(ctx, 3600);
   std::unique_ptr<grpc::ClientReader<pb::DownloadChunk>> rd(impl_->stub->Download(&ctx, req));
   pb::DownloadChunk c;
-  uint64_t received = 0, total = 0;
+  uint64_t received = offset, total = 0;
   bool begun = false;
   try {
     while (rd->Read(&c)) {
@@ -188,7 +210,36 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
   if (!begun || received != total)
     sync_fail(SyncErrc::DataLoss, "download of round {} ended after {} of {} bytes", round,
               received, total);
-  return received;
+  return received - offset;
+}
+
+int64_t SyncClient::heartbeat(int64_t step) {
+  pb::HeartbeatRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_step(step);
+  pb::HeartbeatReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 10);
+  check(impl_->stub->Heartbeat(&ctx, req, &rep), "Heartbeat", impl_->address);
+  return rep.published_round();
+}
+
+ServerStatus SyncClient::status() {
+  pb::StatusRequest req;
+  pb::StatusReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 10);
+  check(impl_->stub->Status(&ctx, req, &rep), "Status", impl_->address);
+  ServerStatus s;
+  s.published_round = rep.published_round();
+  s.published_step = rep.published_step();
+  s.collecting_round = rep.collecting_round();
+  s.model_sha256 = rep.model_sha256();
+  s.round_open_s = rep.round_open_s();
+  s.protocol_version = rep.protocol_version();
+  for (const auto& n : rep.nodes())
+    s.nodes.push_back({n.node_id(), n.state(), n.step(), n.last_seen_s(), n.detail()});
+  return s;
 }
 
 void SyncClient::leave(int64_t step, const std::string& reason) {

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <unordered_map>
 
 #include "spes/common/error.h"
 #include "spes/io/files.h"
@@ -44,20 +46,33 @@ void wire_round_(const torch::Tensor& t, WireDtype d) {
 SafetensorsStreamWriter::SafetensorsStreamWriter(NamedTensors tensors, torch::ScalarType dtype,
                                                  Metadata metadata)
     : dtype_(dtype) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (auto& [name, t] : tensors) {
+    shapes.emplace_back(name, t.sizes().vec());
+    items_.push_back({t.detach().contiguous().view(-1), 0, 0});
+  }
+  build_header(shapes, std::move(metadata));
+}
+
+void SafetensorsStreamWriter::build_header(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes, Metadata metadata) {
   // Same header as safetensors_serialize: metadata first, tensors in the given order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  const uint64_t es = c10::elementSize(dtype);
+  const uint64_t es = c10::elementSize(dtype_);
   uint64_t offset = 0;
-  for (auto& [name, t] : tensors) {
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const auto& [name, shape] = shapes[k];
     SPES_CHECK(name != "__metadata__" && !header.contains(name),
                "stream writer: duplicate or reserved tensor name '{}'", name);
-    torch::Tensor flat = t.detach().contiguous().view(-1);
-    const uint64_t n = static_cast<uint64_t>(flat.numel()) * es;
-    header[name] = {{"dtype", safetensors_dtype_name(dtype)},
-                    {"shape", t.sizes().vec()},
+    uint64_t numel = 1;
+    for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t n = numel * es;
+    header[name] = {{"dtype", safetensors_dtype_name(dtype_)},
+                    {"shape", shape},
                     {"data_offsets", {offset, offset + n}}};
-    items_.push_back({flat, offset, offset + n});
+    items_[k].begin = offset;
+    items_[k].end = offset + n;
     offset += n;
   }
   data_bytes_ = offset;
@@ -67,6 +82,35 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(NamedTensors tensors, torch::Sc
   const uint64_t hl = h.size();
   for (int i = 0; i < 8; ++i) header_[i] = static_cast<char>((hl >> (8 * i)) & 0xff);
   header_ += h;
+}
+
+SafetensorsStreamWriter SafetensorsStreamWriter::from_file(const std::string& path,
+                                                           const std::vector<std::string>& names,
+                                                           torch::ScalarType dtype,
+                                                           Metadata metadata) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  SPES_CHECK(fd >= 0, "cannot open '{}' for reading: {}", path, std::strerror(errno));
+  SafetensorsStreamWriter w;
+  w.fd_ = std::shared_ptr<int>(new int(fd), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+  w.dtype_ = dtype;
+  // The header as read through this descriptor (the file at `path` may be replaced later).
+  const StreamHeader h = read_stream_header("/proc/self/fd/" + std::to_string(fd));
+  std::unordered_map<std::string, const StreamEntry*> by_name;
+  for (const auto& e : h.entries) by_name[e.name] = &e;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& n : names) {
+    auto it = by_name.find(n);
+    SPES_CHECK(it != by_name.end(), "'{}' has no tensor '{}'", path, n);
+    SPES_CHECK(it->second->dtype == torch::kFloat32, "'{}': tensor '{}' is not F32", path, n);
+    shapes.emplace_back(n, it->second->shape);
+    Item item{torch::Tensor(), 0, 0, h.header_bytes + it->second->begin};
+    w.items_.push_back(item);
+  }
+  w.build_header(shapes, std::move(metadata));
+  return w;
 }
 
 void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out) const {
@@ -90,8 +134,23 @@ void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out
     const uint64_t stop = std::min(item.end, end - hb);
     const int64_t e0 = static_cast<int64_t>((d - item.begin) / es);
     const int64_t e1 = static_cast<int64_t>((stop - item.begin + es - 1) / es);
-    torch::Tensor part =
-        item.flat.slice(0, e0, e1).to(torch::kCPU, dtype_).contiguous();
+    torch::Tensor part;
+    if (fd_) {  // file source: the fp32 values of elements [e0, e1)
+      torch::Tensor f32 = torch::empty({e1 - e0}, torch::kFloat32);
+      const uint64_t want = static_cast<uint64_t>(e1 - e0) * 4;
+      uint64_t got = 0;
+      char* dst = static_cast<char*>(f32.data_ptr());
+      while (got < want) {
+        const ssize_t r = ::pread(*fd_, dst + got, want - got,
+                                  static_cast<off_t>(item.file_offset + e0 * 4 + got));
+        SPES_CHECK(r > 0, "stream writer: cannot read the source file ({})",
+                   r == 0 ? "truncated" : std::strerror(errno));
+        got += static_cast<uint64_t>(r);
+      }
+      part = dtype_ == torch::kFloat32 ? f32 : f32.to(dtype_).contiguous();
+    } else {
+      part = item.flat.slice(0, e0, e1).to(torch::kCPU, dtype_).contiguous();
+    }
     const char* p = static_cast<const char*>(part.data_ptr()) + (d - item.begin - e0 * es);
     out->append(p, stop - d);
     offset = hb + stop;

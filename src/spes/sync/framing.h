@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ void wire_round_(const torch::Tensor& t, WireDtype d);
 class SafetensorsStreamWriter {
  public:
   SafetensorsStreamWriter(NamedTensors tensors, torch::ScalarType dtype, Metadata metadata);
+  // The same stream with values read on demand (pread, one piece at a time) from an fp32
+  // safetensors file instead of memory: `names` (a subset of the file's tensors, in stream
+  // order). The file is opened now and stays readable even if it is replaced (renamed over)
+  // later, so a stream keeps serving the version it started with.
+  static SafetensorsStreamWriter from_file(const std::string& path,
+                                           const std::vector<std::string>& names,
+                                           torch::ScalarType dtype, Metadata metadata);
   uint64_t total_bytes() const { return header_.size() + data_bytes_; }
   uint64_t header_bytes() const { return header_.size(); }
   uint64_t data_bytes() const { return data_bytes_; }
@@ -36,13 +44,18 @@ class SafetensorsStreamWriter {
   void read(uint64_t offset, uint64_t n, std::string* out) const;
 
  private:
+  SafetensorsStreamWriter() = default;
+  void build_header(const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                    Metadata metadata);
   struct Item {
-    torch::Tensor flat;  // contiguous 1-D view of the source tensor
+    torch::Tensor flat;  // contiguous 1-D view of the source tensor (memory source)
     uint64_t begin, end; // byte range in the stream
+    uint64_t file_offset = 0;  // file source: byte offset of the fp32 values in the file
   };
+  std::shared_ptr<int> fd_;  // file source (closed with the last copy)
   std::string header_;  // 8-byte length + JSON header, padded to 8
   std::vector<Item> items_;
-  torch::ScalarType dtype_;
+  torch::ScalarType dtype_ = torch::kFloat32;
   uint64_t data_bytes_ = 0;
 };
 

@@ -20,6 +20,7 @@
 #include "spes/io/config.h"
 #include "spes/io/files.h"
 #include "spes/sync/run_report.h"
+#include "spes/sync/auth.h"
 #include "spes/sync/subprocess.h"
 
 namespace spes::sync {
@@ -104,12 +105,18 @@ int launch_cluster(const LaunchOptions& o) {
 
   std::vector<Part> parts(N + 1);
   auto start = [&](Part& p, const std::string& name, const std::string& dir,
-                   std::vector<std::string> argv) {
+                   std::vector<std::string> argv,
+                   std::vector<std::pair<std::string, std::string>> env = {}) {
     fs::create_directories(dir);
     p.name = name;
     p.log.open(dir + "/log.txt");
-    p.proc = std::make_unique<Subprocess>(argv);
+    p.proc = std::make_unique<Subprocess>(argv, env);
   };
+  // With node tokens configured, each node gets its own through the environment.
+  const std::vector<std::string> tokens =
+      cfg.spes_config.auth_tokens_file.empty()
+          ? std::vector<std::string>()
+          : load_node_tokens(cfg.spes_config.auth_tokens_file, N);
   std::vector<std::string> serve = {exe, "serve", "--config", cfg_path, "--out",
                                     o.out + "/server", "--listen", "127.0.0.1:0", "--overwrite"};
   if (o.keep_uploads) serve.push_back("--keep-uploads");
@@ -143,7 +150,10 @@ int launch_cluster(const LaunchOptions& o) {
     start(parts[i + 1], fmt::format("node {}", i), fmt::format("{}/node{}", o.out, i),
           {exe, "node", "--config", cfg_path, "--node-id", std::to_string(i), "--server",
            address, "--out", fmt::format("{}/node{}", o.out, i), "--progress", "lines",
-           "--resume", "none"});
+           "--resume", "none"},
+          tokens.empty() ? std::vector<std::pair<std::string, std::string>>()
+                         : std::vector<std::pair<std::string, std::string>>{
+                               {"SPES_NODE_TOKEN", tokens[i]}});
 
   // Combined view; the first failure stops everything.
   std::string failure;

@@ -11,7 +11,7 @@
 
 namespace spes::sync {
 
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
@@ -27,6 +27,9 @@ enum class SyncErrc {
   ResourceExhausted,   // a size bound was exceeded
   Unavailable,         // cannot reach the server (the client may retry)
   DeadlineExceeded,    // a call ran past its deadline
+  OutOfRange,          // the round is closed (published without this upload): catch up
+  NotJoined,           // unknown node incarnation (restarted server or node): join again
+  PermissionDenied,    // unknown node or wrong token
   Internal,
 };
 const char* sync_errc_name(SyncErrc c);
@@ -48,7 +51,7 @@ template <typename... Args>
 struct NodeId {
   int64_t node_id = 0;
   uint64_t incarnation = 0;
-  std::string auth_token;  // reserved for authentication (not checked yet)
+  std::string auth_token;  // per-node secret (spes_config.auth_tokens_file); never logged
 };
 
 // What a node declares on Join; the server compares every field with its own.
@@ -66,6 +69,8 @@ struct JoinResult {
   int64_t published_round = 0, published_step = 0;
   std::string model_sha256;
   uint64_t max_chunk_bytes = kMaxChunkBytes;
+  uint32_t heartbeat_interval_ms = 0;
+  std::vector<int64_t> published_nodes;  // nodes whose uploads the published round used
 };
 
 struct RoundStatus {
@@ -76,7 +81,8 @@ struct RoundStatus {
   double alpha = 0;
   uint64_t download_bytes = 0;
   std::vector<int64_t> waiting_for;
-  int64_t published_round = 0;
+  int64_t published_round = 0, published_step = 0;
+  std::vector<int64_t> nodes;  // nodes whose uploads the round used (when published)
 };
 
 struct UploadResult {
@@ -86,5 +92,22 @@ struct UploadResult {
 };
 
 enum class Selection { ForNode, All };
+
+// One node as the server sees it (Status RPC, rounds.jsonl).
+struct NodeState {
+  int64_t node_id = 0;
+  std::string state;       // not_joined | training | uploading | uploaded | dead | left
+  int64_t step = 0;
+  double last_seen_s = -1;
+  std::string detail;
+};
+
+struct ServerStatus {
+  int64_t published_round = 0, published_step = 0, collecting_round = 0;
+  std::string model_sha256;
+  double round_open_s = 0;
+  std::vector<NodeState> nodes;
+  uint32_t protocol_version = kProtocolVersion;
+};
 
 }  // namespace spes::sync

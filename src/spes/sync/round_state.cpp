@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include <fmt/ranges.h>
@@ -12,6 +13,7 @@
 #include "spes/common/strings.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/files.h"
+#include "spes/sync/auth.h"
 
 namespace spes::sync {
 namespace fs = std::filesystem;
@@ -38,11 +40,19 @@ uint64_t random_u64() {
 struct RoundState::NodeSlot {
   bool joined = false, left = false;
   uint64_t incarnation = 0;
-  enum class Up { None, Uploading, Ready, Folded } up = Up::None;  // for round published + 1
+  // For round published + 1. Rejected: its upload failed a check; it is out of the round.
+  enum class Up { None, Uploading, Ready, Folded, Rejected } up = Up::None;
+  uint64_t session = 0;        // the upload session that owns `Uploading`
   UploadMeta meta;
   std::string path;
   uint64_t bytes_in = 0;
   int64_t accepted_round = 0;  // latest round whose upload was accepted
+  uint64_t accepted_incarnation = 0;  // the node incarnation that sent it
+  int64_t step = 0;            // last step the node reported
+  bool seen = false;
+  Clock::time_point last_seen;
+  std::string detail;          // why its last upload was rejected
+  bool dead_logged = false;
 };
 
 struct RoundState::PendingLine {
@@ -57,13 +67,14 @@ struct RoundState::PendingLine {
 struct UploadSession::Impl {
   RoundState* st = nullptr;
   int64_t node = 0, round = 0, step = 0;
-  uint64_t total = 0, received = 0;
-  bool duplicate = false, finished = false;
+  uint64_t total = 0, received = 0, session = 0, incarnation = 0;
+  bool duplicate = false, stale = false, finished = false;
   std::string path, partial;
   std::FILE* f = nullptr;
   std::unique_ptr<SafetensorsStreamReader> reader;
   UploadMeta meta;
   std::unique_ptr<Sha256> whole;
+  double diff_sq = 0, base_sq = 0;  // ||upload - published||^2, ||published||^2
 };
 
 UploadSession::UploadSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -78,7 +89,8 @@ UploadSession::~UploadSession() {
   if (!impl_->duplicate) {
     std::lock_guard<std::mutex> lk(impl_->st->mu_);
     auto& slot = impl_->st->nodes_[impl_->node];
-    if (slot.up == RoundState::NodeSlot::Up::Uploading) slot.up = RoundState::NodeSlot::Up::None;
+    if (slot.up == RoundState::NodeSlot::Up::Uploading && slot.session == impl_->session)
+      slot.up = RoundState::NodeSlot::Up::None;
   }
   spdlog::warn("round {}: upload of node {} dropped after {} of {} bytes", impl_->round,
                impl_->node, impl_->received, impl_->total);
@@ -86,23 +98,30 @@ UploadSession::~UploadSession() {
 
 void UploadSession::chunk(uint64_t offset, const std::string& data, const std::string& sha) {
   Impl& s = *impl_;
-  if (data.size() > kMaxChunkBytes)
-    sync_fail(SyncErrc::ResourceExhausted, "upload chunk of {} bytes exceeds the {} byte limit",
-              data.size(), kMaxChunkBytes);
-  if (chunk_sha256(data) != sha)
+  if (chunk_sha256(data) != sha)  // transport damage: the node may send it again
     sync_fail(SyncErrc::DataLoss, "node {} round {}: checksum mismatch in the chunk at offset {} "
               "({} bytes); the chunk is corrupt", s.node, s.round, offset, data.size());
-  if (offset != s.received)
-    sync_fail(SyncErrc::InvalidArgument, "node {} round {}: chunk at offset {} but {} bytes were "
-              "received so far (chunks must arrive in order)", s.node, s.round, offset,
-              s.received);
-  if (s.received + data.size() > s.total)
-    sync_fail(SyncErrc::InvalidArgument, "node {} round {}: upload runs past its declared {} "
-              "bytes", s.node, s.round, s.total);
-  s.whole->update(data.data(), data.size());
-  s.received += data.size();
-  if (s.duplicate) return;
-  s.reader->feed(data.data(), data.size());  // header and value checks as the bytes arrive
+  if (offset < s.received && offset + data.size() <= s.received) return;  // duplicate chunk
+  try {
+    // Anything else wrong is the sender's fault: the node is out of this round.
+    if (data.size() > kMaxChunkBytes)
+      sync_fail(SyncErrc::ResourceExhausted, "upload chunk of {} bytes exceeds the {} byte "
+                "limit", data.size(), kMaxChunkBytes);
+    if (offset != s.received)
+      sync_fail(SyncErrc::InvalidArgument, "node {} round {}: chunk at offset {} but {} bytes "
+                "were received so far (chunks must arrive in order)", s.node, s.round, offset,
+                s.received);
+    if (s.received + data.size() > s.total)
+      sync_fail(SyncErrc::InvalidArgument, "node {} round {}: upload runs past its declared {} "
+                "bytes", s.node, s.round, s.total);
+    s.whole->update(data.data(), data.size());
+    s.received += data.size();
+    if (s.duplicate) return;
+    s.reader->feed(data.data(), data.size());  // header and value checks as the bytes arrive
+  } catch (const std::exception& e) {
+    if (!s.duplicate) s.st->reject_upload(s.node, s.round, s.session, e.what());
+    throw;
+  }
   if (std::fwrite(data.data(), 1, data.size(), s.f) != data.size())
     sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
 }
@@ -118,18 +137,40 @@ UploadResult UploadSession::finish() {
   r.accepted = true;
   if (s.duplicate) {
     r.duplicate = true;
+    r.accepted = !s.stale;  // false: an earlier incarnation's upload is the one that counts
     s.finished = true;
     return r;
   }
-  s.reader->finish();
+  try {
+    s.reader->finish();
+    const double limit = s.st->cfg_.spes_config.max_update_norm_ratio;
+    const double ratio = std::sqrt(s.diff_sq) / std::max(std::sqrt(s.base_sq), 1e-12);
+    if (limit > 0 && ratio > limit)
+      sync_fail(SyncErrc::InvalidArgument, "upload of node {} round {}: it moves the weights by "
+                "{:.4g} x the norm of the published model, above "
+                "spes_config.max_update_norm_ratio={}; the upload is rejected", s.node, s.round,
+                ratio, limit);
+  } catch (const std::exception& e) {
+    s.st->reject_upload(s.node, s.round, s.session, e.what());
+    throw;
+  }
   const bool ok = std::fflush(s.f) == 0;
   std::fclose(s.f);
   s.f = nullptr;
   if (!ok) sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
+  std::lock_guard<std::mutex> lk(s.st->mu_);
+  auto& slot = s.st->nodes_[s.node];
+  if (s.round != s.st->published_round_ + 1)
+    sync_fail(SyncErrc::OutOfRange, "node {}: round {} was published without this upload "
+              "(it arrived after the deadline); take the published model and carry on", s.node,
+              s.round);
+  if (slot.up != RoundState::NodeSlot::Up::Uploading || slot.session != s.session)
+    sync_fail(SyncErrc::Aborted, "node {}: this upload of round {} was superseded by another",
+              s.node, s.round);
   fs::rename(s.partial, s.path);
   s.partial.clear();
   s.finished = true;
-  std::lock_guard<std::mutex> lk(s.st->mu_);
+  slot.accepted_incarnation = s.incarnation;
   s.st->upload_done(s.node, s.round, s.meta, s.path, s.received);
   return r;
 }
@@ -139,7 +180,7 @@ struct DownloadSession::Impl {
   RoundState* st = nullptr;
   int64_t node = 0, round = 0;
   Selection selection = Selection::ForNode;
-  uint64_t generation = 0, offset = 0;
+  uint64_t offset = 0, start = 0;
   std::unique_ptr<SafetensorsStreamWriter> writer;
   bool reported = false;
 };
@@ -151,25 +192,17 @@ int64_t DownloadSession::round() const { return impl_->round; }
 
 bool DownloadSession::next(std::string* data, uint64_t* offset) {
   Impl& s = *impl_;
-  auto check_generation = [&] {
-    std::lock_guard<std::mutex> lk(s.st->mu_);
-    if (s.st->generation_ != s.generation)
-      sync_fail(SyncErrc::Aborted, "round {} was superseded by round {} during the download; "
-                "fetch the latest round", s.round, s.st->published_round_);
-  };
   if (s.offset >= s.writer->total_bytes()) {
-    check_generation();
     if (!s.reported) {
       s.reported = true;
-      s.st->download_done(s.node, s.round, s.selection, s.writer->total_bytes());
+      s.st->download_done(s.node, s.round, s.selection, s.writer->total_bytes() - s.start);
     }
     return false;
   }
   data->clear();
+  // The writer reads the persisted file through a descriptor opened when the download began:
+  // a later publication (a rename over the file) does not change these bytes.
   s.writer->read(s.offset, kChunkBytes, data);
-  // A publication bumps the generation before it touches the tensors: checking after the
-  // read proves the bytes were read from one consistent model.
-  check_generation();
   *offset = s.offset;
   s.offset += data->size();
   return true;
@@ -182,22 +215,122 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
   model_ = std::make_unique<SyncModel>(cfg_);
   agg_ = std::make_unique<RoundAggregator>(*model_);
   nodes_.resize(cfg_.spes_config.num_peers);
+  if (!cfg_.spes_config.auth_tokens_file.empty())
+    tokens_ = load_node_tokens(cfg_.spes_config.auth_tokens_file, cfg_.spes_config.num_peers);
   fs::create_directories(opts_.out_dir);
   fs::remove_all(opts_.out_dir + "/staging");
   fs::create_directories(opts_.out_dir + "/staging");
-  rounds_log_ = std::fopen((opts_.out_dir + "/rounds.jsonl").c_str(), "w");
+  const bool resumed = opts_.resume && resume_from_dir();
+  rounds_log_ = std::fopen((opts_.out_dir + "/rounds.jsonl").c_str(), resumed ? "a" : "w");
   SPES_CHECK(rounds_log_, "cannot open '{}/rounds.jsonl' for writing", opts_.out_dir);
-  published_sha_ = model_->weights_sha256();
-  persist(published_sha_);
-  agg_->begin(1, cfg_.spes_config.sync_steps);
+  if (resumed) {
+    // A round published just before a crash may lack its rounds.jsonl line (lines are written
+    // when every node has downloaded): write it from state.json, marked recovered.
+    int64_t last_line = 0;
+    {
+      std::ifstream in(opts_.out_dir + "/rounds.jsonl");
+      std::string text;
+      while (std::getline(in, text)) {
+        const auto l = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+        if (l.is_object()) last_line = std::max<int64_t>(last_line, l.value("round", int64_t{0}));
+      }
+    }
+    const nlohmann::json st = nlohmann::json::parse(file_read(opts_.out_dir + "/state.json"));
+    if (last_line < published_round_ && st.contains("line") && st["line"].is_object()) {
+      nlohmann::json line = st["line"];
+      line["recovered"] = true;
+      line["downloads_complete"] = false;
+      const std::string txt = line.dump() + "\n";
+      std::fwrite(txt.data(), 1, txt.size(), rounds_log_);
+      std::fflush(rounds_log_);
+    }
+  } else {
+    published_sha_ = model_->weights_sha256();
+    persist(published_sha_, nlohmann::json());
+  }
+  agg_->begin(published_round_ + 1, (published_round_ + 1) * cfg_.spes_config.sync_steps);
   spdlog::info("sync server: mode {}, {} nodes, sync every {} steps, transfer {}, model {} "
-               "({:.2f}M parameters), round 0 sha256 {}", cfg_.spes_config.mode,
-               nodes_.size(), cfg_.spes_config.sync_steps, cfg_.spes_config.transfer_dtype,
-               model_->model_fingerprint(), [&] {
+               "({:.2f}M parameters), {} round {} sha256 {}; deadline {} s, quorum {}, {}",
+               cfg_.spes_config.mode, nodes_.size(), cfg_.spes_config.sync_steps,
+               cfg_.spes_config.transfer_dtype, model_->model_fingerprint(), [&] {
                  int64_t n = 0;
                  for (const auto& t : model_->tensors()) n += t.numel();
                  return n / 1e6;
-               }(), published_sha_.substr(0, 16));
+               }(), resumed ? "resumed at" : "initial", published_round_,
+               published_sha_.substr(0, 16), cfg_.spes_config.round_timeout,
+               cfg_.spes_config.min_nodes,
+               tokens_.empty() ? "no node tokens (loopback only)" : "node tokens required");
+}
+
+bool RoundState::resume_from_dir() {
+  const std::string dir = opts_.out_dir;
+  if (!fs::exists(dir + "/state.json")) return false;
+  nlohmann::json st;
+  try {
+    st = nlohmann::json::parse(file_read(dir + "/state.json"));
+  } catch (const std::exception& e) {
+    fail("'{}/state.json' is corrupt ({}); restore it or start over with --overwrite", dir,
+         e.what());
+  }
+  SPES_CHECK(st.value("format", "") == "spes-server-state-v1", "'{}/state.json' is not a sync "
+             "server state; start over with --overwrite", dir);
+  auto same = [&](const char* key, const std::string& mine) {
+    SPES_CHECK(st.value(key, "") == mine, "'{}' holds a run with a different {} ({} vs {}); "
+               "use the same config, another --out, or --overwrite to start over", dir, key,
+               st.value(key, ""), mine);
+  };
+  same("mode", cfg_.spes_config.mode);
+  same("model_fingerprint", model_->model_fingerprint());
+  same("ownership_fingerprint", model_->ownership_fingerprint());
+  // The published file is authoritative (it is renamed into place before state.json): load it
+  // piece by piece into the model and check its digest.
+  const std::string path = published_path();
+  SPES_CHECK(fs::exists(path), "'{}' has state.json but no published.safetensors; restore it "
+             "or start over with --overwrite", dir);
+  const StreamHeader h = read_stream_header(path);
+  const RoundPlan& plan = model_->plan();
+  SPES_CHECK(h.entries.size() == plan.tensors().size(), "'{}' holds {} tensors, the model has "
+             "{}; start over with --overwrite", path, h.entries.size(), plan.tensors().size());
+  SafetensorsStreamReader reader(fs::file_size(path), path, [&](const StreamHeader& hh) {
+    for (const auto& e : hh.entries) {
+      const int64_t i = plan.index(e.name);
+      SPES_CHECK(i >= 0 && e.shape == plan.tensors()[i].shape && e.dtype == torch::kFloat32,
+                 "'{}': tensor '{}' does not match the model", path, e.name);
+    }
+  }, nullptr);
+  reader.set_slice_handler([&](const StreamEntry& e, int64_t first, const torch::Tensor& run,
+                               bool) {
+    torch::NoGradGuard ng;
+    model_->tensors()[plan.index(e.name)].view({-1}).slice(0, first, first + run.numel())
+        .copy_(run);
+  });
+  stream_file(path, reader);
+  const Metadata& md = h.metadata;
+  SPES_CHECK(md.count("round") && md.count("step") && md.count("model_sha256"),
+             "'{}' lacks its round metadata; start over with --overwrite", path);
+  const std::string sha = model_->weights_sha256();
+  SPES_CHECK(sha == md.at("model_sha256"), "'{}' is corrupt: its weights hash to {} but it was "
+             "written with {}; restore it or start over with --overwrite", path, sha,
+             md.at("model_sha256"));
+  published_round_ = std::stoll(md.at("round"));
+  published_step_ = std::stoll(md.at("step"));
+  published_sha_ = sha;
+  if (st.value("round", int64_t{-1}) == published_round_) {
+    published_alpha_ = st.value("alpha", 0.0);
+    published_merged_ = st.value("merged", false);
+    published_nodes_ = st.value("nodes", std::vector<int64_t>{});
+  }
+  if (cfg_.spes_config.mode == "diloco") {
+    const std::string mpath = fmt::format("{}/momentum-{}.safetensors", dir, published_round_);
+    if (published_round_ > 0) {
+      SPES_CHECK(fs::exists(mpath), "'{}' is missing (diloco momentum of round {}); start over "
+                 "with --overwrite", mpath, published_round_);
+      model_->load_momentum(safetensors_load(mpath), mpath);
+    }
+  }
+  spdlog::info("sync server: resuming from '{}' at round {} (step {})", dir, published_round_,
+               published_step_);
+  return true;
 }
 
 RoundState::~RoundState() {
@@ -217,27 +350,35 @@ bool RoundState::all_left() const {
   return true;
 }
 
-void RoundState::check_node(const NodeId& node) const {
+void RoundState::check_token(const NodeId& node) const {
   if (node.node_id < 0 || node.node_id >= static_cast<int64_t>(nodes_.size()))
-    sync_fail(SyncErrc::InvalidArgument, "node id {} is outside [0, num_peers={})", node.node_id,
-              nodes_.size());
-  const auto& slot = nodes_[node.node_id];
+    sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, num_peers={})",
+              node.node_id, nodes_.size());
+  if (!tokens_.empty() && !token_equal(node.auth_token, tokens_[node.node_id]))
+    sync_fail(SyncErrc::PermissionDenied, "node {}: wrong or missing token (set the node's "
+              "token from spes_config.auth_tokens_file with --token-file or SPES_NODE_TOKEN)",
+              node.node_id);
+}
+
+void RoundState::check_node(const NodeId& node) {
+  check_token(node);
+  auto& slot = nodes_[node.node_id];
   if (!slot.joined || slot.incarnation != node.incarnation)
-    sync_fail(SyncErrc::FailedPrecondition, "node {} (incarnation {:x}) has not joined this "
-              "server (restarted node or restarted server?): join first", node.node_id,
+    sync_fail(SyncErrc::NotJoined, "node {} (incarnation {:x}) has not joined this server "
+              "(restarted node or restarted server?): join first", node.node_id,
               node.incarnation);
+  slot.seen = true;
+  slot.last_seen = Clock::now();
 }
 
 JoinResult RoundState::join(const JoinInfo& info) {
   std::lock_guard<std::mutex> lk(mu_);
   const auto& s = cfg_.spes_config;
   const int64_t id = info.node.node_id;
+  check_token(info.node);
   if (info.protocol_version != kProtocolVersion)
     sync_fail(SyncErrc::FailedPrecondition, "node {} speaks protocol version {}, this server "
               "speaks {}", id, info.protocol_version, kProtocolVersion);
-  if (id < 0 || id >= static_cast<int64_t>(nodes_.size()))
-    sync_fail(SyncErrc::InvalidArgument, "node id {} is outside [0, num_peers={})", id,
-              nodes_.size());
   auto setting = [&](const char* key, const std::string& node_v, const std::string& server_v) {
     if (node_v != server_v)
       sync_fail(SyncErrc::FailedPrecondition, "node {} has spes_config.{}={} but the server has "
@@ -260,11 +401,8 @@ JoinResult RoundState::join(const JoinInfo& info) {
   if (info.model_config_sha256 != model_config_sha256(cfg_))
     sync_fail(SyncErrc::FailedPrecondition, "node {}: the model section of its config differs "
               "from the server's (e.g. moe_top_k, rope_theta); use the same model config", id);
-  if (info.step != published_step_)
-    sync_fail(SyncErrc::FailedPrecondition, "node {} is at step {} but the server's latest "
-              "round {} is at step {}; joining a run in progress from another step is not "
-              "supported yet (start the node fresh, or restart the server)", id, info.step,
-              published_round_, published_step_);
+  // A node at another step joins too: it decides from the reply whether to keep its weights
+  // (checkpoint taken after the published round) or to take the published model.
   auto& slot = nodes_[id];
   if (slot.joined && slot.incarnation != info.node.incarnation)
     spdlog::warn("node {} joined again with a new incarnation {:x} (was {:x})", id,
@@ -272,14 +410,20 @@ JoinResult RoundState::join(const JoinInfo& info) {
   slot.joined = true;
   slot.left = false;
   slot.incarnation = info.node.incarnation;
-  spdlog::info("node {} joined (incarnation {:x}) at round {}", id, info.node.incarnation,
-               published_round_);
+  slot.step = info.step;
+  slot.seen = true;
+  slot.last_seen = Clock::now();
+  spdlog::info("node {} joined (incarnation {:x}, step {}) at round {}", id,
+               info.node.incarnation, info.step, published_round_);
   JoinResult r;
   r.server_incarnation = incarnation_;
   r.published_round = published_round_;
   r.published_step = published_step_;
   r.model_sha256 = published_sha_;
   r.max_chunk_bytes = kMaxChunkBytes;
+  r.heartbeat_interval_ms = static_cast<uint32_t>(
+      std::clamp(cfg_.spes_config.heartbeat_timeout * 1000 / 4, 100.0, 30000.0));
+  r.published_nodes = published_nodes_;
   return r;
 }
 
@@ -297,6 +441,7 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
   impl->round = round;
   impl->step = step;
   impl->total = total_bytes;
+  impl->incarnation = node.incarnation;
   impl->whole = std::make_unique<Sha256>();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -306,21 +451,45 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
       sync_fail(SyncErrc::InvalidArgument, "node {}: round {} is step {}, not {}", node.node_id,
                 round, round * H, step);
     auto& slot = nodes_[node.node_id];
+    slot.step = step;
     if (slot.accepted_round == round) {
-      impl->duplicate = true;  // already accepted (a retry whose reply was lost): ignore it
+      // Already accepted: a retry whose reply was lost (same incarnation: nothing to do), or
+      // a restarted node sending the round again (its first upload counts; it must take the
+      // published model). Either way it is never applied twice.
+      impl->duplicate = true;
+      impl->stale = slot.accepted_incarnation != node.incarnation;
+    } else if (round <= published_round_) {
+      sync_fail(SyncErrc::OutOfRange, "node {}: round {} is closed (latest published round {}); "
+                "an old round's upload is never applied: take the published model and carry on",
+                node.node_id, round, published_round_);
     } else if (round != published_round_ + 1) {
       sync_fail(SyncErrc::FailedPrecondition, "node {}: upload for round {} refused: the server "
                 "collects round {} (latest published {})", node.node_id, round,
                 published_round_ + 1, published_round_);
-    } else if (slot.up == NodeSlot::Up::Uploading) {
-      sync_fail(SyncErrc::Aborted, "node {}: an upload for round {} is already in progress",
-                node.node_id, round);
+    } else if (slot.up == NodeSlot::Up::Rejected) {
+      sync_fail(SyncErrc::InvalidArgument, "node {}: its upload for round {} was rejected ({}); "
+                "it is out of this round: take the published model when the round publishes",
+                node.node_id, round, slot.detail);
+    } else if (slot.up == NodeSlot::Up::Ready || slot.up == NodeSlot::Up::Folded) {
+      impl->duplicate = true;
+      impl->stale = slot.accepted_incarnation != node.incarnation;
     } else {
       const uint64_t limit = 8 + kMaxHeaderBytes + model_->plan().upload_data_bytes(node.node_id);
-      if (total_bytes < 8 || total_bytes > limit)
-        sync_fail(SyncErrc::ResourceExhausted, "node {}: an upload of {} bytes is impossible "
-                  "(its tensors take at most {} bytes)", node.node_id, total_bytes, limit);
+      if (total_bytes < 8 || total_bytes > limit) {
+        const std::string why = fmt::format("node {}: an upload of {} bytes is impossible (its "
+                                            "tensors take at most {} bytes)", node.node_id,
+                                            total_bytes, limit);
+        slot.up = NodeSlot::Up::Rejected;
+        slot.detail = why;
+        spdlog::warn("round {}: upload of node {} rejected, the node is out of this round: {}",
+                     round, node.node_id, why);
+        maybe_publish(false);
+        throw SyncError(SyncErrc::ResourceExhausted, why);
+      }
+      // An upload still open for this node (a dead connection, a restarted node) is
+      // superseded: its finish() will be refused.
       slot.up = NodeSlot::Up::Uploading;
+      slot.session = impl->session = next_session_++;
       if (!round_started_) {
         round_started_ = true;
         round_start_ = last_wait_log_ = Clock::now();
@@ -346,10 +515,17 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
                       s->meta.round, s->meta.step);
         },
         nullptr, kMaxHeaderBytes);
-    // Values are checked piece by piece as they arrive (memory: one chunk per upload).
+    // Values are checked piece by piece as they arrive (memory: one chunk per upload), and
+    // their distance from the published model is accumulated for the update-size bound.
     s->reader->set_slice_handler(
-        [origin](const StreamEntry& e, int64_t, const torch::Tensor& run, bool) {
+        [this, s, origin](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
           check_upload_run(e, run, origin);
+          const int64_t i = model_->plan().index(e.name);
+          if (i < 0 || run.numel() == 0) return;
+          const torch::Tensor pub =
+              model_->tensors()[i].view({-1}).slice(0, first, first + run.numel());
+          s->diff_sq += (run.to(torch::kFloat32) - pub).pow(2).sum().item<double>();
+          s->base_sq += pub.pow(2).sum().item<double>();
         });
   }
   return session;
@@ -368,6 +544,56 @@ void RoundState::upload_done(int64_t node, int64_t round, const UploadMeta& meta
   fold_ready();
 }
 
+void RoundState::reject_upload(int64_t node, int64_t round, uint64_t session,
+                               const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto& slot = nodes_[node];
+  if (round != published_round_ + 1 || slot.session != session ||
+      slot.up != NodeSlot::Up::Uploading)
+    return;
+  slot.up = NodeSlot::Up::Rejected;
+  slot.detail = why;
+  spdlog::warn("round {}: upload of node {} rejected, the node is out of this round: {}", round,
+               node, why);
+  maybe_publish(false);
+}
+
+bool RoundState::is_dead(size_t i) const {
+  const auto& n = nodes_[i];
+  return n.joined && !n.left && n.seen &&
+         seconds_since(n.last_seen) > cfg_.spes_config.heartbeat_timeout;
+}
+
+std::string RoundState::node_state(size_t i) const {
+  const auto& n = nodes_[i];
+  if (n.left) return "left";
+  if (!n.joined) return "not_joined";
+  if (is_dead(i)) return "dead";
+  switch (n.up) {
+    case NodeSlot::Up::Uploading: return "uploading";
+    case NodeSlot::Up::Ready:
+    case NodeSlot::Up::Folded: return "uploaded";
+    case NodeSlot::Up::Rejected: return "rejected";
+    case NodeSlot::Up::None: break;
+  }
+  return "training";
+}
+
+nlohmann::json RoundState::missing_nodes() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const auto& n = nodes_[i];
+    if (n.up == NodeSlot::Up::Ready || n.up == NodeSlot::Up::Folded) continue;
+    std::string why = "timeout";
+    if (n.up == NodeSlot::Up::Rejected) why = "rejected: " + n.detail;
+    else if (n.left) why = "left";
+    else if (!n.joined) why = "not_joined";
+    else if (is_dead(i)) why = "dead";
+    out.push_back({{"node", i}, {"reason", why}});
+  }
+  return out;
+}
+
 void RoundState::fold_ready() {
   const int64_t N = static_cast<int64_t>(nodes_.size());
   while (next_fold_ < N && nodes_[next_fold_].up == NodeSlot::Up::Ready) {
@@ -376,18 +602,55 @@ void RoundState::fold_ready() {
     slot.up = NodeSlot::Up::Folded;
     ++next_fold_;
   }
-  if (next_fold_ < N) return;
-  publish();  // reads the owner copies back from the staged files
+  maybe_publish(false);
+}
+
+void RoundState::maybe_publish(bool deadline_check) {
+  if (closed_) return;
+  const int64_t N = static_cast<int64_t>(nodes_.size());
+  int64_t present = 0, out = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const auto& n = nodes_[i];
+    if (n.up == NodeSlot::Up::Ready || n.up == NodeSlot::Up::Folded) ++present;
+    else if (n.up == NodeSlot::Up::Rejected || n.left || is_dead(i)) ++out;
+  }
+  if (present == 0 || present < std::min<int64_t>(cfg_.spes_config.min_nodes, N)) return;
+  const bool everyone = present + out == N;
+  const bool deadline = deadline_check && round_started_ &&
+                        seconds_since(round_start_) >= cfg_.spes_config.round_timeout;
+  if (!everyone && !deadline) return;
+  if (present < N) {
+    // Fold the uploads that arrived, skipping the missing nodes (still ascending order).
+    for (int64_t i = next_fold_; i < N; ++i) {
+      auto& slot = nodes_[i];
+      if (slot.up != NodeSlot::Up::Ready) continue;
+      fold_upload_file(*agg_, model_->plan(), slot.path, i);
+      slot.up = NodeSlot::Up::Folded;
+    }
+    next_fold_ = N;
+  }
+  const nlohmann::json missing = missing_nodes();
+  if (!missing.empty())
+    spdlog::warn("round {}: publishing with {} of {} nodes{}; missing {}", published_round_ + 1,
+                 present, N, deadline && !everyone ? " at its deadline" : "", missing.dump());
+  const int64_t round = published_round_ + 1;
+  publish();
   if (!opts_.keep_uploads)
     for (int64_t i = 0; i < N; ++i) {
       std::error_code ec;
-      fs::remove(staged_path(published_round_, i), ec);
+      fs::remove(staged_path(round, i), ec);
     }
 }
 
 void RoundState::publish() {
-  ++generation_;  // before the tensors change: downloads in flight abort (see next())
+  ++generation_;
   const auto t0 = Clock::now();
+  const nlohmann::json missing = missing_nodes();
+  const nlohmann::json node_states = [&] {
+    nlohmann::json a = nlohmann::json::array();
+    for (size_t i = 0; i < nodes_.size(); ++i) a.push_back(node_state(i));
+    return a;
+  }();
   const RoundOutcome o = agg_->finish();
   const double aggregate_s = seconds_since(t0);
   const std::string sha = model_->weights_sha256();
@@ -396,15 +659,16 @@ void RoundState::publish() {
   published_step_ = o.step;
   published_alpha_ = o.alpha;
   published_merged_ = o.merged;
-  persist(sha);
-  const double persist_s = seconds_since(t1);
-  published_sha_ = sha;
+  published_nodes_ = o.nodes;
   const int64_t N = static_cast<int64_t>(nodes_.size());
   PendingLine pl;
   pl.round = o.round;
   pl.published_at = Clock::now();
   pl.bytes_out.assign(N, 0);
-  pl.downloaded.assign(N, false);
+  // The line waits for the downloads of the nodes whose uploads the round used (a missing
+  // node takes the whole model instead, if it ever comes back).
+  pl.downloaded.assign(N, true);
+  for (int64_t n : o.nodes) pl.downloaded[n] = false;
   std::vector<uint64_t> bytes_in(N);
   uint64_t total_in = 0;
   for (int64_t i = 0; i < N; ++i) {
@@ -414,6 +678,7 @@ void RoundState::publish() {
     nodes_[i].bytes_in = 0;
   }
   const double seconds = round_started_ ? seconds_since(round_start_) : 0.0;
+  for (int64_t i = 0; i < N; ++i) nodes_[i].detail.clear();
   pl.line = {{"round", o.round},
              {"step", o.step},
              {"nodes", o.nodes},
@@ -426,9 +691,19 @@ void RoundState::publish() {
              {"gate_cos", o.gate_cos},
              {"seconds", seconds},
              {"aggregate_s", aggregate_s},
-             {"persist_s", persist_s},
-             {"model_sha256", sha}};
+             {"model_sha256", sha},
+             {"node_states", node_states},
+             {"missing", missing}};
   if (o.merged) pl.line["gate_cos_before"] = o.gate_cos_before;
+  // Persisted before anyone can see the round: a crash now loses nothing, and a restarted
+  // server continues from here (the line is kept in state.json for rounds.jsonl).
+  persist(sha, pl.line);
+  published_sha_ = sha;
+  const double persist_s = seconds_since(t1);
+  pl.line["persist_s"] = persist_s;
+  // Lines stay in round order: an older round still waiting for downloads is written now.
+  for (auto& old : pending_) write_line(old);
+  pending_.clear();
   pending_.push_back(std::move(pl));
   next_fold_ = 0;
   round_started_ = false;
@@ -440,37 +715,48 @@ void RoundState::publish() {
   cv_.notify_all();
 }
 
-void RoundState::persist(const std::string& sha) {
+void RoundState::persist(const std::string& sha, const nlohmann::json& line) {
   const std::string dir = opts_.out_dir;
-  write_stream_file(dir + "/published.safetensors",
-                    published_writer(*model_, published_round_, published_step_, sha));
   const bool diloco = cfg_.spes_config.mode == "diloco";
+  // Order: momentum of the round, then the published model (authoritative on restart), then
+  // state.json; each written to a temporary name, fsynced and renamed.
   if (diloco)
-    write_stream_file(dir + "/momentum.safetensors",
+    write_stream_file(fmt::format("{}/momentum-{}.safetensors", dir, published_round_),
                       SafetensorsStreamWriter(model_->momentum_named(), torch::kFloat32,
                                               {{"format", "spes-momentum-v1"},
                                                {"round", std::to_string(published_round_)}}));
+  write_stream_file(published_path(),
+                    published_writer(*model_, published_round_, published_step_, sha));
   const nlohmann::json st = {{"format", "spes-server-state-v1"},
                              {"round", published_round_},
                              {"step", published_step_},
                              {"model_sha256", sha},
+                             {"alpha", published_alpha_},
+                             {"merged", published_merged_},
+                             {"nodes", published_nodes_},
                              {"mode", cfg_.spes_config.mode},
                              {"model_fingerprint", model_->model_fingerprint()},
                              {"ownership_fingerprint", model_->ownership_fingerprint()},
                              {"server_incarnation", incarnation_},
+                             {"line", line},
                              {"time", unix_time()}};
   file_write_atomic(dir + "/state.json", st.dump(2));
+  if (diloco && published_round_ > 1) {
+    std::error_code ec;
+    fs::remove(fmt::format("{}/momentum-{}.safetensors", dir, published_round_ - 1), ec);
+  }
   if (opts_.keep_uploads) {
     const std::string rdir = fmt::format("{}/rounds/{}", dir, published_round_);
     fs::create_directories(rdir);
-    auto keep = [&](const std::string& name) {
+    auto keep = [&](const std::string& name, const std::string& as) {
       std::error_code ec;
-      fs::remove(rdir + "/" + name, ec);
-      fs::create_hard_link(dir + "/" + name, rdir + "/" + name, ec);
-      if (ec) fs::copy_file(dir + "/" + name, rdir + "/" + name);
+      fs::remove(rdir + "/" + as, ec);
+      fs::create_hard_link(dir + "/" + name, rdir + "/" + as, ec);
+      if (ec) fs::copy_file(dir + "/" + name, rdir + "/" + as);
     };
-    keep("published.safetensors");
-    if (diloco) keep("momentum.safetensors");
+    keep("published.safetensors", "published.safetensors");
+    if (diloco && published_round_ > 0)
+      keep(fmt::format("momentum-{}.safetensors", published_round_), "momentum.safetensors");
   }
 }
 
@@ -479,15 +765,23 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
   check_node(node);
   const auto deadline =
       Clock::now() + std::chrono::milliseconds(std::min<uint32_t>(max_wait_ms, kMaxWaitMs));
-  cv_.wait_until(lk, deadline, [&] { return published_round_ >= round || closed_; });
+  // Returns at once when the server does not hold (and is not receiving) the caller's upload
+  // for the round it waits for: after a server restart, the node must send it again.
+  const auto& me = nodes_[node.node_id];
+  cv_.wait_until(lk, deadline, [&] {
+    return published_round_ >= round || closed_ ||
+           (round == published_round_ + 1 && me.up == NodeSlot::Up::None);
+  });
   RoundStatus r;
   r.round = round;
   r.published_round = published_round_;
   r.step = round * cfg_.spes_config.sync_steps;
   r.published = published_round_ >= round;
+  r.published_step = published_step_;
   if (r.published && round == published_round_) {
     r.model_sha256 = published_sha_;
     r.alpha = published_alpha_;
+    r.nodes = published_nodes_;
     r.download_bytes = download_writer(node.node_id, round, Selection::ForNode)->total_bytes();
   }
   if (!r.published && round == published_round_ + 1)
@@ -498,21 +792,26 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
 }
 
 std::unique_ptr<DownloadSession> RoundState::begin_download(const NodeId& node, int64_t round,
-                                                            Selection selection) {
+                                                            Selection selection,
+                                                            uint64_t offset) {
   std::lock_guard<std::mutex> lk(mu_);
   check_node(node);
-  if (round != published_round_)
-    sync_fail(SyncErrc::FailedPrecondition, "node {}: round {} is {}; the latest published "
-              "round is {}", node.node_id, round,
-              round > published_round_ ? "not published yet" : "no longer available",
-              published_round_);
+  if (round > published_round_)
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: round {} is not published yet (latest "
+              "published round {})", node.node_id, round, published_round_);
+  if (round < published_round_)
+    sync_fail(SyncErrc::OutOfRange, "node {}: round {} is no longer available; the latest "
+              "published round is {}: take that one", node.node_id, round, published_round_);
   auto impl = std::make_unique<DownloadSession::Impl>();
   impl->st = this;
   impl->node = node.node_id;
   impl->round = round;
   impl->selection = selection;
-  impl->generation = generation_;
   impl->writer = download_writer(node.node_id, round, selection);
+  if (offset > impl->writer->total_bytes())
+    sync_fail(SyncErrc::OutOfRange, "node {}: download offset {} is past the end of round {}'s "
+              "{} byte stream", node.node_id, offset, round, impl->writer->total_bytes());
+  impl->offset = impl->start = offset;
   return std::unique_ptr<DownloadSession>(new DownloadSession(std::move(impl)));
 }
 
@@ -523,17 +822,22 @@ std::unique_ptr<SafetensorsStreamWriter> RoundState::download_writer(int64_t nod
   if (selection == Selection::All || round == 0) {
     for (size_t i = 0; i < plan.tensors().size(); ++i) idx.push_back(i);
   } else {
-    idx = plan.download_for(node, published_merged_);
+    // A node whose upload the round did not use gets its own experts back too.
+    const bool used = std::find(published_nodes_.begin(), published_nodes_.end(), node) !=
+                      published_nodes_.end();
+    idx = plan.download_for(node, published_merged_ || !used);
   }
-  NamedTensors sel;
-  for (size_t i : idx) sel.emplace_back(plan.tensors()[i].name, model_->tensors()[i]);
-  return std::make_unique<SafetensorsStreamWriter>(
-      std::move(sel), wire_scalar_type(plan.wire()),
+  std::vector<std::string> names;
+  for (size_t i : idx) names.push_back(plan.tensors()[i].name);
+  // Served from the persisted file, not from memory: the bytes of this round stay valid
+  // whatever is published next, and cost no memory beyond one chunk.
+  return std::make_unique<SafetensorsStreamWriter>(SafetensorsStreamWriter::from_file(
+      published_path(), names, wire_scalar_type(plan.wire()),
       Metadata{{"format", "spes-download-v1"},
                {"round", std::to_string(round)},
                {"step", std::to_string(published_step_)},
                {"model_sha256", published_sha_},
-               {"selection", selection == Selection::All ? "all" : "for_node"}});
+               {"selection", selection == Selection::All ? "all" : "for_node"}}));
 }
 
 void RoundState::download_done(int64_t node, int64_t round, Selection selection,
@@ -576,13 +880,53 @@ void RoundState::leave(const NodeId& node, int64_t step, const std::string& reas
   std::lock_guard<std::mutex> lk(mu_);
   check_node(node);
   nodes_[node.node_id].left = true;
+  nodes_[node.node_id].step = step;
   spdlog::info("node {} left at step {}{}{}", node.node_id, step, reason.empty() ? "" : ": ",
                reason);
+  maybe_publish(false);  // the round no longer waits for it
+}
+
+int64_t RoundState::heartbeat(const NodeId& node, int64_t step) {
+  std::lock_guard<std::mutex> lk(mu_);
+  check_node(node);
+  nodes_[node.node_id].step = step;
+  return published_round_;
+}
+
+ServerStatus RoundState::status() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  ServerStatus st;
+  st.published_round = published_round_;
+  st.published_step = published_step_;
+  st.collecting_round = published_round_ + 1;
+  st.model_sha256 = published_sha_;
+  st.round_open_s = round_started_ ? seconds_since(round_start_) : 0.0;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    NodeState n;
+    n.node_id = static_cast<int64_t>(i);
+    n.state = node_state(i);
+    n.step = nodes_[i].step;
+    n.last_seen_s = nodes_[i].seen ? seconds_since(nodes_[i].last_seen) : -1.0;
+    n.detail = nodes_[i].detail;
+    st.nodes.push_back(n);
+  }
+  return st;
 }
 
 void RoundState::tick() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!round_started_ || closed_ || seconds_since(last_wait_log_) < opts_.wait_log_s) return;
+  if (closed_) return;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const bool dead = is_dead(i);
+    if (!dead) nodes_[i].dead_logged = false;
+    if (dead && !nodes_[i].dead_logged) {
+      nodes_[i].dead_logged = true;
+      spdlog::warn("node {} is dead: nothing heard from it for {:.0f} s "
+                   "(spes_config.heartbeat_timeout)", i, seconds_since(nodes_[i].last_seen));
+    }
+  }
+  maybe_publish(true);
+  if (!round_started_ || seconds_since(last_wait_log_) < opts_.wait_log_s) return;
   last_wait_log_ = Clock::now();
   std::vector<size_t> waiting;
   for (size_t i = 0; i < nodes_.size(); ++i)

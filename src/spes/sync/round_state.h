@@ -1,13 +1,15 @@
-// The sync server's state machine, without any transport: joins (fingerprint checks), upload
-// sessions (chunk checksums, header and value checks while the bytes arrive, staging on disk),
-// folding staged uploads into the round in ascending node order, publication (aggregate,
-// merge, persist atomically, wake the waiters), download sessions, rounds.jsonl and leaving.
+// The sync server's state machine, without any transport: joins (token and fingerprint
+// checks), upload sessions (chunk checksums, header, value and update-size checks while the
+// bytes arrive, staging on disk), folding staged uploads into the round in ascending node
+// order, publication (aggregate, merge, persist atomically, wake the waiters), download
+// sessions served from the persisted file (resumable from an offset), heartbeats and node
+// states, rounds.jsonl, leaving, and resuming from DIR after a restart.
 // server.cpp maps gRPC calls onto it one to one; tests drive it directly.
 //
 // Round r (r >= 1) is the sync at step r * sync_steps. Round 0 is the initial model. The
-// server accepts uploads for round published+1 only; a round publishes when every node's
-// upload has been folded. Deadlines, quorum, resumable transfers, authentication and restart
-// from DIR are left to the reliability work; the messages already carry what they need.
+// server accepts uploads for round published+1 only. A round publishes when every node has
+// arrived (uploaded, or is out: upload rejected, dead, left), or once spes_config.round_timeout
+// has passed since its first upload with at least spes_config.min_nodes uploads.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +31,7 @@ struct ServeOptions {
   std::string out_dir;
   bool keep_uploads = false;   // DIR/rounds/<r>/node<i>.safetensors and published.safetensors
   double wait_log_s = 30;      // log the nodes a round waits for this often
+  bool resume = true;          // continue from DIR's state.json + published.safetensors if any
 };
 
 class RoundState;
@@ -66,7 +69,8 @@ class DownloadSession {
 
 class RoundState {
  public:
-  // Builds the model from cfg (initial weights from cfg.seed), persists round 0 in DIR.
+  // Builds the model from cfg (initial weights from cfg.seed) and persists round 0 in DIR, or,
+  // with opts.resume and a valid DIR/state.json, continues from DIR's last published round.
   RoundState(const Config& cfg, ServeOptions opts);
   ~RoundState();
 
@@ -75,10 +79,14 @@ class RoundState {
                                               uint64_t total_bytes);
   RoundStatus wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms);
   std::unique_ptr<DownloadSession> begin_download(const NodeId& node, int64_t round,
-                                                  Selection selection);
+                                                  Selection selection, uint64_t offset = 0);
   void leave(const NodeId& node, int64_t step, const std::string& reason);
+  // Returns the latest published round.
+  int64_t heartbeat(const NodeId& node, int64_t step);
+  ServerStatus status() const;
 
-  // Periodic housekeeping (about once a second): logs the nodes an open round waits for.
+  // Periodic housekeeping (about 5 times a second): publishes a round whose deadline passed
+  // with a quorum present, marks silent nodes dead, logs the nodes an open round waits for.
   void tick();
   bool all_left() const;
   // Writes the lines of rounds whose downloads are incomplete and wakes every waiter.
@@ -91,16 +99,24 @@ class RoundState {
   friend class DownloadSession;
   struct NodeSlot;
   struct PendingLine;
-  void check_node(const NodeId& node) const;  // lock held
+  void check_token(const NodeId& node) const;  // lock held
+  void check_node(const NodeId& node);         // lock held; also marks the node seen
   void upload_done(int64_t node, int64_t round, const UploadMeta& meta, const std::string& path,
                    uint64_t bytes);              // lock held
+  void reject_upload(int64_t node, int64_t round, uint64_t session, const std::string& why);
   void fold_ready();                             // lock held
+  void maybe_publish(bool deadline_check);       // lock held
   void publish();                                // lock held
-  void persist(const std::string& sha);          // lock held
+  void persist(const std::string& sha, const nlohmann::json& line);  // lock held
+  bool resume_from_dir();                        // constructor
+  bool is_dead(size_t i) const;                  // lock held
+  std::string node_state(size_t i) const;        // lock held
+  nlohmann::json missing_nodes() const;          // lock held: who the collecting round lacks
   void download_done(int64_t node, int64_t round, Selection sel, uint64_t bytes);
   void write_line(PendingLine& line);            // lock held
   std::unique_ptr<SafetensorsStreamWriter> download_writer(int64_t node, int64_t round,
                                                            Selection selection) const;  // lock held
+  std::string published_path() const { return opts_.out_dir + "/published.safetensors"; }
   std::string staged_path(int64_t round, int64_t node) const;
 
   Config cfg_;
@@ -115,6 +131,9 @@ class RoundState {
   std::string published_sha_;
   double published_alpha_ = 0;
   bool published_merged_ = false;
+  std::vector<int64_t> published_nodes_;
+  std::vector<std::string> tokens_;  // per node; empty: no authentication
+  uint64_t next_session_ = 1;
   uint64_t generation_ = 0;
   int64_t next_fold_ = 0;
   bool closed_ = false;

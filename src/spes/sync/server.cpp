@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "spes/io/files.h"
+#include "spes/sync/auth.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
@@ -25,6 +26,9 @@ grpc::StatusCode grpc_code(SyncErrc c) {
     case SyncErrc::ResourceExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
     case SyncErrc::Unavailable: return grpc::StatusCode::UNAVAILABLE;
     case SyncErrc::DeadlineExceeded: return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case SyncErrc::OutOfRange: return grpc::StatusCode::OUT_OF_RANGE;
+    case SyncErrc::NotJoined: return grpc::StatusCode::NOT_FOUND;
+    case SyncErrc::PermissionDenied: return grpc::StatusCode::PERMISSION_DENIED;
     case SyncErrc::Internal: return grpc::StatusCode::INTERNAL;
   }
   return grpc::StatusCode::INTERNAL;
@@ -41,7 +45,10 @@ grpc::Status guarded(const char* rpc, F&& body) {
     body();
     return grpc::Status::OK;
   } catch (const SyncError& e) {
-    spdlog::warn("{} refused: {}", rpc, e.what());
+    // Refusals of old rounds are routine after a deadline; everything else is worth a warning.
+    if (e.code() == SyncErrc::OutOfRange || e.code() == SyncErrc::NotJoined)
+      spdlog::info("{} refused: {}", rpc, e.what());
+    else spdlog::warn("{} refused: {}", rpc, e.what());
     return grpc::Status(grpc_code(e.code()), e.what());
   } catch (const std::exception& e) {
     spdlog::error("{} failed: {}", rpc, e.what());
@@ -73,6 +80,8 @@ class Service final : public pb::SpesSync::Service {
       rep->set_published_step(r.published_step);
       rep->set_model_sha256(r.model_sha256);
       rep->set_max_chunk_bytes(r.max_chunk_bytes);
+      rep->set_heartbeat_interval_ms(r.heartbeat_interval_ms);
+      for (int64_t n : r.published_nodes) rep->add_published_nodes(n);
     });
   }
 
@@ -112,19 +121,18 @@ class Service final : public pb::SpesSync::Service {
       rep->set_download_bytes(r.download_bytes);
       for (int64_t n : r.waiting_for) rep->add_waiting_for(n);
       rep->set_published_round(r.published_round);
+      rep->set_published_step(r.published_step);
+      for (int64_t n : r.nodes) rep->add_nodes(n);
     });
   }
 
   grpc::Status Download(grpc::ServerContext* ctx, const pb::DownloadRequest* req,
                         grpc::ServerWriter<pb::DownloadChunk>* writer) override {
     return guarded("Download", [&] {
-      if (req->offset() != 0)
-        sync_fail(SyncErrc::InvalidArgument, "resuming a download (offset {}) is not "
-                  "supported yet", req->offset());
       const Selection sel =
           req->selection() == pb::SELECTION_ALL ? Selection::All : Selection::ForNode;
       std::unique_ptr<DownloadSession> s = st_.begin_download(from_pb(req->node()),
-                                                              req->round(), sel);
+                                                              req->round(), sel, req->offset());
       pb::DownloadChunk c;
       std::string data;
       uint64_t offset = 0;
@@ -144,6 +152,34 @@ class Service final : public pb::SpesSync::Service {
   grpc::Status Leave(grpc::ServerContext*, const pb::LeaveRequest* req,
                      pb::LeaveReply*) override {
     return guarded("Leave", [&] { st_.leave(from_pb(req->node()), req->step(), req->reason()); });
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
+                         pb::HeartbeatReply* rep) override {
+    return guarded("Heartbeat", [&] {
+      rep->set_published_round(st_.heartbeat(from_pb(req->node()), req->step()));
+    });
+  }
+
+  grpc::Status Status(grpc::ServerContext*, const pb::StatusRequest*,
+                      pb::StatusReply* rep) override {
+    return guarded("Status", [&] {
+      const ServerStatus s = st_.status();
+      rep->set_published_round(s.published_round);
+      rep->set_published_step(s.published_step);
+      rep->set_model_sha256(s.model_sha256);
+      rep->set_collecting_round(s.collecting_round);
+      rep->set_round_open_s(s.round_open_s);
+      rep->set_protocol_version(s.protocol_version);
+      for (const auto& n : s.nodes) {
+        pb::NodeStatus* p = rep->add_nodes();
+        p->set_node_id(n.node_id);
+        p->set_state(n.state);
+        p->set_step(n.step);
+        p->set_last_seen_s(n.last_seen_s);
+        p->set_detail(n.detail);
+      }
+    });
   }
 
  private:
@@ -175,14 +211,32 @@ struct SyncServer::Impl {
 SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
   impl_->opts = std::move(opts);
   const std::string& listen = impl_->opts.listen;
-  SPES_CHECK(impl_->opts.allow_remote || is_loopback_host(listen),
-             "refusing to listen on '{}': the sync server has no authentication yet, so it "
-             "binds loopback only; pass --allow-remote to expose it anyway (any client that "
-             "can reach the port could then upload as any node)", listen);
+  const auto& sc = cfg.spes_config;
+  // Secure by default: without node tokens anyone who reaches the port could upload as any
+  // node, so only loopback is allowed.
+  SPES_CHECK(!sc.auth_tokens_file.empty() || is_loopback_host(listen),
+             "refusing to listen on '{}' without node tokens: anyone reaching the port could "
+             "upload as any node. Write a YAML map of node id -> secret (e.g. `0: $(openssl "
+             "rand -hex 16)`), set spes_config.auth_tokens_file to it, and give each node its "
+             "token with --token-file or SPES_NODE_TOKEN (TLS: spes_config.tls_cert/tls_key)",
+             listen);
   impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
   impl_->service = std::make_unique<Service>(*impl_->state);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!sc.tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions ssl(
+        sc.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = read_pem(sc.tls_client_ca, "tls_client_ca");
+    ssl.pem_key_cert_pairs.push_back(
+        {read_pem(sc.tls_key, "tls_key"), read_pem(sc.tls_cert, "tls_cert")});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  if (sc.auth_tokens_file.empty())
+    spdlog::warn("sync server: no spes_config.auth_tokens_file: any local process may act as a "
+                 "node; listening on loopback only");
   grpc::ServerBuilder b;
-  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &impl_->port);
+  b.AddListeningPort(listen, creds, &impl_->port);
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
   b.RegisterService(impl_->service.get());

@@ -1,8 +1,8 @@
-// The sync server process: the gRPC service (proto/spes_sync.proto) over RoundState. Binds
-// loopback unless told otherwise, writes DIR/server.json with the bound address (port 0 picks a
-// free port), logs the nodes a round waits for, and runs until every node has left, stop() is
-// called or the stop flag is raised. Leaves out: TLS and authentication (the messages carry a
-// token field for them), restart from DIR.
+// The sync server process: the gRPC service (proto/spes_sync.proto) over RoundState, with TLS
+// when spes_config.tls_cert/tls_key are set. Without node tokens (spes_config.auth_tokens_file)
+// it binds loopback only. Writes DIR/server.json with the bound address (port 0 picks a free
+// port), ticks RoundState (deadlines, dead nodes, logs), and runs until every node has left,
+// stop() is called or the stop flag is raised. Leaves out: the round logic (round_state.h).
 #pragma once
 #include <atomic>
 #include <memory>
@@ -14,8 +14,8 @@
 namespace spes::sync {
 
 struct ServerOptions {
-  std::string listen = "127.0.0.1:0";  // host:port; port 0: any free port
-  bool allow_remote = false;           // listen on a non-loopback address (no auth yet!)
+  std::string listen = "127.0.0.1:0";  // host:port; port 0: any free port (non-loopback
+                                       // needs spes_config.auth_tokens_file)
   bool exit_when_done = true;          // return from run() once every node has left
   ServeOptions state;                  // out_dir, keep_uploads
 };

@@ -1,0 +1,29 @@
+// Fault injection for the reliability tests: a node started with the environment variable
+// SPES_SYNC_FAULTS misbehaves on purpose in chosen rounds, so that the tests can show what the
+// server does with real processes over a real connection. Comma-separated items:
+//   nan@R        the upload of round R carries a NaN (the node's own weights stay finite)
+//   foreign@R    the upload of round R also carries an expert owned by another node
+//   scaled@R     the upload of round R carries its first tensor multiplied by 1e6
+//   corrupt@R    the first chunk of round R's first upload attempt fails its checksum
+//   stall@R:S    the node sleeps S seconds before uploading round R (a straggler)
+//   replay@R     after round R is published, the node uploads round R-1 again (an old round)
+// Unset (the normal case) means no fault. Leaves out: the server, which has no fault hooks.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace spes::sync {
+
+struct NodeFaults {
+  int64_t nan_round = -1, foreign_round = -1, scaled_round = -1, corrupt_round = -1;
+  int64_t stall_round = -1, replay_round = -1;
+  double stall_s = 0;
+  bool any() const;
+};
+
+// Parses `spec` (the syntax above); throws with the offending item on a typo.
+NodeFaults parse_node_faults(const std::string& spec);
+// From $SPES_SYNC_FAULTS (none when unset).
+NodeFaults node_faults_from_env();
+
+}  // namespace spes::sync

@@ -1,0 +1,434 @@
+// Faults with real processes over loopback (`spes serve` and `spes node` started and killed
+// like in production): a node killed with SIGKILL while a round is open and restarted from its
+// checkpoint; the server killed with SIGKILL while a round is open and restarted on the same
+// DIR; and one run with misbehaving nodes (SPES_SYNC_FAULTS, see src/spes/sync/faults.h): a
+// corrupt chunk, a NaN upload, an upload of another node's expert, an update far above
+// max_update_norm_ratio, a straggler past the deadline, a replay of an old round, plus a node
+// with the wrong token, an oversized gRPC message and `spes status`. Every test ends with
+// training finished on every node and the nodes holding identical weights (the same
+// model_sha256) after the last sync; the published model is never poisoned.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "spes/io/files.h"
+#include "spes/io/safetensors.h"
+#include "spes/sync/run_report.h"
+#include "spes/sync/server.h"
+#include "spes/sync/subprocess.h"
+#include "spes_sync.grpc.pb.h"
+
+using namespace spes;
+using namespace spes::sync;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+std::string g_dir;  // corpus and tokens, shared by the tests of this suite
+
+std::string read_or_empty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A child process whose output is collected; `log()` gives it all so far.
+struct Proc {
+  std::string name;
+  std::unique_ptr<Subprocess> p;
+  std::vector<std::string> lines;
+  int code = -1;
+  bool exited = false;
+  Proc(std::string n, const std::vector<std::string>& argv,
+       const std::vector<std::pair<std::string, std::string>>& env = {})
+      : name(std::move(n)), p(std::make_unique<Subprocess>(argv, env)) {}
+  bool poll() {
+    p->read_lines(&lines);
+    if (!exited && p->poll_exit(&code)) {
+      exited = true;
+      while (p->read_lines(&lines)) {
+      }
+    }
+    return exited;
+  }
+  bool saw(const std::string& s) const {
+    for (const auto& l : lines)
+      if (l.find(s) != std::string::npos) return true;
+    return false;
+  }
+  std::string log() const {
+    std::string s;
+    for (const auto& l : lines) s += "[" + name + "] " + l + "\n";
+    return s;
+  }
+  void kill9() {
+    p->kill(SIGKILL);
+    code = p->wait();
+    exited = true;
+    while (p->read_lines(&lines)) {
+    }
+  }
+};
+
+// Polls every process until `done` or the timeout; false on timeout.
+bool pump_until(std::vector<Proc*> procs, const std::function<bool()>& done, double timeout_s) {
+  const auto t0 = Clock::now();
+  while (Clock::now() - t0 < std::chrono::duration<double>(timeout_s)) {
+    for (Proc* p : procs) p->poll();
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+std::string all_logs(const std::vector<Proc*>& procs) {
+  std::string s;
+  for (const Proc* p : procs) s += p->log();
+  return s;
+}
+
+std::string write_config(const std::string& dir, int nodes, const std::string& extra) {
+  fs::create_directories(dir);
+  const std::string path = dir + "/config.yaml";
+  std::ofstream cfg(path);
+  cfg << "model:\n  d_model: 32\n  n_layers: 1\n  n_heads: 2\n  mlp_hidden_size: 32\n"
+         "  moe_num_experts: " << 2 * nodes << "\n  moe_top_k: 2\n  vocab_size: 512\n"
+         "  max_sequence_length: 32\n  rope_theta: 10000\n"
+         "optimizer:\n  learning_rate: 0.003\n"
+         "scheduler:\n  t_warmup: 5\n"
+         "data:\n  paths: [" << g_dir << "/tokens]\n  validation_fraction: 0.05\n"
+         "spes_config:\n  mode: spes\n  num_peers: " << nodes << "\n  sync_steps: 5\n"
+         "  merge_interval: 0\n  heartbeat_timeout: 20\n" << extra <<
+         "max_duration: 25\nsave_interval: 5\nglobal_train_batch_size: 2\n"
+         "device_train_microbatch_size: 2\neval_interval: 0\neval_batches: 1\nthreads: 1\n";
+  return path;
+}
+
+std::unique_ptr<Proc> start_server(const std::string& cfg, const std::string& dir,
+                                   const std::string& listen = "127.0.0.1:0") {
+  return std::make_unique<Proc>("server", std::vector<std::string>{
+      SPES_BINARY, "serve", "--config", cfg, "--out", dir, "--listen", listen});
+}
+
+// Waits for DIR/server.json written by the server process `srv` (a restarted server rewrites
+// it: `pid` tells the runs apart).
+std::string server_address(Proc& srv, const std::string& dir) {
+  std::string address;
+  pump_until({&srv}, [&] {
+    if (srv.exited || !fs::exists(dir + "/server.json")) return srv.exited;
+    const auto j = nlohmann::json::parse(read_or_empty(dir + "/server.json"), nullptr, false);
+    if (!j.is_object() || j.value("pid", -1) != srv.p->pid()) return false;
+    address = j["address"];
+    return true;
+  }, 120);
+  return address;
+}
+
+std::unique_ptr<Proc> start_node(const std::string& cfg, int id, const std::string& address,
+                                 const std::string& out,
+                                 std::vector<std::pair<std::string, std::string>> env = {}) {
+  return std::make_unique<Proc>("node " + std::to_string(id), std::vector<std::string>{
+      SPES_BINARY, "node", "--config", cfg, "--node-id", std::to_string(id), "--server", address,
+      "--out", out, "--progress", "none", "--set", "seed=" + std::to_string(10 + id)}, env);
+}
+
+// The last sync record of a node's metrics.jsonl.
+nlohmann::json last_sync(const std::string& node_dir) {
+  nlohmann::json last;
+  for (const auto& l : read_jsonl(node_dir + "/metrics.jsonl"))
+    if (l.contains("sync")) last = l["sync"];
+  return last;
+}
+
+std::vector<int64_t> rounds_of(const std::vector<nlohmann::json>& lines) {
+  std::vector<int64_t> r;
+  for (const auto& l : lines) r.push_back(l["round"]);
+  return r;
+}
+
+// Every tensor of a published file is finite.
+bool all_finite(const std::string& path) {
+  for (const auto& [name, t] : safetensors_load(path))
+    if (!torch::isfinite(t).all().item<bool>()) return false;
+  return true;
+}
+
+class SyncReliability : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    g_dir = (fs::temp_directory_path() / ("spes_rel_" + std::to_string(::getpid()) + "_" +
+                                          std::to_string(std::random_device{}())))
+                .string();
+    fs::create_directories(g_dir);
+    std::ofstream corpus(g_dir + "/corpus.txt");
+    for (const char* f : {"GPL-3", "GPL-2", "LGPL-2.1", "Apache-2.0"})
+      corpus << read_or_empty(std::string("/usr/share/common-licenses/") + f) << "\n\n";
+    std::mt19937 rng(1);
+    const char* w[] = {"the", "node", "trains", "a", "model", "and", "sends", "its", "experts",
+                       "to", "server", "which", "averages", "shared", "weights", "every"};
+    for (int d = 0; d < 200; ++d) {
+      for (int k = 0; k < 60; ++k) corpus << w[rng() % 16] << (k % 12 == 11 ? ".\n" : " ");
+      corpus << "\n";
+    }
+    corpus.close();
+    Proc prep("prepare", {SPES_BINARY, "prepare", "--input", g_dir + "/corpus.txt", "--out",
+                          g_dir + "/tokens", "--vocab-size", "512"});
+    ASSERT_TRUE(pump_until({&prep}, [&] { return prep.exited; }, 120)) << prep.log();
+    ASSERT_EQ(prep.code, 0) << prep.log();
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    if (::testing::UnitTest::GetInstance()->failed_test_count() == 0) fs::remove_all(g_dir, ec);
+  }
+};
+
+// After the last round (5) every node holds the published digest (whether its upload made
+// that round or it caught up with it), and the published model is finite.
+void expect_same_weights_at_the_end(const std::string& dir, int nodes) {
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_FALSE(rounds.empty());
+  const auto& last = rounds.back();
+  EXPECT_EQ(last["round"], 5);
+  for (int i = 0; i < nodes; ++i) {
+    const auto s = last_sync(dir + "/node" + std::to_string(i));
+    EXPECT_EQ(s["round"], 5) << "node " << i;
+    EXPECT_EQ(s["model_sha256"], last["model_sha256"]) << "node " << i;
+  }
+  EXPECT_TRUE(all_finite(dir + "/server/published.safetensors"));
+}
+
+}  // namespace
+
+TEST_F(SyncReliability, NodeKilledMidRoundRestartsFromItsCheckpointAndRejoins) {
+  const std::string dir = g_dir + "/node_kill";
+  const std::string cfg =
+      write_config(dir, 2, "  round_timeout: 4\n  min_nodes: 1\n");
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  // Node 1 hangs before its round 2 upload: it is killed there, with round 2 open.
+  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "stall@2:60"}});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n1->saw("stalling"); }, 120)) << all_logs(all);
+  n1->kill9();
+  // The round publishes at its deadline without node 1; node 0 carries on.
+  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 2 (step 10) published"); }, 60))
+      << all_logs(all);
+  auto n1b = start_node(cfg, 1, address, dir + "/node1");
+  all.push_back(n1b.get());
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1b->exited && srv->exited; }, 180))
+      << all_logs(all);
+  ASSERT_EQ(n0->code, 0) << all_logs(all);
+  ASSERT_EQ(n1b->code, 0) << all_logs(all);
+  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  EXPECT_TRUE(n1b->saw("joined at round")) << n1b->log();
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_EQ(rounds[1]["nodes"].get<std::vector<int64_t>>(), std::vector<int64_t>{0});
+  ASSERT_EQ(rounds[1].at("missing").size(), 1u);
+  EXPECT_THAT(rounds[1]["missing"].at(0).at("reason").get<std::string>(),
+              ::testing::AnyOf("timeout", "dead"));
+  // The restarted node resumed from its checkpoint (step 5, round 1), found the others at a
+  // later round and took the published model.
+  const auto metrics = read_jsonl(dir + "/node1/metrics.jsonl");
+  bool rejoined = false;
+  for (const auto& l : metrics)
+    if (l.contains("sync_join") && l["sync_join"]["round"].get<int64_t>() >= 2) rejoined = true;
+  EXPECT_TRUE(rejoined);
+  expect_same_weights_at_the_end(dir, 2);
+}
+
+TEST_F(SyncReliability, ServerKilledMidRoundRestartsFromItsDirAndNothingIsLost) {
+  const std::string dir = g_dir + "/server_kill";
+  const std::string cfg = write_config(dir, 2, "  round_timeout: 120\n  retry_max_s: 120\n");
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "stall@2:5"}});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  // Kill the server once it holds node 0's round 2 upload, before round 2 can publish.
+  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 2: upload of node 0 accepted"); },
+                         120))
+      << all_logs(all);
+  // Give the accepted reply time to reach node 0 (it then waits for round 2 and finds, after
+  // the restart, that the server lost its upload; if the reply is lost instead, it retries).
+  pump_until(all, [] { return false; }, 0.3);
+  srv->kill9();
+  const auto t_kill = Clock::now();
+  ASSERT_FALSE(srv->saw("round 2 (step 10) published")) << srv->log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto srv2 = start_server(cfg, dir + "/server", address);  // same DIR, same port
+  all.push_back(srv2.get());
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited && srv2->exited; }, 180))
+      << all_logs(all);
+  ASSERT_EQ(n0->code, 0) << all_logs(all);
+  ASSERT_EQ(n1->code, 0) << all_logs(all);
+  EXPECT_EQ(srv2->code, 0) << all_logs(all);
+  EXPECT_TRUE(srv2->saw("resuming from")) << srv2->log();
+  EXPECT_TRUE(n0->saw("joining again")) << n0->log();
+  EXPECT_TRUE(n0->saw("sending it again") || n0->saw("upload failed")) << n0->log();
+  const auto elapsed = Clock::now() - t_kill;
+  EXPECT_LT(elapsed, std::chrono::seconds(60)) << "recovery took too long:\n" << all_logs(all);
+  // Every round exactly once, each with both nodes: none lost, none applied twice.
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
+  for (const auto& r : rounds)
+    EXPECT_EQ(r["nodes"].get<std::vector<int64_t>>(), (std::vector<int64_t>{0, 1})) << r.dump();
+  // Both nodes applied every round's published model.
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int64_t> synced;
+    for (const auto& l : read_jsonl(dir + "/node" + std::to_string(i) + "/metrics.jsonl"))
+      if (l.contains("sync")) {
+        synced.push_back(l["sync"]["round"]);
+        EXPECT_EQ(l["sync"]["model_sha256"], rounds[synced.back() - 1]["model_sha256"]);
+      }
+    EXPECT_THAT(synced, ElementsAre(1, 2, 3, 4, 5)) << "node " << i;
+  }
+  expect_same_weights_at_the_end(dir, 2);
+}
+
+TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
+  const std::string dir = g_dir + "/hostile";
+  fs::create_directories(dir);
+  const std::vector<std::string> tokens = {"node-zero-secret-0123456789abcdef",
+                                           "node-one-secret-0123456789abcdef",
+                                           "node-two-secret-0123456789abcdef"};
+  {
+    std::ofstream f(dir + "/tokens.yaml");
+    for (int i = 0; i < 3; ++i) f << i << ": " << tokens[i] << "\n";
+  }
+  const std::string cfg = write_config(
+      dir, 3, "  round_timeout: 6\n  min_nodes: 2\n  max_update_norm_ratio: 10\n"
+              "  auth_tokens_file: " + dir + "/tokens.yaml\n");
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto tok = [&](int i) { return std::pair<std::string, std::string>{"SPES_NODE_TOKEN", tokens[i]}; };
+  // Node 1: a corrupt chunk in round 1 (retried), a replay of round 2 after it was published,
+  // a straggler in round 3 (past the 6 s deadline). Node 2: a NaN in round 1, node 0's expert
+  // in round 2, an update 1e6 x too large in round 4.
+  auto n0 = start_node(cfg, 0, address, dir + "/node0", {tok(0)});
+  auto n1 = start_node(cfg, 1, address, dir + "/node1",
+                       {tok(1), {"SPES_SYNC_FAULTS", "corrupt@1,replay@2,stall@3:9"}});
+  auto n2 = start_node(cfg, 2, address, dir + "/node2",
+                       {tok(2), {"SPES_SYNC_FAULTS", "nan@1,foreign@2,scaled@4"}});
+  // An impostor with node 0's id and the wrong token is refused and exits with the reason.
+  auto impostor = start_node(cfg, 0, address, dir + "/impostor", {tok(1)});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get(), n2.get(), impostor.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return impostor->exited; }, 120)) << all_logs(all);
+  EXPECT_NE(impostor->code, 0);
+  EXPECT_TRUE(impostor->saw("wrong or missing token")) << impostor->log();
+  EXPECT_FALSE(impostor->saw(tokens[1])) << "a token was logged";
+
+  // An oversized message (9 MiB, above the 8 MiB gRPC limit) is refused by the transport.
+  {
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    auto stub = ::spes::sync::v1::SpesSync::NewStub(channel);
+    grpc::ClientContext ctx;
+    ::spes::sync::v1::UploadReply rep;
+    auto w = stub->Upload(&ctx, &rep);
+    ::spes::sync::v1::UploadChunk c;
+    c.mutable_node()->set_node_id(0);
+    c.mutable_node()->set_auth_token(tokens[0]);
+    c.set_round(1);
+    c.set_step(5);
+    c.set_total_bytes(9u << 20);
+    c.set_data(std::string(9u << 20, 'x'));
+    w->Write(c);
+    w->WritesDone();
+    const grpc::Status s = w->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  }
+  // `spes status` while the run is going.
+  {
+    Proc status("status", {SPES_BINARY, "status", "--server", address});
+    ASSERT_TRUE(pump_until({&status}, [&] { return status.exited; }, 60));
+    EXPECT_EQ(status.code, 0) << status.log();
+    EXPECT_TRUE(status.saw("published round")) << status.log();
+    EXPECT_TRUE(status.saw("node")) << status.log();
+  }
+
+  ASSERT_TRUE(pump_until(all, [&] {
+    return n0->exited && n1->exited && n2->exited && srv->exited;
+  }, 240)) << all_logs(all);
+  ASSERT_EQ(n0->code, 0) << all_logs(all);
+  ASSERT_EQ(n1->code, 0) << all_logs(all);
+  ASSERT_EQ(n2->code, 0) << all_logs(all);
+  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  EXPECT_TRUE(n1->saw("checksum mismatch")) << n1->log();
+  EXPECT_TRUE(n1->saw("refused as expected")) << n1->log();
+
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << all_logs(all);
+  auto nodes = [&](int r) { return rounds[r - 1]["nodes"].get<std::vector<int64_t>>(); };
+  auto reason = [&](int r) {
+    return rounds[r - 1]["missing"].size() == 1
+               ? rounds[r - 1]["missing"][0]["reason"].get<std::string>() : std::string("?");
+  };
+  EXPECT_EQ(nodes(1), (std::vector<int64_t>{0, 1}));
+  EXPECT_THAT(reason(1), HasSubstr("NaN"));
+  EXPECT_EQ(nodes(2), (std::vector<int64_t>{0, 1}));
+  EXPECT_THAT(reason(2), HasSubstr("may not upload"));
+  EXPECT_EQ(nodes(3), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(reason(3), "timeout");
+  EXPECT_EQ(nodes(4), (std::vector<int64_t>{0, 1}));
+  EXPECT_THAT(reason(4), HasSubstr("max_update_norm_ratio"));
+  expect_same_weights_at_the_end(dir, 3);
+}
+
+TEST(SyncServerSecurity, RefusesANonLoopbackAddressWithoutTokens) {
+  const Config cfg = config_parse(
+      "model:\n  d_model: 8\n  n_layers: 1\n  n_heads: 2\n  mlp_hidden_size: 4\n"
+      "  moe_num_experts: 4\n  moe_top_k: 2\n  vocab_size: 16\n  max_sequence_length: 8\n"
+      "spes_config:\n  mode: spes\n  num_peers: 2\n  sync_steps: 10\n",
+      {}, "tiny.yaml");
+  ServerOptions o;
+  o.listen = "0.0.0.0:0";
+  o.state.out_dir = (fs::temp_directory_path() / ("spes_sec_" + std::to_string(::getpid())))
+                        .string();
+  try {
+    SyncServer s(cfg, o);
+    FAIL() << "listened on 0.0.0.0 without tokens";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("spes_config.auth_tokens_file"));
+  }
+  std::error_code ec;
+  fs::remove_all(o.state.out_dir, ec);
+}
+
+TEST_F(SyncReliability, TlsServerAnswersOnlyClientsThatVerifyIt) {
+  // A self-signed certificate for 127.0.0.1, made by openssl for this test.
+  const std::string dir = g_dir + "/tls";
+  fs::create_directories(dir);
+  Proc gen("openssl", {"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                       "-days", "1", "-subj", "/CN=localhost", "-addext",
+                       "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout",
+                       dir + "/key.pem", "-out", dir + "/cert.pem"});
+  ASSERT_TRUE(pump_until({&gen}, [&] { return gen.exited; }, 60));
+  ASSERT_EQ(gen.code, 0) << gen.log();
+  const std::string cfg = write_config(dir, 1, "  tls_cert: " + dir + "/cert.pem\n  tls_key: " +
+                                                   dir + "/key.pem\n");
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  Proc ok("status", {SPES_BINARY, "status", "--server", address, "--tls-ca", dir + "/cert.pem",
+                     "--json"});
+  ASSERT_TRUE(pump_until({&ok}, [&] { return ok.exited; }, 60));
+  EXPECT_EQ(ok.code, 0) << ok.log() << srv->log();
+  EXPECT_TRUE(ok.saw("\"published_round\": 0")) << ok.log();
+  Proc plain("status", {SPES_BINARY, "status", "--server", address});
+  ASSERT_TRUE(pump_until({&plain}, [&] { return plain.exited; }, 60));
+  EXPECT_NE(plain.code, 0) << plain.log();
+  srv->kill9();
+}

@@ -1,0 +1,471 @@
+// The server's fault handling driven directly on RoundState (no gRPC, no processes): uploads
+// that fail a check put their node out of the round and never reach the published model
+// (NaN, another node's expert, an update far larger than the bound, an impossible size); a
+// replayed old round is refused; a round publishes at its deadline with a quorum, keeps an
+// absent owner's experts and averages shared tensors over the nodes present; silent nodes are
+// dead and the round stops waiting for them; node tokens; downloads resume from an offset and
+// keep serving their round after the next one is published; restart from DIR.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "spes/common/error.h"
+#include "spes/io/files.h"
+#include "spes/sync/plan.h"
+#include "spes/sync/round_state.h"
+#include "spes/sync/run_report.h"
+#include "spes/train/ownership.h"
+#include "sync/sync_test_util.h"
+
+using namespace spes;
+using namespace spes::sync;
+using namespace spes::sync::testing;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    path = (fs::temp_directory_path() / ("spes_rel_test_" + std::to_string(::getpid()) + "_" +
+                                         std::to_string(std::random_device{}())))
+               .string();
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// A node as the server sees it: its own model, registry and identity.
+struct Peer {
+  Config cfg;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<ParamRegistry> reg;
+  NodeId id;
+  Peer(const Config& c, int64_t node, std::string token = "") : cfg(c) {
+    model = std::make_unique<Transformer>(cfg.model);
+    model->init_weights(static_cast<uint64_t>(100 + node));
+    reg = std::make_unique<ParamRegistry>(*model, cfg, Ownership::from_config(cfg), node);
+    id = NodeId{node, 7000 + static_cast<uint64_t>(node), std::move(token)};
+  }
+  JoinInfo join_info() const { return node_join_info(cfg, *reg, id, 0); }
+  NamedTensors trainable() const {
+    NamedTensors t;
+    for (const auto& e : reg->entries())
+      if (e.trainable) t.emplace_back(e.name, e.tensor.detach().clone());
+    return t;
+  }
+  SafetensorsStreamWriter upload(int64_t round, NamedTensors t = {}) const {
+    if (t.empty()) t = trainable();
+    return SafetensorsStreamWriter(std::move(t), torch::kFloat32,
+                                   upload_metadata({id.node_id, round, round * 10, 80,
+                                                    id.incarnation, reg->fingerprint()}));
+  }
+  void train(double delta) {
+    torch::NoGradGuard ng;
+    for (const auto& e : reg->entries())
+      if (e.trainable) e.tensor.add_(delta);
+  }
+  // Downloads (optionally from an offset, in two halves) into the registry.
+  void download(RoundState& st, int64_t round, Selection sel, bool in_two_parts = false) {
+    std::string bytes;
+    {
+      auto s = st.begin_download(id, round, sel);
+      std::string d;
+      uint64_t off = 0;
+      const uint64_t half = s->total_bytes() / 2;
+      while (s->next(&d, &off)) {
+        bytes += d;
+        if (in_two_parts && bytes.size() >= half) break;
+      }
+      if (in_two_parts) bytes.resize(half);  // the connection dropped after `half` bytes
+    }
+    if (in_two_parts) {
+      auto s = st.begin_download(id, round, sel, bytes.size());
+      std::string d;
+      uint64_t off = 0;
+      while (s->next(&d, &off)) {
+        EXPECT_EQ(off, bytes.size());
+        bytes += d;
+      }
+    }
+    Metadata md;
+    for (const auto& [name, t] : safetensors_parse(bytes, &md)) {
+      torch::NoGradGuard ng;
+      reg->find(name)->tensor.copy_(t);
+    }
+  }
+};
+
+UploadResult send(RoundState& st, const NodeId& id, int64_t round,
+                  const SafetensorsStreamWriter& w) {
+  auto s = st.begin_upload(id, round, round * 10, w.total_bytes());
+  for (uint64_t off = 0; off < w.total_bytes(); off += 1000) {
+    std::string data;
+    w.read(off, 1000, &data);
+    s->chunk(off, data, chunk_sha256(data));
+  }
+  return s->finish();
+}
+
+SyncErrc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const SyncError& e) {
+    return e.code();
+  }
+  return SyncErrc::Internal;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+torch::Tensor published(const RoundState& st, const std::string& name) {
+  return st.model().tensors().at(st.model().plan().index(name)).clone();
+}
+
+const std::string kShared = "model.layers.0.self_attn.q_proj.weight";
+std::string expert_of(int64_t e) { return expert_param_name(0, e, "gate_proj"); }
+
+}  // namespace
+
+TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
+  TempDir tmp;
+  const Config cfg = tiny_config({"spes_config.max_update_norm_ratio=5"});
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  for (Peer* p : {&n0, &n1}) {
+    st.join(p->join_info());
+    p->download(st, 0, Selection::All);
+  }
+  const torch::Tensor expert0_before = published(st, expert_of(0));
+  n0.train(0.01);
+  n1.train(-0.02);
+
+  // Round 1: node 0's upload carries a NaN: rejected, node 0 is out of round 1.
+  NamedTensors bad = n0.trainable();
+  bad[0].second.view({-1})[0] = std::nanf("");
+  EXPECT_THAT(error_of([&] { send(st, n0.id, 1, n0.upload(1, bad)); }), HasSubstr("NaN"));
+  EXPECT_THAT(error_of([&] { send(st, n0.id, 1, n0.upload(1)); }),
+              HasSubstr("was rejected"));  // no second chance in the same round
+  // Node 1 arrives: every node has arrived or is out, so the round publishes without waiting
+  // for a deadline, over node 1 alone.
+  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
+  ASSERT_TRUE(r1.published);
+  EXPECT_THAT(r1.nodes, ElementsAre(1));
+  EXPECT_TRUE(torch::isfinite(st.model().tensors()[0]).all().item<bool>());
+  EXPECT_TRUE(torch::equal(published(st, expert_of(0)), expert0_before));  // owner absent
+  EXPECT_TRUE(torch::equal(published(st, kShared),
+                           n1.reg->find(kShared)->tensor.detach()));  // mean over node 1 alone
+  // Node 0 was out: it takes the whole published model and holds the published digest.
+  n0.download(st, 1, Selection::All);
+  n1.download(st, 1, Selection::ForNode);
+  EXPECT_EQ(n0.reg->weights_sha256(), r1.model_sha256);
+  EXPECT_EQ(n1.reg->weights_sha256(), r1.model_sha256);
+
+  // Round 2: node 1 uploads node 0's expert: rejected (it may upload only its own experts).
+  n0.train(0.01);
+  n1.train(0.01);
+  {
+    NamedTensors t = n1.trainable();
+    t.emplace_back(expert_of(0), n1.reg->find(expert_of(0))->tensor.detach().clone());
+    EXPECT_THAT(error_of([&] { send(st, n1.id, 2, n1.upload(2, t)); }),
+                HasSubstr("may not upload '" + expert_of(0) + "'"));
+  }
+  EXPECT_TRUE(send(st, n0.id, 2, n0.upload(2)).accepted);
+  const RoundStatus r2 = st.wait_round(n0.id, 2, 10);
+  ASSERT_TRUE(r2.published);
+  EXPECT_THAT(r2.nodes, ElementsAre(0));
+  n0.download(st, 2, Selection::ForNode);
+  n1.download(st, 2, Selection::All);
+  EXPECT_EQ(n0.reg->weights_sha256(), r2.model_sha256);
+  EXPECT_EQ(n1.reg->weights_sha256(), r2.model_sha256);
+
+  // Round 3: node 0's update is 1000x the model (above max_update_norm_ratio=5); an upload
+  // declaring an impossible size is refused up front. Both nodes are out: nothing publishes.
+  {
+    NamedTensors t = n0.trainable();
+    for (auto& [name, v] : t) v.mul_(1000);
+    EXPECT_THAT(error_of([&] { send(st, n0.id, 3, n0.upload(3, t)); }),
+                HasSubstr("max_update_norm_ratio"));
+  }
+  EXPECT_EQ(code_of([&] { st.begin_upload(n1.id, 3, 30, 1ull << 40); }),
+            SyncErrc::ResourceExhausted);
+  st.tick();
+  EXPECT_FALSE(st.wait_round(n0.id, 3, 10).published);
+  EXPECT_EQ(st.model().weights_sha256(), r2.model_sha256);
+
+  // A replay of an old round is refused as closed, and never applied.
+  EXPECT_EQ(code_of([&] { send(st, n0.id, 1, n0.upload(1)); }), SyncErrc::OutOfRange);
+  EXPECT_EQ(st.model().weights_sha256(), r2.model_sha256);
+
+  st.close();
+  const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  ASSERT_EQ(lines[0]["missing"].size(), 1u);
+  EXPECT_EQ(lines[0]["missing"][0]["node"], 0);
+  EXPECT_THAT(lines[0]["missing"][0]["reason"].get<std::string>(), HasSubstr("rejected: "));
+  EXPECT_THAT(lines[0]["missing"][0]["reason"].get<std::string>(), HasSubstr("NaN"));
+  EXPECT_THAT(lines[1]["missing"][0]["reason"].get<std::string>(), HasSubstr("may not upload"));
+  EXPECT_EQ(lines[0]["node_states"][0], "rejected");
+}
+
+TEST(RoundStateReliability, DeadlinePublishesWithQuorumAndRefusesTheStraggler) {
+  TempDir tmp;
+  const Config cfg = tiny_config({"spes_config.round_timeout=0.3", "spes_config.min_nodes=1"});
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  for (Peer* p : {&n0, &n1}) {
+    st.join(p->join_info());
+    p->download(st, 0, Selection::All);
+  }
+  const torch::Tensor expert2_before = published(st, expert_of(2));
+  n0.train(0.01);
+  n1.train(0.05);
+  EXPECT_TRUE(send(st, n0.id, 1, n0.upload(1)).accepted);
+  st.tick();
+  EXPECT_FALSE(st.wait_round(n0.id, 1, 10).published) << "published before the deadline";
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  st.tick();
+  const RoundStatus r = st.wait_round(n0.id, 1, 10);
+  ASSERT_TRUE(r.published);
+  EXPECT_THAT(r.nodes, ElementsAre(0));
+  // Node 1 (the owner of experts 2-3) was missing: its experts keep their published value;
+  // shared tensors are node 0's (the mean over the nodes present).
+  EXPECT_TRUE(torch::equal(published(st, expert_of(2)), expert2_before));
+  EXPECT_TRUE(torch::equal(published(st, kShared), n0.reg->find(kShared)->tensor.detach()));
+  // The straggler's upload arrives after the deadline: refused as closed, never applied.
+  const std::string sha = st.model().weights_sha256();
+  EXPECT_EQ(code_of([&] { send(st, n1.id, 1, n1.upload(1)); }), SyncErrc::OutOfRange);
+  EXPECT_EQ(st.model().weights_sha256(), sha);
+  n1.download(st, 1, Selection::ForNode);  // not in the round: it gets its own experts back
+  EXPECT_EQ(n1.reg->weights_sha256(), sha);
+  st.close();
+  const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["missing"][0]["node"], 1);
+  EXPECT_EQ(lines[0]["missing"][0]["reason"], "timeout");
+
+  // Without a quorum the deadline does not publish.
+  TempDir tmp2;
+  const Config cfg2 = tiny_config({"spes_config.round_timeout=0.1", "spes_config.min_nodes=2"});
+  RoundState st2(cfg2, {tmp2.path});
+  Peer m0(cfg2, 0), m1(cfg2, 1);
+  st2.join(m0.join_info());
+  st2.join(m1.join_info());
+  m0.download(st2, 0, Selection::All);
+  EXPECT_TRUE(send(st2, m0.id, 1, m0.upload(1)).accepted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  st2.tick();
+  EXPECT_FALSE(st2.wait_round(m0.id, 1, 10).published);
+}
+
+TEST(RoundStateReliability, SilentNodeIsDeadAndTheRoundStopsWaitingForIt) {
+  TempDir tmp;
+  const Config cfg = tiny_config({"spes_config.heartbeat_timeout=0.2"});
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  st.join(n0.join_info());
+  st.join(n1.join_info());
+  n0.download(st, 0, Selection::All);
+  EXPECT_EQ(st.status().nodes[1].state, "training");
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  st.heartbeat(n0.id, 5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const ServerStatus s = st.status();
+  EXPECT_EQ(s.nodes[0].state, "training");
+  EXPECT_EQ(s.nodes[0].step, 5);
+  EXPECT_EQ(s.nodes[1].state, "dead");
+  EXPECT_GT(s.nodes[1].last_seen_s, 0.2);
+  // Node 0 uploads; node 1 is dead, so the round publishes without waiting for the deadline.
+  EXPECT_TRUE(send(st, n0.id, 1, n0.upload(1)).accepted);
+  ASSERT_TRUE(st.wait_round(n0.id, 1, 10).published);
+  st.close();
+  const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["missing"][0]["reason"], "dead");
+  EXPECT_EQ(lines[0]["node_states"][1], "dead");
+}
+
+TEST(RoundStateReliability, TokensAreCheckedAndNeverEchoed) {
+  TempDir tmp;
+  const std::string t0 = "token-of-node-zero-0123456789", t1 = "token-of-node-one-9876543210";
+  {
+    std::ofstream f(tmp.path + "/tokens.yaml");
+    f << "0: " << t0 << "\n1: " << t1 << "\n";
+  }
+  const Config cfg = tiny_config({"spes_config.auth_tokens_file=" + tmp.path + "/tokens.yaml"});
+  RoundState st(cfg, {tmp.path + "/srv"});
+  Peer wrong(cfg, 0, t1), none(cfg, 1), good(cfg, 0, t0);
+  EXPECT_EQ(code_of([&] { st.join(wrong.join_info()); }), SyncErrc::PermissionDenied);
+  EXPECT_THAT(error_of([&] { st.join(wrong.join_info()); }), Not(HasSubstr(t1)));
+  EXPECT_EQ(code_of([&] { st.join(none.join_info()); }), SyncErrc::PermissionDenied);
+  JoinInfo stranger = good.join_info();
+  stranger.node.node_id = 7;
+  EXPECT_EQ(code_of([&] { st.join(stranger); }), SyncErrc::PermissionDenied);
+  EXPECT_EQ(st.join(good.join_info()).published_round, 0);
+  // A joined node's identity with the wrong token is refused too (every call is checked).
+  NodeId forged = good.id;
+  forged.auth_token = "x" + t0;
+  EXPECT_EQ(code_of([&] { st.heartbeat(forged, 1); }), SyncErrc::PermissionDenied);
+  EXPECT_EQ(st.heartbeat(good.id, 1), 0);
+  // Bad token files are explained.
+  {
+    std::ofstream f(tmp.path + "/short.yaml");
+    f << "0: abc\n1: " << t1 << "\n";
+  }
+  EXPECT_THAT(error_of([&] {
+                RoundState bad(tiny_config({"spes_config.auth_tokens_file=" + tmp.path +
+                                            "/short.yaml"}),
+                               {tmp.path + "/srv2"});
+              }),
+              HasSubstr("shorter than 16"));
+}
+
+TEST(RoundStateReliability, DownloadsResumeAndSurviveTheNextPublication) {
+  TempDir tmp;
+  const Config cfg = tiny_config();
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  st.join(n0.join_info());
+  st.join(n1.join_info());
+  n0.download(st, 0, Selection::All, /*in_two_parts=*/true);
+  EXPECT_EQ(n0.reg->weights_sha256(), st.model().weights_sha256());
+  n1.download(st, 0, Selection::All);
+  n0.train(0.01);
+  n1.train(0.02);
+  send(st, n0.id, 1, n0.upload(1));
+  send(st, n1.id, 1, n1.upload(1));
+  const std::string sha1 = st.wait_round(n0.id, 1, 10).model_sha256;
+  // A download of round 1 begun before round 2 is published still serves round 1's bytes
+  // (it reads the file it opened, which the next publication renames over).
+  auto s = st.begin_download(n1.id, 1, Selection::All);
+  std::string bytes, d;
+  uint64_t off = 0;
+  n0.download(st, 1, Selection::ForNode, /*in_two_parts=*/true);
+  EXPECT_EQ(n0.reg->weights_sha256(), sha1);
+  n0.train(0.01);
+  n1.train(0.01);
+  send(st, n0.id, 2, n0.upload(2));
+  send(st, n1.id, 2, n1.upload(2));
+  ASSERT_TRUE(st.wait_round(n0.id, 2, 10).published);
+  while (s->next(&d, &off)) bytes += d;
+  Metadata md;
+  safetensors_parse(bytes, &md);
+  EXPECT_EQ(md.at("model_sha256"), sha1);
+  EXPECT_EQ(md.at("round"), "1");
+  // Resuming past the end is refused.
+  EXPECT_EQ(code_of([&] { st.begin_download(n0.id, 2, Selection::All, 1ull << 40); }),
+            SyncErrc::OutOfRange);
+}
+
+TEST(RoundStateReliability, RestartContinuesFromTheLastPublishedRound) {
+  TempDir tmp;
+  const Config cfg = tiny_config();
+  std::string sha1;
+  Peer n0(cfg, 0), n1(cfg, 1);
+  {
+    RoundState st(cfg, {tmp.path});
+    st.join(n0.join_info());
+    st.join(n1.join_info());
+    n0.download(st, 0, Selection::All);
+    n1.download(st, 0, Selection::All);
+    n0.train(0.01);
+    n1.train(0.02);
+    send(st, n0.id, 1, n0.upload(1));
+    send(st, n1.id, 1, n1.upload(1));
+    sha1 = st.wait_round(n0.id, 1, 10).model_sha256;
+    // Node 0's round 2 upload is accepted, then the server dies before publishing round 2
+    // (this object goes away without downloads completing).
+    n0.train(0.01);
+    send(st, n0.id, 2, n0.upload(2));
+  }
+  RoundState st(cfg, {tmp.path});
+  EXPECT_EQ(st.published_round(), 1);
+  EXPECT_EQ(st.model().weights_sha256(), sha1);
+  // The restarted server knows no node: they join again, and round 2 is collected afresh.
+  EXPECT_EQ(code_of([&] { send(st, n0.id, 2, n0.upload(2)); }), SyncErrc::NotJoined);
+  const JoinResult jr = st.join(n0.join_info());
+  EXPECT_EQ(jr.published_round, 1);
+  EXPECT_EQ(jr.model_sha256, sha1);
+  EXPECT_THAT(jr.published_nodes, ElementsAre(0, 1));
+  st.join(n1.join_info());
+  EXPECT_EQ(code_of([&] { send(st, n0.id, 1, n0.upload(1)); }), SyncErrc::OutOfRange);
+  EXPECT_TRUE(send(st, n0.id, 2, n0.upload(2)).accepted);
+  n1.train(0.01);
+  EXPECT_TRUE(send(st, n1.id, 2, n1.upload(2)).accepted);
+  ASSERT_TRUE(st.wait_round(n0.id, 2, 10).published);
+  st.close();
+  // rounds.jsonl: each round exactly once (round 1 recovered from state.json if its line had
+  // not been written yet).
+  const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
+  std::vector<int64_t> rounds;
+  for (const auto& l : lines) rounds.push_back(l["round"]);
+  EXPECT_THAT(rounds, ElementsAre(1, 2));
+
+  // A corrupt published file is detected, not served.
+  {
+    std::fstream f(tmp.path + "/published.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  EXPECT_THAT(error_of([&] { RoundState again(cfg, {tmp.path}); }), HasSubstr("is corrupt"));
+  // Starting over is explicit.
+  ServeOptions fresh{tmp.path};
+  fresh.resume = false;
+  RoundState over(cfg, fresh);
+  EXPECT_EQ(over.published_round(), 0);
+}
+
+TEST(RoundStateReliability, RepeatedUploadIsNeverAppliedTwice) {
+  TempDir tmp;
+  const Config cfg = tiny_config();
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  for (Peer* p : {&n0, &n1}) {
+    st.join(p->join_info());
+    p->download(st, 0, Selection::All);
+  }
+  n0.train(0.01);
+  n1.train(0.03);
+  const NamedTensors first = n0.trainable();
+  EXPECT_FALSE(send(st, n0.id, 1, n0.upload(1)).duplicate);
+  // A retry by the same process (its reply was lost): acknowledged, ignored.
+  const UploadResult retry = send(st, n0.id, 1, n0.upload(1));
+  EXPECT_TRUE(retry.duplicate);
+  EXPECT_TRUE(retry.accepted);
+  // Node 0 restarts (new incarnation), trains again from its checkpoint and sends round 1
+  // again: the first upload counts; this one is reported as not applied.
+  n0.id.incarnation += 1;
+  st.join(n0.join_info());
+  n0.train(0.5);
+  const UploadResult again = send(st, n0.id, 1, n0.upload(1));
+  EXPECT_TRUE(again.duplicate);
+  EXPECT_FALSE(again.accepted);
+  send(st, n1.id, 1, n1.upload(1));
+  const RoundStatus r = st.wait_round(n1.id, 1, 10);
+  ASSERT_TRUE(r.published);
+  EXPECT_THAT(r.nodes, ElementsAre(0, 1));
+  // Shared tensors: the mean of node 0's first upload and node 1's.
+  torch::Tensor want;
+  for (const auto& [name, t] : first)
+    if (name == kShared) want = (t + n1.reg->find(kShared)->tensor.detach()) / 2;
+  EXPECT_TRUE(torch::allclose(published(st, kShared), want, 0, 1e-7));
+}
