@@ -6,6 +6,7 @@
 // peak RSS belongs to that shape (bench/run_train_bench.sh does this).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   cfg.model.max_sequence_length = 256;
   int64_t batch = 8, steps = 5, warmup = 2, threads = 0;
   double frozen_fraction = 0;
+  std::string profile;
   std::string name = "d512";
   app.add_option("--name", name, "Label of this shape in the output");
   app.add_option("--d-model", cfg.model.d_model);
@@ -75,6 +77,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Intra-op threads (0: all cores)");
   app.add_option("--frozen-fraction", frozen_fraction,
                  "Fraction of each layer's experts frozen (e.g. 0.75 = a SPES node of 4)");
+  app.add_option("--profile", profile,
+                 "Write a chrome trace of one extra step (after the timed ones) to this file");
   CLI11_PARSE(app, argc, argv);
 
   at::set_num_threads(threads > 0 ? static_cast<int>(threads) : spes::cpu_cores());
@@ -87,6 +91,7 @@ int main(int argc, char** argv) {
   model.init_weights(1);
   spes::ParamRegistry reg(model, cfg, spes::Ownership::from_config(cfg), 0);
   spes::AdamW opt(reg.trainable(), cfg.optimizer);
+  opt.use_persistent_grads();  // as the trainer does
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const int64_t T = cfg.model.max_sequence_length;
   auto run_step = [&] {
@@ -102,6 +107,10 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < steps; ++i) run_step();
   const double secs = seconds_since(t0) / steps;
   const double tok_s = batch * T / secs;
+  if (!profile.empty()) {
+    torch::autograd::profiler::RecordProfile guard(profile);
+    run_step();
+  }
   const double fpt = flops_per_token(cfg.model);
   nlohmann::json out = {
       {"name", name}, {"threads", at::get_num_threads()}, {"params", model.num_params()},
