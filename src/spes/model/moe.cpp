@@ -133,24 +133,42 @@ struct ExpertsFn : public torch::autograd::Function<ExpertsFn> {
           torch::mm_out(ye, a, weights[3 * e + 2].t());
         }
     });
-    std::vector<torch::Tensor> save = {xs, g, u};
+    // The inputs are only needed for weight gradients: with frozen experts keep just the rows
+    // of the trainable ones (row offsets in xoff; -1: not kept).
+    std::vector<int64_t> xoff(E, -1);
+    std::vector<torch::Tensor> kept;
+    int64_t rows = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (counts[e] == 0 || !(weights[3 * e].requires_grad() || weights[3 * e + 1].requires_grad()))
+        continue;
+      xoff[e] = rows;
+      rows += counts[e];
+      kept.push_back(xs.narrow(0, start[e], counts[e]));
+    }
+    torch::Tensor xkeep = rows == M ? xs : rows == 0 ? torch::empty({0, D}, xs.options())
+                                                     : torch::cat(kept, 0);
+    std::vector<torch::Tensor> save = {xkeep, g, u};
     save.insert(save.end(), weights.begin(), weights.end());
     ctx->save_for_backward(save);
     ctx->saved_data["counts"] = c10::List<int64_t>(counts);
+    ctx->saved_data["xoff"] = c10::List<int64_t>(xoff);
     return ys;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto s = ctx->get_saved_variables();
-    torch::Tensor xs = s[0], g = s[1], u = s[2];
+    torch::Tensor xkeep = s[0], g = s[1], u = s[2];
     auto cl = ctx->saved_data["counts"].toIntList();
     std::vector<int64_t> counts(cl.begin(), cl.end());
+    auto xl = ctx->saved_data["xoff"].toIntList();
+    std::vector<int64_t> xoff(xl.begin(), xl.end());
     const int64_t E = static_cast<int64_t>(counts.size());
     std::vector<int64_t> start(E + 1, 0);
     for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + counts[e];
     torch::Tensor dys = grads[0].contiguous();
     const bool need_dx = ctx->needs_input_grad(0);
-    torch::Tensor dxs = need_dx ? torch::empty_like(xs) : torch::Tensor();
+    torch::Tensor dxs = need_dx ? torch::empty({g.size(0), xkeep.size(1)}, g.options())
+                                : torch::Tensor();
     tensor_list out(1 + 3 * E + 1);
     auto bins = balance(counts, at::get_num_threads());
     at::parallel_for(0, static_cast<int64_t>(bins.size()), 1, [&](int64_t bb, int64_t be) {
@@ -158,13 +176,14 @@ struct ExpertsFn : public torch::autograd::Function<ExpertsFn> {
         for (int64_t e : bins[b]) {
           const int64_t r0 = start[e], n = counts[e];
           const torch::Tensor &w1 = s[3 + 3 * e], &v1 = s[4 + 3 * e], &w2 = s[5 + 3 * e];
-          torch::Tensor x = xs.narrow(0, r0, n), ge = g.narrow(0, r0, n), ue = u.narrow(0, r0, n);
+          torch::Tensor ge = g.narrow(0, r0, n), ue = u.narrow(0, r0, n);
+          torch::Tensor x = xoff[e] >= 0 ? xkeep.narrow(0, xoff[e], n) : torch::Tensor();
           torch::Tensor dy = dys.narrow(0, r0, n);
           const bool need_dw2 = ctx->needs_input_grad(3 + 3 * e);
           torch::Tensor da = torch::mm(dy, w2);  // becomes dg
           torch::Tensor du = at::sigmoid(ge);    // becomes du
           torch::Tensor a = need_dw2 ? torch::empty_like(ge) : torch::Tensor();
-          AT_DISPATCH_FLOATING_TYPES(xs.scalar_type(), "experts_bwd", [&] {
+          AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "experts_bwd", [&] {
             swiglu_bwd(ge.data_ptr<scalar_t>(), ue.data_ptr<scalar_t>(), du.data_ptr<scalar_t>(),
                        da.data_ptr<scalar_t>(),
                        need_dw2 ? a.data_ptr<scalar_t>() : static_cast<scalar_t*>(nullptr),
