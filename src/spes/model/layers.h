@@ -9,8 +9,15 @@
 
 namespace spes {
 
-// RMSNorm over the last dim, computed in fp32: x * rsqrt(mean(x^2) + eps) * weight.
+// Whether the fused CPU kernels below handle these tensors: all on CPU, all fp32 or all fp64
+// (undefined tensors are ignored). Other devices and dtypes take the composite reference
+// implementations (the *_reference functions), which the tests compare the kernels with.
+bool fused_cpu_kernel_ok(at::ArrayRef<torch::Tensor> ts);
+
+// RMSNorm over the last dim, computed in fp32: x * rsqrt(mean(x^2) + eps) * weight. On CPU one
+// autograd node (a pass to read and one to write; backward likewise).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // cos/sin tables [max_seq, head_dim] for rotate-half RoPE with base theta.
 std::pair<torch::Tensor, torch::Tensor> rope_tables(int64_t max_seq, int64_t head_dim,
@@ -21,14 +28,25 @@ torch::Tensor rope_apply(const torch::Tensor& x, const torch::Tensor& cos, const
 // Causal softmax attention. q [B, H, T, hd], k/v [B, Hkv, T, hd] (Hkv divides H).
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v);
+torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
+                                         const torch::Tensor& v);
+// The fused CPU kernel behind both: with rope, q and k are rotated by rope_apply's rotation
+// with tables cos/sin [>=T, hd] first (inside the same autograd node). Needs
+// fused_attention_ok(q, k, v).
+bool fused_attention_ok(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+torch::Tensor fused_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const torch::Tensor& cos,
+                                     const torch::Tensor& sin, bool rope);
 
 // Full attention sub-layer on normed input x [B, T, D] (projections, QK-norm, RoPE, output).
 torch::Tensor attention_forward(const BlockWeights& b, const torch::Tensor& x,
                                 const ModelConfig& cfg, const torch::Tensor& cos,
                                 const torch::Tensor& sin);
 
-// SwiGLU expert: W2 (silu(W1 x) * (V1 x)) for x [N, D].
+// SwiGLU expert: W2 (silu(W1 x) * (V1 x)) for x [N, D]. On CPU one autograd node that keeps
+// x, W1 x and V1 x only and skips the weight gradients of frozen experts.
 torch::Tensor expert_forward(const ExpertWeights& e, const torch::Tensor& x);
+torch::Tensor expert_forward_reference(const ExpertWeights& e, const torch::Tensor& x);
 
 // Dropless top-k MoE on x [N, D]: tokens are grouped by expert and each expert runs one matrix
 // product over its tokens. Router statistics are appended to `stats` when given.

@@ -1,7 +1,76 @@
 // Loss terms (see losses.h). All reductions are in fp32.
 #include "spes/model/losses.h"
 
+#include <ATen/Parallel.h>
+
+#include "spes/common/error.h"
+#include "spes/model/layers.h"
+
 namespace spes {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// LM head + cross-entropy + output z-loss as one autograd node: logits = h W^T [N, V] are
+// computed, reduced (logsumexp, target logit) and kept; backward turns them in place into
+// dlogits = softmax * (g_ce + 2 lse g_z) / n - onehot * g_ce / n (rows without a target: 0)
+// and runs the two GEMMs, so no other [N, V] tensor is ever allocated.
+struct LMHeadLossFn : public torch::autograd::Function<LMHeadLossFn> {
+  static tensor_list forward(AutogradContext* ctx, const torch::Tensor& h,
+                             const torch::Tensor& w, const torch::Tensor& targets) {
+    torch::Tensor logits = torch::mm(h, w.t());
+    torch::Tensor lse = at::logsumexp(logits, 1);                              // [N]
+    torch::Tensor valid = targets >= 0;
+    torch::Tensor safe_t = targets.clamp_min(0);
+    torch::Tensor tgt = logits.gather(1, safe_t.unsqueeze(1)).squeeze(1);    // [N]
+    torch::Tensor mask = valid.to(logits.scalar_type());
+    torch::Tensor n = mask.sum().clamp_min(1.0);
+    torch::Tensor ce = ((lse - tgt) * mask).sum() / n;
+    torch::Tensor z = (lse.pow(2) * mask).sum() / n;
+    ctx->save_for_backward({h, w});
+    ctx->saved_data["logits"] = logits;
+    ctx->saved_data["lse"] = lse;
+    ctx->saved_data["mask_over_n"] = mask / n;
+    ctx->saved_data["targets"] = safe_t;
+    return {ce, z};
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    torch::Tensor h = saved[0], w = saved[1];
+    SPES_CHECK(ctx->saved_data.count("logits"), "the fused LM-head loss was differentiated "
+               "twice (retain_graph is not supported)");
+    torch::Tensor logits = ctx->saved_data["logits"].toTensor();
+    ctx->saved_data.erase("logits");
+    torch::Tensor lse = ctx->saved_data["lse"].toTensor();
+    torch::Tensor m = ctx->saved_data["mask_over_n"].toTensor();
+    torch::Tensor t = ctx->saved_data["targets"].toTensor();
+    torch::Tensor gce = grads[0].defined() ? grads[0] : torch::zeros({}, lse.options());
+    torch::Tensor gz = grads[1].defined() ? grads[1] : torch::zeros({}, lse.options());
+    torch::Tensor row_ce = m * gce;                                  // [N]
+    torch::Tensor row_scale = row_ce + 2.0 * lse * m * gz;          // [N]
+    torch::Tensor d = logits;                                        // reused in place
+    d.sub_(lse.unsqueeze(1)).exp_().mul_(row_scale.unsqueeze(1));
+    d.scatter_add_(1, t.unsqueeze(1), -row_ce.unsqueeze(1));
+    torch::Tensor dh, dw;
+    if (ctx->needs_input_grad(0)) dh = torch::mm(d, w);
+    if (ctx->needs_input_grad(1)) dw = torch::mm(d.t(), h);
+    return {dh, dw, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> lm_head_losses(const torch::Tensor& h,
+                                                       const torch::Tensor& lm_head,
+                                                       const torch::Tensor& targets) {
+  if (h.dim() == 2 && fused_cpu_kernel_ok({h, lm_head})) {
+    auto r = LMHeadLossFn::apply(h, lm_head, targets);
+    return {r[0], r[1]};
+  }
+  return lm_losses(torch::matmul(h, lm_head.t()), targets);
+}
 
 std::pair<torch::Tensor, torch::Tensor> lm_losses(const torch::Tensor& logits,
                                                   const torch::Tensor& targets) {
@@ -38,13 +107,12 @@ LossTerms compute_losses(const Transformer& model, const torch::Tensor& tokens,
   const ModelConfig& cfg = model.config();
   ForwardResult fr = model.forward(tokens);
   torch::Tensor h = fr.hidden.reshape({-1, cfg.d_model});
-  torch::Tensor logits = torch::matmul(h, model.lm_head().t());
-  torch::Tensor tg = targets.reshape({-1}).to(logits.device());
+  torch::Tensor tg = targets.reshape({-1}).to(h.device());
   LossTerms t;
-  auto [ce, z] = lm_losses(logits, tg);
+  auto [ce, z] = lm_head_losses(h, model.lm_head(), tg);
   t.ce = ce;
   t.z = z * cfg.z_loss_weight;
-  auto dev = logits.device();
+  auto dev = h.device();
   t.lb = cfg.is_moe() ? load_balancing_loss(fr.routers, cfg.moe_top_k) * cfg.moe_loss_weight
                       : torch::zeros({}, torch::TensorOptions().device(dev));
   t.router_z = cfg.is_moe() ? router_z_loss(fr.routers) * cfg.moe_zloss_weight

@@ -23,6 +23,12 @@ struct LossTerms {
 // Computes logsumexp once for both terms.
 std::pair<torch::Tensor, torch::Tensor> lm_losses(const torch::Tensor& logits,
                                                   const torch::Tensor& targets);
+// The same two terms from the final hidden states h [N, D] and the LM head [V, D]: on CPU one
+// fused autograd node (logits computed, reduced and turned into their gradient in place);
+// elsewhere lm_losses(h W^T).
+std::pair<torch::Tensor, torch::Tensor> lm_head_losses(const torch::Tensor& h,
+                                                       const torch::Tensor& lm_head,
+                                                       const torch::Tensor& targets);
 // Unweighted load-balancing loss: E/(L*T*k) * sum_l sum_e c_{l,e} * mean_t p_{l,t,e}.
 torch::Tensor load_balancing_loss(const std::vector<RouterStats>& routers, int64_t top_k);
 // Unweighted router z-loss: sum_l mean_t logsumexp(router_logits)^2.

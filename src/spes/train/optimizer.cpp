@@ -35,6 +35,31 @@ AdamW::AdamW(std::vector<RegistryEntry> params, const OptimizerConfig& cfg)
   tensor_steps_.assign(params_.size(), 0);
 }
 
+void AdamW::use_persistent_grads() {
+  if (persistent_) return;
+  persistent_ = true;
+  zeroed_.assign(params_.size(), {nullptr, 0});
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& p = params_[i].tensor;
+    if (p.grad().defined()) continue;  // a gradient from before counts (zeroed_ matches none)
+    p.mutable_grad() = torch::empty_like(p, torch::MemoryFormat::Contiguous).zero_();
+    mark_zeroed(i);
+  }
+}
+
+void AdamW::mark_zeroed(size_t i) {
+  const torch::Tensor& g = params_[i].tensor.grad();
+  zeroed_[i] = {g.unsafeGetTensorImpl(), g._version()};
+}
+
+bool AdamW::has_grad(size_t i) const {
+  const torch::Tensor& g = params_[i].tensor.grad();
+  if (!g.defined()) return false;
+  if (!persistent_) return true;
+  return zeroed_[i].first != g.unsafeGetTensorImpl() || zeroed_[i].second != g._version();
+}
+
 namespace {
 
 bool cpu_fast_path(const torch::Tensor& p, const torch::Tensor& g) {
@@ -69,10 +94,8 @@ double sum_squares(const torch::Tensor& g) {
 
 double AdamW::grad_norm() const {
   double s = 0;
-  for (const auto& p : params_) {
-    const auto& g = p.tensor.grad();
-    if (g.defined()) s += sum_squares(g);
-  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (has_grad(i)) s += sum_squares(params_[i].tensor.grad());
   return std::sqrt(s);
 }
 
@@ -87,8 +110,8 @@ double AdamW::step(double lr, double max_grad_norm) {
   const double b1 = cfg_.betas[0], b2 = cfg_.betas[1], eps = cfg_.eps, wd = cfg_.weight_decay;
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor p = params_[i].tensor;
+    if (!has_grad(i)) continue;
     torch::Tensor g = p.grad();
-    if (!g.defined()) continue;
     const double t = static_cast<double>(++tensor_steps_[i]);
     const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
     const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
@@ -124,7 +147,21 @@ double AdamW::step(double lr, double max_grad_norm) {
 }
 
 void AdamW::zero_grad() {
-  for (auto& p : params_) p.tensor.mutable_grad().reset();
+  if (!persistent_) {
+    for (auto& p : params_) p.tensor.mutable_grad().reset();
+    return;
+  }
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& g = params_[i].tensor.mutable_grad();
+    if (!has_grad(i)) continue;  // still zero
+    if (g.is_contiguous()) {
+      g.zero_();
+    } else {  // a gradient assigned from outside: back to a contiguous buffer
+      g = torch::empty_like(params_[i].tensor, torch::MemoryFormat::Contiguous).zero_();
+    }
+    mark_zeroed(i);
+  }
 }
 
 NamedTensors AdamW::state_tensors() const {

@@ -26,8 +26,17 @@ class AdamW {
   // Clips to max_norm (<= 0: no clipping) and applies one AdamW step with learning rate lr.
   // Returns the pre-clip gradient norm. Tensors without a gradient are skipped (as PyTorch).
   double step(double lr, double max_grad_norm);
-  // Drops every gradient (set to undefined, freeing its memory until the next backward).
+  // Drops every gradient (set to undefined, freeing its memory until the next backward), or,
+  // with persistent gradients, zeroes the buffers that received a gradient.
   void zero_grad();
+  // Gives every trainable tensor one gradient buffer for the whole run (allocated now, zeroed
+  // in place by zero_grad) instead of buffers that backward allocates and zero_grad frees.
+  // Peak memory is then weights + gradients + moments + activations whatever the moment of
+  // the peak, so frozen tensors save exactly their gradient and moment bytes. Backward adds
+  // into the buffers; a buffer whose version counter has not moved since zero_grad received
+  // no gradient in this step and is skipped by step(), as a missing gradient is otherwise.
+  void use_persistent_grads();
+  bool persistent_grads() const { return persistent_; }
 
   int64_t step_count() const { return step_; }
   // Moments and per-tensor step counts as named tensors ("exp_avg/<name>",
@@ -49,6 +58,11 @@ class AdamW {
   std::vector<int64_t> tensor_steps_;
   OptimizerConfig cfg_;
   int64_t step_ = 0;  // optimizer steps taken
+  // Persistent gradients: each buffer and its version counter as zero_grad left them.
+  bool persistent_ = false;
+  std::vector<std::pair<const void*, uint32_t>> zeroed_;
+  bool has_grad(size_t i) const;
+  void mark_zeroed(size_t i);
 };
 
 }  // namespace spes

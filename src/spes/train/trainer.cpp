@@ -42,6 +42,9 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   ownership_ = std::make_unique<Ownership>(Ownership::from_config(cfg_));
   registry_ = std::make_unique<ParamRegistry>(*model_, cfg_, *ownership_, opts_.node_id);
   optimizer_ = std::make_unique<AdamW>(registry_->trainable(), cfg_.optimizer);
+  // One gradient buffer per trainable tensor for the whole run: peak memory is weights +
+  // gradients + moments + activations, so frozen experts save their gradient bytes too.
+  optimizer_->use_persistent_grads();
 
   std::string resume = opts_.resume_from;
   if (resume == "auto") resume = fs::exists(out_dir_ + "/checkpoint/state.json")
