@@ -10,7 +10,6 @@ PKGS=(
   libsentencepiece-dev sentencepiece libpcre2-dev libyaml-cpp-dev libcli11-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libssl-dev zlib1g-dev libcpp-httplib-dev
-  chromium  # headless browser for the dashboard test
   bible-kjv sword-text-web diatheke
 )
 # Node.js (for the reference tokenizer in tests) usually ships with the machine image; Debian's

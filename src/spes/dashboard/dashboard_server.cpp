@@ -7,6 +7,7 @@
 
 #include <sys/socket.h>
 
+#include <chrono>
 #include <thread>
 
 #include "spes/common/error.h"
@@ -50,6 +51,10 @@ DashboardServer::DashboardServer(const std::string& host, int port,
   SPES_CHECK(impl_->port > 0, "dashboard: cannot listen on {}:{} (is the port in use? set "
              "spes_config.dashboard_port to another port, or 0 for any free port)", host, port);
   impl_->thread = std::thread([this] { impl_->http.listen_after_bind(); });
+  // stop() only ends a loop that is already running: wait for it, so that a server destroyed
+  // right after construction does not leave its thread listening forever.
+  for (int i = 0; i < 5000 && !impl_->http.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   spdlog::info("dashboard: {}", url());
 }
 
