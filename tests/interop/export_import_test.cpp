@@ -72,14 +72,7 @@ std::string make_checkpoint(const interop_test::TempDir& d, const ModelConfig& m
   return dir;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using interop_test::error_of;
 
 TEST(InteropExport, OlmoeDirectoryHasTheDocumentedFilesNamesAndShapes) {
   interop_test::TempDir d;

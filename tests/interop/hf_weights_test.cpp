@@ -36,14 +36,7 @@ void expect_equal(const NamedTensors& got, const NamedTensors& want) {
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using interop_test::error_of;
 
 TEST(InteropHfWeights, OneFileBelowTheLimitTaggedFormatPt) {
   interop_test::TempDir d;

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "data/data_test_util.h"
 #include "model/tiny_model_config.h"
+#include "spes/common/error.h"
 #include "spes/interop/model_build.h"
 #include "spes/model/transformer.h"
 
@@ -67,6 +69,16 @@ inline void expect_same_weights(const Transformer& a, const Transformer& b) {
     EXPECT_TRUE(torch::equal(a.params()[i].tensor, b.params()[i].tensor))
         << a.params()[i].name;
   }
+}
+
+// The message of the spes::Error that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace spes::interop_test

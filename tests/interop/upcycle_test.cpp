@@ -25,14 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using interop_test::error_of;
 
 const torch::Tensor& param(const Transformer& m, const std::string& name) {
   for (const auto& p : m.params())
