@@ -41,19 +41,6 @@ NamedTensors sample_tensors() {
           {"c", torch::randn({2, 2, 3})}};
 }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    path = (fs::temp_directory_path() / ("spes_sync_test_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}())))
-               .string();
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 template <class F>
 std::string error_of(F&& f) {

@@ -31,19 +31,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    path = (fs::temp_directory_path() / ("spes_rel_test_" + std::to_string(::getpid()) + "_" +
-                                         std::to_string(std::random_device{}())))
-               .string();
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // A node as the server sees it: its own model, registry and identity.
 struct Peer {

@@ -1,7 +1,11 @@
-// Helpers shared by the sync tests: a tiny MoE config and hand-made uploads.
+// Helpers shared by the sync tests: a self-deleting temporary directory, a tiny MoE config and
+// hand-made uploads.
 #pragma once
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -9,6 +13,22 @@
 #include "spes/sync/aggregate.h"
 
 namespace spes::sync::testing {
+
+// A temporary directory (path as a string, as the sync code takes it), removed at scope end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    path = (std::filesystem::temp_directory_path() /
+            ("spes_sync_test_" + std::to_string(::getpid()) + "_" +
+             std::to_string(std::random_device{}())))
+               .string();
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
 
 // 1 layer (or `layers`), 4 experts, d_model 8, F 4, vocab 16; mode spes over 2 nodes (node 0
 // owns experts 0-1, node 1 owns 2-3), sync every 10 steps, merging off unless set.
