@@ -17,6 +17,7 @@
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/model/losses.h"
+#include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
 #include "spes/train/registry.h"
 
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
   cfg.model.mlp_hidden_size = 1024;
   cfg.model.vocab_size = 8192;
   cfg.model.max_sequence_length = 256;
-  int64_t batch = 8, steps = 5, warmup = 2, threads = 0;
+  int64_t batch = 8, steps = 5, warmup = 2, threads = 0, micro_batch = -1;
   double frozen_fraction = 0;
   std::string profile;
   std::string name = "d512";
@@ -91,6 +92,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "Timed steps");
   app.add_option("--warmup", warmup, "Untimed steps first");
   app.add_option("--threads", threads, "Intra-op threads (0: all cores)");
+  app.add_option("--micro-batch", micro_batch,
+                 "Sequences per forward/backward; the batch's micro-batches run one per thread "
+                 "at once, as the trainer does (-1: batch / threads; 0: the whole batch in one "
+                 "pass, every kernel split over the threads)");
   app.add_option("--frozen-fraction", frozen_fraction,
                  "Fraction of each layer's experts frozen (e.g. 0.75 = a SPES node of 4)");
   app.add_option("--profile", profile,
@@ -109,13 +114,26 @@ int main(int argc, char** argv) {
   spes::ParamRegistry reg(model, cfg, spes::Ownership::from_config(cfg), 0);
   spes::AdamW opt(reg.trainable(), cfg.optimizer);
   opt.use_persistent_grads();  // as the trainer does
+  if (micro_batch < 0) micro_batch = batch % at::get_num_threads() == 0
+                                         ? batch / at::get_num_threads() : batch;
+  if (micro_batch == 0) micro_batch = batch;
+  if (batch % micro_batch != 0) {
+    std::cerr << "--micro-batch " << micro_batch << " does not divide --batch " << batch << "\n";
+    return 2;
+  }
+  const int64_t micro_batches = batch / micro_batch;
+  spes::MicroBatchWorkers workers(
+      model, reg.trainable(), spes::MicroBatchWorkers::workers_for(micro_batches, torch::kCPU));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const int64_t T = cfg.model.max_sequence_length;
-  auto run_step = [&] {
+  auto run_step = [&] {  // what Trainer::train_step does, without data loading and logging
     torch::Tensor tokens = at::randint(cfg.model.vocab_size, {batch, T}, gen, torch::kInt64);
     torch::Tensor targets = torch::roll(tokens, -1, 1);
-    spes::LossTerms l = spes::compute_losses(model, tokens, targets);
-    l.total.backward();
+    workers.run(micro_batches, [&](const spes::Transformer& m, int64_t i) {
+      spes::LossTerms l = spes::compute_losses(m, tokens.narrow(0, i * micro_batch, micro_batch),
+                                               targets.narrow(0, i * micro_batch, micro_batch));
+      (l.total / static_cast<double>(micro_batches)).backward();
+    });
     opt.step(1e-4, 1.0);
     opt.zero_grad();
   };
@@ -134,14 +152,16 @@ int main(int argc, char** argv) {
   nlohmann::json out = {
       {"name", name}, {"threads", at::get_num_threads()}, {"params", model.num_params()},
       {"trainable_params", reg.trainable_numel()}, {"frozen_experts_per_layer", n_frozen},
-      {"tokens_per_step", batch * T}, {"step_s", secs}, {"tokens_per_s", tok_s},
+      {"tokens_per_step", batch * T}, {"micro_batch", micro_batch},
+      {"parallel_micro_batches", workers.workers()}, {"step_s", secs}, {"tokens_per_s", tok_s},
       {"flops_per_token", fpt}, {"achieved_gflops", tok_s * fpt / 1e9},
       {"gemm_peak_gflops", peak / 1e9}, {"mfu", tok_s * fpt / peak},
       // The same ratio in CPU time (FLOPs per CPU second of the steps over those of the GEMM
       // peak): less sensitive to a loaded machine; spin-waiting threads count as used time.
       {"step_cpu_s", cpu_secs},
       {"mfu_cpu_time", batch * T * fpt / cpu_secs / peak_per_cpu_s},
-      {"optimizer_state_bytes", opt.state_bytes()}, {"peak_rss_mb", spes::peak_rss_mb()}};
+      {"optimizer_state_bytes", opt.state_bytes()},
+      {"replica_grad_bytes", workers.replica_grad_bytes()}, {"peak_rss_mb", spes::peak_rss_mb()}};
   std::cout << out.dump() << std::endl;
   return 0;
 }

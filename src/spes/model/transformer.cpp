@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <unordered_map>
+
 #include "spes/common/error.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/model/layers.h"
@@ -107,6 +109,40 @@ void Transformer::init_weights(uint64_t seed) {
     }
     p.tensor.copy_(t.clamp(-cut, cut));
   }
+}
+
+Transformer Transformer::replica_sharing_weights() const {
+  Transformer r(*this);  // copies the tensor handles; each is then replaced by an alias
+  std::unordered_map<const c10::TensorImpl*, torch::Tensor> alias;
+  auto swap = [&](torch::Tensor& t) {
+    if (!t.defined()) return;
+    auto it = alias.find(t.unsafeGetTensorImpl());
+    if (it == alias.end()) {
+      torch::Tensor a = t.detach();
+      a.set_requires_grad(t.requires_grad());
+      it = alias.emplace(t.unsafeGetTensorImpl(), a).first;
+    }
+    t = it->second;
+  };
+  swap(r.embed_);
+  swap(r.final_norm_);
+  swap(r.lm_head_);
+  for (auto& b : r.blocks_) {
+    for (torch::Tensor* t : {&b.attn_norm, &b.q, &b.k, &b.v, &b.o, &b.q_norm, &b.k_norm,
+                             &b.mlp_norm, &b.router})
+      swap(*t);
+    for (auto& e : b.experts) {
+      swap(e.w1);
+      swap(e.v1);
+      swap(e.w2);
+    }
+  }
+  for (auto& p : r.params_) {
+    SPES_CHECK(alias.count(p.tensor.unsafeGetTensorImpl()),
+               "internal: parameter {} is not a member of the model", p.name);
+    swap(p.tensor);
+  }
+  return r;
 }
 
 int64_t Transformer::num_params() const {

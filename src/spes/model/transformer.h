@@ -59,6 +59,12 @@ class Transformer {
   // Logits [B, T, V] (forward + LM head), for evaluation and generation.
   torch::Tensor logits(const torch::Tensor& tokens) const;
 
+  // A second model over the same weight storage: every parameter is a new leaf tensor aliasing
+  // this one's data (so in-place updates of either are seen by both) with the same
+  // requires_grad but its own .grad. Lets several threads run backward passes at once, each
+  // into its own gradient buffers (train/micro_batch_workers.h).
+  Transformer replica_sharing_weights() const;
+
   const ModelConfig& config() const { return cfg_; }
   torch::Device device() const { return device_; }
   const std::vector<ParamInfo>& params() const { return params_; }

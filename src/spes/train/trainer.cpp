@@ -1,6 +1,7 @@
 // The training loop (see trainer.h).
 #include "spes/train/trainer.h"
 
+#include <array>
 #include <filesystem>
 
 #include "spes/common/error.h"
@@ -45,6 +46,10 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   // One gradient buffer per trainable tensor for the whole run: peak memory is weights +
   // gradients + moments + activations, so frozen experts save their gradient bytes too.
   optimizer_->use_persistent_grads();
+  // The micro-batches of a step run one per core at once when there are several (CPU).
+  workers_ = std::make_unique<MicroBatchWorkers>(
+      *model_, registry_->trainable(),
+      MicroBatchWorkers::workers_for(cfg_.grad_accum_steps(), device_));
 
   std::string resume = opts_.resume_from;
   if (resume == "auto") resume = fs::exists(out_dir_ + "/checkpoint/state.json")
@@ -62,20 +67,27 @@ nlohmann::json Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t accum = cfg_.grad_accum_steps();
   const double lr = lr_at_step(cfg_, state_.step);
-  double loss = 0, ce = 0, lb = 0, rz = 0, z = 0;
-  for (int64_t i = 0; i < accum; ++i) {
-    Batch b = train_loader_->next(cfg_.device_train_microbatch_size);
+  std::vector<Batch> batches;  // read in order first: the data position does not depend on threads
+  for (int64_t i = 0; i < accum; ++i)
+    batches.push_back(train_loader_->next(cfg_.device_train_microbatch_size));
+  std::vector<std::array<double, 5>> terms(accum);  // total, ce, lb, router_z, z
+  workers_->run(accum, [&](const Transformer& model, int64_t i) {
     LossTerms t;
     {
       AutocastScope ac(autocast_);
-      t = compute_losses(*model_, b.tokens.to(device_), b.targets.to(device_));
+      t = compute_losses(model, batches[i].tokens.to(device_), batches[i].targets.to(device_));
     }
     (t.total / static_cast<double>(accum)).backward();
-    loss += t.total.item<double>() / accum;
-    ce += t.ce.item<double>() / accum;
-    lb += t.lb.item<double>() / accum;
-    rz += t.router_z.item<double>() / accum;
-    z += t.z.item<double>() / accum;
+    terms[i] = {t.total.item<double>(), t.ce.item<double>(), t.lb.item<double>(),
+                t.router_z.item<double>(), t.z.item<double>()};
+  });
+  double loss = 0, ce = 0, lb = 0, rz = 0, z = 0;
+  for (const auto& t : terms) {
+    loss += t[0] / accum;
+    ce += t[1] / accum;
+    lb += t[2] / accum;
+    rz += t[3] / accum;
+    z += t[4] / accum;
   }
   nlohmann::json memory;
   if (!memory_logged_) {
@@ -85,7 +97,9 @@ nlohmann::json Trainer::train_step() {
       if (e.tensor.grad().defined()) grad_bytes += e.tensor.grad().nbytes();
     memory = {{"params_numel", model_->num_params()},
               {"trainable_numel", registry_->trainable_numel()},
-              {"grad_bytes", grad_bytes}};
+              {"grad_bytes", grad_bytes},
+              // gradient buffers of the threads that run micro-batches in parallel
+              {"worker_grad_bytes", workers_->replica_grad_bytes()}};
   }
   const double grad_norm = optimizer_->step(lr, cfg_.max_grad_norm);
   if (!memory_logged_) {

@@ -11,6 +11,7 @@
 #include "spes/model/transformer.h"
 #include "spes/train/checkpoint.h"
 #include "spes/train/metrics.h"
+#include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
 #include "spes/train/registry.h"
 
@@ -75,6 +76,7 @@ class Trainer {
   std::unique_ptr<Ownership> ownership_;
   std::unique_ptr<ParamRegistry> registry_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<MicroBatchWorkers> workers_;
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<MetricsLog> metrics_;
   TrainState state_;
