@@ -90,8 +90,8 @@ echo "$rounds rounds published after $((SECONDS - t0)) s; loading the page"
 
 # The page as Chromium renders it, after a few polls of /api/status (virtual time).
 chrome() {
-  timeout 90 "$browser" --headless --no-sandbox --disable-gpu --disable-extensions \
-    --no-first-run --user-data-dir="$tmp/profile" --hide-scrollbars \
+  timeout 90 "$browser" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --disable-extensions --no-first-run --user-data-dir="$tmp/profile" --hide-scrollbars \
     --window-size=1280,1000 --virtual-time-budget=5000 "$@" 2>> "$tmp/chromium.log"
 }
 chrome --dump-dom "$url" > "$tmp/dom.html" || fail "chromium --dump-dom failed: $(tail -n 5 "$tmp/chromium.log")"
