@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian package the project needs (build, tests, default corpus) and selects
-# OpenBLAS-OpenMP as the system BLAS. Safe to run any number of times.
+# Installs every Debian package the project needs (build, tests, default corpus; chromium and a
+# font for the dashboard's headless-browser test) and selects OpenBLAS-OpenMP as the system
+# BLAS. Safe to run any number of times.
 set -euo pipefail
 
 PKGS=(
@@ -11,6 +12,7 @@ PKGS=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libssl-dev zlib1g-dev libcpp-httplib-dev
   bible-kjv sword-text-web diatheke
+  chromium fonts-dejavu-core
 )
 # Node.js (for the reference tokenizer in tests) usually ships with the machine image; Debian's
 # npm conflicts with that install, so only fall back to Debian's when no npm is on PATH.

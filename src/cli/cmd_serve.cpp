@@ -1,7 +1,8 @@
 // `spes serve`: the SPES sync server. Collects each round's uploads, aggregates and merges
 // them, persists the published model in DIR and appends one line per round to
-// DIR/rounds.jsonl; exits once every node has left (or on SIGINT/SIGTERM). Restarted with the
-// same DIR it continues from the last published round (--overwrite starts over).
+// DIR/rounds.jsonl; serves the live status page (spes_config.dashboard_port, docs/DASHBOARD.md);
+// exits once every node has left (or on SIGINT/SIGTERM). Restarted with the same DIR it
+// continues from the last published round (--overwrite starts over).
 #include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>

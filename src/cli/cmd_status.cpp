@@ -1,8 +1,10 @@
 // `spes status --server HOST:PORT`: asks a running sync server for its rounds and every node's
-// state (the Status RPC, which needs no token) and prints them as a table, or as JSON.
+// state, step, last loss and tokens/s (the Status RPC, which needs no token) and prints them
+// as a table, or as JSON.
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "cli/command.h"
@@ -10,6 +12,14 @@
 #include "spes/sync/client.h"
 
 namespace {
+
+// A figure the node may not have reported yet (NaN): "-" in the table, null in JSON.
+std::string figure(double x, int decimals) {
+  return std::isfinite(x) ? fmt::format("{:.{}f}", x, decimals) : std::string("-");
+}
+nlohmann::json figure_json(double x) {
+  return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
+}
 
 struct StatusArgs {
   std::string server = "127.0.0.1:50551", tls_ca;
@@ -37,7 +47,9 @@ void run_status(const StatusArgs& a) {
                         {"nodes", nlohmann::json::array()}};
     for (const auto& n : s.nodes)
       j["nodes"].push_back({{"node", n.node_id}, {"state", n.state}, {"step", n.step},
-                            {"last_seen_s", n.last_seen_s}, {"detail", n.detail}});
+                            {"last_seen_s", n.last_seen_s}, {"loss", figure_json(n.loss)},
+                            {"tokens_per_s", figure_json(n.tokens_per_s)},
+                            {"detail", n.detail}});
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -46,11 +58,12 @@ void run_status(const StatusArgs& a) {
              s.published_step, s.model_sha256.substr(0, 16));
   fmt::print("collecting round {}{}\n", s.collecting_round,
              s.round_open_s > 0 ? fmt::format(", open for {:.1f} s", s.round_open_s) : "");
-  fmt::print("{:>5}  {:<11} {:>8}  {:>11}  {}\n", "node", "state", "step", "last seen", "detail");
+  fmt::print("{:>5}  {:<11} {:>8}  {:>11}  {:>8}  {:>9}  {}\n", "node", "state", "step",
+             "last seen", "loss", "tokens/s", "detail");
   for (const auto& n : s.nodes)
-    fmt::print("{:>5}  {:<11} {:>8}  {:>11}  {}\n", n.node_id, n.state, n.step,
+    fmt::print("{:>5}  {:<11} {:>8}  {:>11}  {:>8}  {:>9}  {}\n", n.node_id, n.state, n.step,
                n.last_seen_s < 0 ? std::string("never") : fmt::format("{:.1f} s ago", n.last_seen_s),
-               n.detail);
+               figure(n.loss, 4), figure(n.tokens_per_s, 0), n.detail);
 }
 
 spes::cli::SubcommandRegistrar reg("status", "Show a sync server's rounds and node states",

@@ -1,7 +1,7 @@
 // The dashboard's HTTP server: the page and the status JSON over a real loopback socket (a raw
 // HTTP/1.0 request, independent of the server's library), errors from the status provider, and
 // a clear error for a port already taken. The page itself is checked in headless Chromium by
-// scripts/dashboard_check.sh.
+// scripts/test_dashboard.sh (CTest: dashboard_headless_chromium).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>

@@ -160,59 +160,6 @@ TEST(Framing, WireRounding) {
 }
 
 // ---- round state ---------------------------------------------------------------------------
-namespace {
-
-// A node as the server sees it: a model with its own seed, its registry and identity.
-struct FakeNode {
-  Config cfg;
-  std::unique_ptr<Transformer> model;
-  std::unique_ptr<ParamRegistry> reg;
-  NodeId id;
-  FakeNode(const Config& c, int64_t node, uint64_t seed) : cfg(c) {
-    model = std::make_unique<Transformer>(cfg.model);
-    model->init_weights(seed);
-    reg = std::make_unique<ParamRegistry>(*model, cfg, Ownership::from_config(cfg), node);
-    id = NodeId{node, 1000 + static_cast<uint64_t>(node), ""};
-  }
-  JoinInfo join_info() const { return node_join_info(cfg, *reg, id, 0); }
-  SafetensorsStreamWriter upload(int64_t round, int64_t tokens = 80) const {
-    return node_upload_writer(*reg, UploadMeta{id.node_id, round, round * 10, tokens,
-                                               id.incarnation, reg->fingerprint()},
-                              WireDtype::F32);
-  }
-  // Receives a download stream into the registry.
-  uint64_t download(RoundState& st, int64_t round, Selection sel) {
-    auto s = st.begin_download(id, round, sel);
-    SafetensorsStreamReader r(s->total_bytes(), "download", nullptr,
-                              [&](const StreamEntry& e, const torch::Tensor& t) {
-                                torch::NoGradGuard ng;
-                                reg->find(e.name)->tensor.copy_(t);
-                              });
-    std::string data;
-    uint64_t off = 0;
-    while (s->next(&data, &off)) r.feed(data.data(), data.size());
-    r.finish();
-    return s->total_bytes();
-  }
-};
-
-UploadResult send(RoundState& st, const NodeId& id, int64_t round,
-                  const SafetensorsStreamWriter& w, int corrupt_chunk = -1) {
-  auto s = st.begin_upload(id, round, round * 10, w.total_bytes());
-  const uint64_t chunk = 1000;  // several chunks even for the tiny model
-  int k = 0;
-  for (uint64_t off = 0; off < w.total_bytes(); off += chunk, ++k) {
-    std::string data;
-    w.read(off, chunk, &data);
-    std::string sha = chunk_sha256(data);
-    if (k == corrupt_chunk) data[data.size() / 2] ^= 1;
-    s->chunk(off, data, sha);
-  }
-  return s->finish();
-}
-
-}  // namespace
-
 TEST(RoundState, JoinChecksFingerprintsAndSettings) {
   TempDir tmp;
   const Config cfg = tiny_config();
@@ -231,7 +178,8 @@ TEST(RoundState, JoinChecksFingerprintsAndSettings) {
   EXPECT_THAT(error_of([&] { st.join(other_topk.join_info()); }),
               HasSubstr("model section of its config differs"));
   // Not joined yet: no uploads.
-  EXPECT_THAT(error_of([&] { send(st, good.id, 1, good.upload(1)); }), HasSubstr("join first"));
+  EXPECT_THAT(error_of([&] { send_upload(st, good.id, 1, good.upload(1)); }),
+              HasSubstr("join first"));
   const JoinResult jr = st.join(good.join_info());
   EXPECT_EQ(jr.published_round, 0);
   EXPECT_EQ(jr.model_sha256, st.model().weights_sha256());
@@ -275,7 +223,7 @@ TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   }
   // A corrupt chunk is refused with DataLoss; nothing reaches the model.
   try {
-    send(st, n1.id, 1, n1.upload(1), /*corrupt_chunk=*/1);
+    send_upload(st, n1.id, 1, n1.upload(1), /*corrupt_chunk=*/1);
     FAIL() << "corrupt chunk accepted";
   } catch (const SyncError& e) {
     EXPECT_EQ(e.code(), SyncErrc::DataLoss);
@@ -284,17 +232,17 @@ TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   // (Uploads that fail the payload checks, which put a node out of its round, are in
   // reliability_round_test.cpp.)
   // A future round is refused (the node is not out of round 1 for it).
-  EXPECT_THAT(error_of([&] { send(st, n0.id, 2, n0.upload(2)); }),
+  EXPECT_THAT(error_of([&] { send_upload(st, n0.id, 2, n0.upload(2)); }),
               HasSubstr("the server collects round 1"));
   EXPECT_EQ(st.model().weights_sha256(), round0);  // nothing reached the model
 
   // Node 1 arrives first, node 0 second: folded in node order, published after both.
-  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n1.id, 1, n1.upload(1)).accepted);
   RoundStatus w1 = st.wait_round(n1.id, 1, 10);
   EXPECT_FALSE(w1.published);
   EXPECT_THAT(w1.waiting_for, ElementsAre(0));
-  EXPECT_TRUE(send(st, n0.id, 1, n0.upload(1)).accepted);
-  EXPECT_TRUE(send(st, n0.id, 1, n0.upload(1)).duplicate);  // a retry is ignored
+  EXPECT_TRUE(send_upload(st, n0.id, 1, n0.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n0.id, 1, n0.upload(1)).duplicate);  // a retry is ignored
   const RoundStatus w0 = st.wait_round(n0.id, 1, 10);
   ASSERT_TRUE(w0.published);
   EXPECT_EQ(w0.alpha, 0);  // step 10 is not a merge point (interval 20)
@@ -313,8 +261,8 @@ TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   EXPECT_EQ(n1.reg->weights_sha256(), w0.model_sha256);
 
   // Round 2 (step 20): a merge point; own experts come back too: the whole model.
-  EXPECT_TRUE(send(st, n0.id, 2, n0.upload(2)).accepted);
-  EXPECT_TRUE(send(st, n1.id, 2, n1.upload(2)).accepted);
+  EXPECT_TRUE(send_upload(st, n0.id, 2, n0.upload(2)).accepted);
+  EXPECT_TRUE(send_upload(st, n1.id, 2, n1.upload(2)).accepted);
   const RoundStatus w2 = st.wait_round(n0.id, 2, 10);
   ASSERT_TRUE(w2.published);
   EXPECT_GT(w2.alpha, 0);

@@ -1,5 +1,5 @@
-// Helpers shared by the sync tests: a self-deleting temporary directory, a tiny MoE config and
-// hand-made uploads.
+// Helpers shared by the sync tests: a self-deleting temporary directory, a tiny MoE config,
+// hand-made uploads, and a node as the server sees it (FakeNode, send) to drive RoundState.
 #pragma once
 #include <torch/torch.h>
 #include <unistd.h>
@@ -10,7 +10,13 @@
 #include <vector>
 
 #include "spes/io/config.h"
+#include "spes/model/transformer.h"
 #include "spes/sync/aggregate.h"
+#include "spes/sync/framing.h"
+#include "spes/sync/plan.h"
+#include "spes/sync/round_state.h"
+#include "spes/train/ownership.h"
+#include "spes/train/registry.h"
 
 namespace spes::sync::testing {
 
@@ -63,6 +69,57 @@ inline double uniform_value(const SyncModel& m, const std::string& name) {
   const double lo = t.min().item<double>(), hi = t.max().item<double>();
   if (lo != hi) return std::nan("");
   return lo;
+}
+
+// A node as the server sees it: a model with its own seed, its registry and identity.
+struct FakeNode {
+  Config cfg;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<ParamRegistry> reg;
+  NodeId id;
+  FakeNode(const Config& c, int64_t node, uint64_t seed) : cfg(c) {
+    model = std::make_unique<Transformer>(cfg.model);
+    model->init_weights(seed);
+    reg = std::make_unique<ParamRegistry>(*model, cfg, Ownership::from_config(cfg), node);
+    id = NodeId{node, 1000 + static_cast<uint64_t>(node), ""};
+  }
+  JoinInfo join_info() const { return node_join_info(cfg, *reg, id, 0); }
+  SafetensorsStreamWriter upload(int64_t round, int64_t tokens = 80) const {
+    return node_upload_writer(*reg, UploadMeta{id.node_id, round, round * 10, tokens,
+                                               id.incarnation, reg->fingerprint()},
+                              WireDtype::F32);
+  }
+  // Receives a download stream into the registry.
+  uint64_t download(RoundState& st, int64_t round, Selection sel) {
+    auto s = st.begin_download(id, round, sel);
+    SafetensorsStreamReader r(s->total_bytes(), "download", nullptr,
+                              [&](const StreamEntry& e, const torch::Tensor& t) {
+                                torch::NoGradGuard ng;
+                                reg->find(e.name)->tensor.copy_(t);
+                              });
+    std::string data;
+    uint64_t off = 0;
+    while (s->next(&data, &off)) r.feed(data.data(), data.size());
+    r.finish();
+    return s->total_bytes();
+  }
+};
+
+// Streams an upload to the server in 1000-byte chunks; `corrupt_chunk` flips a byte of that
+// chunk after its checksum was taken.
+inline UploadResult send_upload(RoundState& st, const NodeId& id, int64_t round,
+                               const SafetensorsStreamWriter& w, int corrupt_chunk = -1) {
+  auto s = st.begin_upload(id, round, round * 10, w.total_bytes());
+  const uint64_t chunk = 1000;  // several chunks even for the tiny model
+  int k = 0;
+  for (uint64_t off = 0; off < w.total_bytes(); off += chunk, ++k) {
+    std::string data;
+    w.read(off, chunk, &data);
+    std::string sha = chunk_sha256(data);
+    if (k == corrupt_chunk) data[data.size() / 2] ^= 1;
+    s->chunk(off, data, sha);
+  }
+  return s->finish();
 }
 
 }  // namespace spes::sync::testing

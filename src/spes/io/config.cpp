@@ -316,6 +316,11 @@ void config_validate(const Config& c, const std::string& o) {
              "together (the server's PEM certificate chain and private key)", o);
   SPES_CHECK(s.tls_client_cert.empty() == s.tls_client_key.empty(), "{}: "
              "spes_config.tls_client_cert and tls_client_key go together", o);
+  SPES_CHECK(s.dashboard_port >= -1 && s.dashboard_port <= 65535, "{}: "
+             "spes_config.dashboard_port must be -1 (off), 0 (any free port) or a port number, "
+             "found {}", o, s.dashboard_port);
+  SPES_CHECK(!s.dashboard_host.empty(), "{}: spes_config.dashboard_host must not be empty "
+             "(127.0.0.1: this machine only; 0.0.0.0: every interface)", o);
 }
 
 }  // namespace spes

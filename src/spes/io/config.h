@@ -116,6 +116,8 @@ struct SpesConfig {
   std::string tls_client_ca;            // server: require client certificates signed by this
   std::string tls_ca;                   // node: PEM roots to verify the server (TLS on)
   std::string tls_client_cert, tls_client_key;  // node: its certificate (optional)
+  int64_t dashboard_port = 0;           // server's status page: -1 off, 0 any free port, N
+  std::string dashboard_host = "127.0.0.1";  // address the status page binds
   template <class V> void visit(V& v) {
     v("mode", mode); v("num_peers", num_peers); v("peer_id", peer_id);
     v("num_train_experts_per_node", num_train_experts_per_node);
@@ -130,6 +132,7 @@ struct SpesConfig {
     v("retry_backoff_max_s", retry_backoff_max_s); v("tls_cert", tls_cert);
     v("tls_key", tls_key); v("tls_client_ca", tls_client_ca); v("tls_ca", tls_ca);
     v("tls_client_cert", tls_client_cert); v("tls_client_key", tls_client_key);
+    v("dashboard_port", dashboard_port); v("dashboard_host", dashboard_host);
   }
 };
 

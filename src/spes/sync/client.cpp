@@ -213,10 +213,17 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
   return received - offset;
 }
 
-int64_t SyncClient::heartbeat(int64_t step) {
+int64_t SyncClient::heartbeat(int64_t step, const NodeMetrics& metrics) {
   pb::HeartbeatRequest req;
   fill(req.mutable_node(), id_);
   req.set_step(step);
+  if (std::isfinite(metrics.loss)) req.set_loss(metrics.loss);
+  if (std::isfinite(metrics.tokens_per_s)) req.set_tokens_per_s(metrics.tokens_per_s);
+  for (const LossPoint& p : metrics.losses) {
+    pb::LossPoint* q = req.add_losses();
+    q->set_step(p.step);
+    q->set_loss(p.loss);
+  }
   pb::HeartbeatReply rep;
   grpc::ClientContext ctx;
   set_deadline(ctx, 10);
@@ -238,7 +245,9 @@ ServerStatus SyncClient::status() {
   s.round_open_s = rep.round_open_s();
   s.protocol_version = rep.protocol_version();
   for (const auto& n : rep.nodes())
-    s.nodes.push_back({n.node_id(), n.state(), n.step(), n.last_seen_s(), n.detail()});
+    s.nodes.push_back({n.node_id(), n.state(), n.step(), n.last_seen_s(), n.detail(),
+                       n.has_loss() ? n.loss() : NAN,
+                       n.has_tokens_per_s() ? n.tokens_per_s() : NAN});
   return s;
 }
 

@@ -36,8 +36,8 @@ class SyncClient {
                     const std::function<void(const char*, size_t)>& on_data,
                     uint64_t offset = 0);
   void leave(int64_t step, const std::string& reason);
-  // Returns the server's latest published round.
-  int64_t heartbeat(int64_t step);
+  // Reports the node's step and metrics; returns the server's latest published round.
+  int64_t heartbeat(int64_t step, const NodeMetrics& metrics = {});
   ServerStatus status();
   // Fault injection (faults.h): the first chunk of the next upload carries a wrong checksum.
   void corrupt_next_upload() { corrupt_next_ = true; }

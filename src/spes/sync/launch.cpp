@@ -125,8 +125,8 @@ int launch_cluster(const LaunchOptions& o) {
              cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out);
   std::fflush(stdout);
 
-  // Wait for the server to say where it listens.
-  std::string address;
+  // Wait for the server to say where it listens (and where its status page is).
+  std::string address, dashboard;
   const auto t0 = std::chrono::steady_clock::now();
   while (address.empty()) {
     pump(parts[0]);
@@ -140,12 +140,16 @@ int launch_cluster(const LaunchOptions& o) {
     const std::string sj = o.out + "/server/server.json";
     if (fs::exists(sj)) {
       try {
-        address = nlohmann::json::parse(file_read(sj)).at("address").get<std::string>();
+        const nlohmann::json info = nlohmann::json::parse(file_read(sj));
+        address = info.at("address").get<std::string>();
+        dashboard = info.value("dashboard", "");
       } catch (const std::exception&) {
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  if (!dashboard.empty()) fmt::print("dashboard: {}\n", dashboard);
+  std::fflush(stdout);
   for (int64_t i = 0; i < N; ++i)
     start(parts[i + 1], fmt::format("node {}", i), fmt::format("{}/node{}", o.out, i),
           {exe, "node", "--config", cfg_path, "--node-id", std::to_string(i), "--server",

@@ -1,5 +1,6 @@
 // A local SPES cluster: `spes serve` and N `spes node` processes on localhost (fork/exec of
-// this executable, the server on a free loopback port), one combined progress view (every
+// this executable, the server on a free loopback port; its status page's URL is printed as
+// "dashboard: http://..." once the server is up), one combined progress view (every
 // child line prefixed "[server]" or "[node i]", also kept in DIR/<part>/log.txt), failure
 // handling (any part failing stops the rest; the exit code says so) and the end-of-run summary
 // (run_report.h). Leaves out: remote machines, restarting failed parts.

@@ -125,6 +125,17 @@ SafetensorsStreamWriter upload_payload(const ParamRegistry& reg, const UploadMet
   }
   return SafetensorsStreamWriter(std::move(t), wire_scalar_type(wire), upload_metadata(meta));
 }
+
+// At most kMaxHeartbeatLosses points for one heartbeat: when heartbeats failed for a while,
+// keep every other point (the curve stays even).
+void bound_losses(std::vector<LossPoint>* l) {
+  while (l->size() > kMaxHeartbeatLosses) {
+    size_t k = 0;
+    for (size_t i = 0; i < l->size(); i += 2) (*l)[k++] = (*l)[i];
+    l->resize(k);
+  }
+}
+
 }  // namespace
 
 std::string frozen_weights_sha256(const ParamRegistry& registry) {
@@ -282,10 +293,19 @@ void SyncNode::on_start(Trainer& t) {
       while (!hb_cv_.wait_for(lk, std::chrono::milliseconds(heartbeat_ms_),
                               [&] { return hb_stop_; })) {
         lk.unlock();
+        NodeMetrics m;
+        {
+          std::lock_guard<std::mutex> ml(metrics_mu_);
+          m = metrics_;
+          metrics_.losses.clear();
+        }
         try {
-          client_->heartbeat(step_.load());
+          client_->heartbeat(step_.load(), m);
         } catch (const std::exception& e) {
           spdlog::debug("heartbeat failed: {}", e.what());
+          std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
+          metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
+          bound_losses(&metrics_.losses);
         }
         lk.lock();
       }
@@ -295,6 +315,7 @@ void SyncNode::on_start(Trainer& t) {
 nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
   nlohmann::json out = nlohmann::json::object();
   step_ = step;
+  record_metrics(t.last_step_record(), step);
   if (!join_record_.is_null()) {
     out["sync_join"] = join_record_;
     join_record_ = nullptr;
@@ -302,6 +323,19 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
   if (step % t.config().spes_config.sync_steps == 0) out["sync"] = sync_round(t, step);
   step_ = t.state().step;
   return out;
+}
+
+void SyncNode::record_metrics(const nlohmann::json& rec, int64_t step) {
+  const auto value = [&](const char* key) {
+    return rec.is_object() && rec.contains(key) && rec[key].is_number() ? rec[key].get<double>()
+                                                                         : NAN;
+  };
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  metrics_.loss = value("loss");
+  metrics_.tokens_per_s = value("tokens_per_s");
+  if (!std::isfinite(metrics_.loss)) return;
+  metrics_.losses.push_back({step, metrics_.loss});
+  bound_losses(&metrics_.losses);
 }
 
 nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {

@@ -2,7 +2,8 @@
 // bounded backoff while the server is unreachable), then either keep the weights of its own
 // checkpoint (taken after the latest published round) or load the server's latest published
 // model and move to its step (fresh node, or a restarted node whose checkpoint is older than
-// what the others have published). A background thread sends heartbeats. Every sync_steps
+// what the others have published). A background thread sends heartbeats with the node's last
+// loss and throughput and the losses of the steps since the previous one. Every sync_steps
 // steps, after the optimizer step: upload the trainable tensors, long-poll until the round is
 // published, download what the node lacks (resuming from the offset reached after an
 // interruption), check that its weights hash to the published digest, and report
@@ -59,6 +60,8 @@ class SyncNode : public StepObserver {
   JoinResult join_once();
   void rejoin(double limit_s);  // join again (same incarnation), retrying transient failures
   void stop_heartbeats();
+  // Keeps the step's loss and throughput (the trainer's metrics record) for the next heartbeat.
+  void record_metrics(const nlohmann::json& record, int64_t step);
 
   NodeOptions opts_;
   Trainer* trainer_ = nullptr;
@@ -67,6 +70,8 @@ class SyncNode : public StepObserver {
   int64_t tokens_at_sync_ = 0;
   std::string frozen_sha_;
   std::atomic<int64_t> step_{0};
+  std::mutex metrics_mu_;
+  NodeMetrics metrics_;  // for the next heartbeat: last loss and throughput, losses since
   std::thread heartbeat_;
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;

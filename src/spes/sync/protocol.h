@@ -3,6 +3,7 @@
 // is proto/spes_sync.proto; docs/PROTOCOL.md describes both. Leaves out: transport (client.h,
 // server.h) and payload framing (framing.h).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -93,6 +94,21 @@ struct UploadResult {
 
 enum class Selection { ForNode, All };
 
+// One training step's loss (heartbeats, the dashboard's loss curves).
+struct LossPoint {
+  int64_t step = 0;
+  double loss = 0;
+};
+
+// What a node reports with each heartbeat besides its step: its last training metrics record
+// (NaN before its first step) and the losses of the steps since its previous heartbeat.
+struct NodeMetrics {
+  double loss = NAN;
+  double tokens_per_s = NAN;
+  std::vector<LossPoint> losses;
+};
+constexpr size_t kMaxHeartbeatLosses = 256;  // loss points one heartbeat carries at most
+
 // One node as the server sees it (Status RPC, rounds.jsonl).
 struct NodeState {
   int64_t node_id = 0;
@@ -100,6 +116,8 @@ struct NodeState {
   int64_t step = 0;
   double last_seen_s = -1;
   std::string detail;
+  double loss = NAN;          // from its last heartbeat (NaN: not reported yet)
+  double tokens_per_s = NAN;  // from its last heartbeat
 };
 
 struct ServerStatus {

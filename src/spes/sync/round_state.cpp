@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -53,6 +54,8 @@ struct RoundState::NodeSlot {
   Clock::time_point last_seen;
   std::string detail;          // why its last upload was rejected
   bool dead_logged = false;
+  double loss = NAN, tokens_per_s = NAN;  // from its last heartbeat
+  LossHistory losses;
 };
 
 struct RoundState::PendingLine {
@@ -232,7 +235,9 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
       std::string text;
       while (std::getline(in, text)) {
         const auto l = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-        if (l.is_object()) last_line = std::max<int64_t>(last_line, l.value("round", int64_t{0}));
+        if (!l.is_object()) continue;
+        last_line = std::max<int64_t>(last_line, l.value("round", int64_t{0}));
+        remember_round(l);
       }
     }
     const nlohmann::json st = nlohmann::json::parse(file_read(opts_.out_dir + "/state.json"));
@@ -240,6 +245,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
       nlohmann::json line = st["line"];
       line["recovered"] = true;
       line["downloads_complete"] = false;
+      remember_round(line);
       const std::string txt = line.dump() + "\n";
       std::fwrite(txt.data(), 1, txt.size(), rounds_log_);
       std::fflush(rounds_log_);
@@ -421,8 +427,10 @@ JoinResult RoundState::join(const JoinInfo& info) {
   r.published_step = published_step_;
   r.model_sha256 = published_sha_;
   r.max_chunk_bytes = kMaxChunkBytes;
+  // A quarter of the timeout, and at most 5 s: heartbeats also carry the node's loss and
+  // throughput for `spes status` and the dashboard.
   r.heartbeat_interval_ms = static_cast<uint32_t>(
-      std::clamp(cfg_.spes_config.heartbeat_timeout * 1000 / 4, 100.0, 30000.0));
+      std::clamp(cfg_.spes_config.heartbeat_timeout * 1000 / 4, 100.0, 5000.0));
   r.published_nodes = published_nodes_;
   return r;
 }
@@ -701,6 +709,7 @@ void RoundState::publish() {
   published_sha_ = sha;
   const double persist_s = seconds_since(t1);
   pl.line["persist_s"] = persist_s;
+  remember_round(pl.line);
   // Lines stay in round order: an older round still waiting for downloads is written now.
   for (auto& old : pending_) write_line(old);
   pending_.clear();
@@ -871,6 +880,7 @@ void RoundState::write_line(PendingLine& pl) {
       std::all_of(pl.downloaded.begin(), pl.downloaded.end(), [](bool b) { return b; });
   pl.line["peak_rss_mb"] = peak_rss_mb();
   pl.line["time"] = unix_time();
+  remember_round(pl.line);  // now with its download figures
   const std::string s = pl.line.dump() + "\n";
   std::fwrite(s.data(), 1, s.size(), rounds_log_);
   std::fflush(rounds_log_);
@@ -886,11 +896,39 @@ void RoundState::leave(const NodeId& node, int64_t step, const std::string& reas
   maybe_publish(false);  // the round no longer waits for it
 }
 
-int64_t RoundState::heartbeat(const NodeId& node, int64_t step) {
+int64_t RoundState::heartbeat(const NodeId& node, int64_t step, const NodeMetrics& m) {
   std::lock_guard<std::mutex> lk(mu_);
   check_node(node);
-  nodes_[node.node_id].step = step;
+  NodeSlot& slot = nodes_[node.node_id];
+  slot.step = step;
+  if (std::isfinite(m.loss)) slot.loss = m.loss;
+  if (std::isfinite(m.tokens_per_s)) slot.tokens_per_s = m.tokens_per_s;
+  for (const LossPoint& p : m.losses) slot.losses.add(p.step, p.loss);
   return published_round_;
+}
+
+void RoundState::remember_round(const nlohmann::json& line) {
+  const int64_t round = line.value("round", int64_t{-1});
+  // Replaces the record of the same round (its line now has the download figures).
+  for (auto it = history_.rbegin(); it != history_.rend(); ++it)
+    if (it->value("round", int64_t{-1}) == round) {
+      *it = line;
+      return;
+    }
+  history_.push_back(line);
+  while (history_.size() > kRoundHistory) history_.pop_front();
+}
+
+std::vector<nlohmann::json> RoundState::round_history() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return {history_.begin(), history_.end()};
+}
+
+std::vector<std::vector<LossPoint>> RoundState::loss_history() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::vector<LossPoint>> out;
+  for (const auto& n : nodes_) out.push_back(n.losses.points());
+  return out;
 }
 
 ServerStatus RoundState::status() const {
@@ -908,6 +946,8 @@ ServerStatus RoundState::status() const {
     n.step = nodes_[i].step;
     n.last_seen_s = nodes_[i].seen ? seconds_since(nodes_[i].last_seen) : -1.0;
     n.detail = nodes_[i].detail;
+    n.loss = nodes_[i].loss;
+    n.tokens_per_s = nodes_[i].tokens_per_s;
     st.nodes.push_back(n);
   }
   return st;

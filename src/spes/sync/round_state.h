@@ -3,7 +3,8 @@
 // bytes arrive, staging on disk), folding staged uploads into the round in ascending node
 // order, publication (aggregate, merge, persist atomically, wake the waiters), download
 // sessions served from the persisted file (resumable from an offset), heartbeats and node
-// states, rounds.jsonl, leaving, and resuming from DIR after a restart.
+// states (with each node's last loss and throughput and a bounded loss curve), rounds.jsonl and
+// the recent round history, leaving, and resuming from DIR after a restart.
 // server.cpp maps gRPC calls onto it one to one; tests drive it directly.
 //
 // Round r (r >= 1) is the sync at step r * sync_steps. Round 0 is the initial model. The
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +25,7 @@
 
 #include "spes/io/config.h"
 #include "spes/sync/aggregate.h"
+#include "spes/sync/loss_history.h"
 #include "spes/sync/protocol.h"
 
 namespace spes::sync {
@@ -81,9 +84,16 @@ class RoundState {
   std::unique_ptr<DownloadSession> begin_download(const NodeId& node, int64_t round,
                                                   Selection selection, uint64_t offset = 0);
   void leave(const NodeId& node, int64_t step, const std::string& reason);
-  // Returns the latest published round.
-  int64_t heartbeat(const NodeId& node, int64_t step);
+  // Records the node's step and metrics (its loss curve); returns the latest published round.
+  int64_t heartbeat(const NodeId& node, int64_t step, const NodeMetrics& metrics = {});
   ServerStatus status() const;
+  // The rounds.jsonl records of the latest published rounds (at most kRoundHistory, oldest
+  // first; also those of an earlier run in DIR). A round whose line is not written yet (its
+  // downloads are still running) has no bytes_out.
+  std::vector<nlohmann::json> round_history() const;
+  static constexpr size_t kRoundHistory = 1000;
+  // Each node's loss curve from its heartbeats (LossHistory: at most 2000 points per node).
+  std::vector<std::vector<LossPoint>> loss_history() const;
 
   // Periodic housekeeping (about 5 times a second): publishes a round whose deadline passed
   // with a quorum present, marks silent nodes dead, logs the nodes an open round waits for.
@@ -114,6 +124,7 @@ class RoundState {
   nlohmann::json missing_nodes() const;          // lock held: who the collecting round lacks
   void download_done(int64_t node, int64_t round, Selection sel, uint64_t bytes);
   void write_line(PendingLine& line);            // lock held
+  void remember_round(const nlohmann::json& line);  // lock held: round_history
   std::unique_ptr<SafetensorsStreamWriter> download_writer(int64_t node, int64_t round,
                                                            Selection selection) const;  // lock held
   std::string published_path() const { return opts_.out_dir + "/published.safetensors"; }
@@ -140,6 +151,7 @@ class RoundState {
   std::chrono::steady_clock::time_point round_start_, last_wait_log_;
   bool round_started_ = false;
   std::vector<PendingLine> pending_;
+  std::deque<nlohmann::json> history_;  // round_history()
   std::FILE* rounds_log_ = nullptr;
 };
 

@@ -5,11 +5,14 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 #include <thread>
 
+#include "spes/dashboard/dashboard_server.h"
 #include "spes/io/files.h"
 #include "spes/sync/auth.h"
+#include "spes/sync/dashboard_status.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
@@ -157,7 +160,13 @@ class Service final : public pb::SpesSync::Service {
   grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
                          pb::HeartbeatReply* rep) override {
     return guarded("Heartbeat", [&] {
-      rep->set_published_round(st_.heartbeat(from_pb(req->node()), req->step()));
+      NodeMetrics m;
+      if (req->has_loss()) m.loss = req->loss();
+      if (req->has_tokens_per_s()) m.tokens_per_s = req->tokens_per_s();
+      const size_t n = std::min<size_t>(req->losses_size(), kMaxHeartbeatLosses);
+      for (size_t i = 0; i < n; ++i)
+        m.losses.push_back({req->losses(i).step(), req->losses(i).loss()});
+      rep->set_published_round(st_.heartbeat(from_pb(req->node()), req->step(), m));
     });
   }
 
@@ -178,6 +187,8 @@ class Service final : public pb::SpesSync::Service {
         p->set_step(n.step);
         p->set_last_seen_s(n.last_seen_s);
         p->set_detail(n.detail);
+        if (std::isfinite(n.loss)) p->set_loss(n.loss);
+        if (std::isfinite(n.tokens_per_s)) p->set_tokens_per_s(n.tokens_per_s);
       }
     });
   }
@@ -200,9 +211,11 @@ bool is_loopback_host(const std::string& hp) {
 
 struct SyncServer::Impl {
   ServerOptions opts;
+  Config cfg;
   std::unique_ptr<RoundState> state;
   std::unique_ptr<Service> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<dashboard::DashboardServer> dashboard;  // destroyed first: it reads `state`
   int port = 0;
   std::string address;
   std::atomic<bool> stop{false};
@@ -210,6 +223,7 @@ struct SyncServer::Impl {
 
 SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
   impl_->opts = std::move(opts);
+  impl_->cfg = cfg;
   const std::string& listen = impl_->opts.listen;
   const auto& sc = cfg.spes_config;
   // Secure by default: without node tokens anyone who reaches the port could upload as any
@@ -221,6 +235,18 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
              "token with --token-file or SPES_NODE_TOKEN (TLS: spes_config.tls_cert/tls_key)",
              listen);
   impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
+  // The status page (spes_config.dashboard_port, -1: off) starts before the sync port is
+  // bound, so that a dashboard port in use stops the server before any node can join.
+  if (sc.dashboard_port >= 0) {
+    const auto started = std::chrono::steady_clock::now();
+    Impl* impl = impl_.get();
+    impl_->dashboard = std::make_unique<dashboard::DashboardServer>(
+        sc.dashboard_host, static_cast<int>(sc.dashboard_port), [impl, started] {
+          const double up =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+          return dashboard_status(impl->cfg, *impl->state, up);
+        });
+  }
   impl_->service = std::make_unique<Service>(*impl_->state);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!sc.tls_cert.empty()) {
@@ -245,9 +271,9 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
              "use or invalid?)", listen);
   const std::string host = listen.substr(0, listen.rfind(':'));
   impl_->address = host + ":" + std::to_string(impl_->port);
-  file_write_atomic(impl_->opts.state.out_dir + "/server.json",
-                    nlohmann::json({{"address", impl_->address}, {"pid", ::getpid()}}).dump() +
-                        "\n");
+  nlohmann::json info = {{"address", impl_->address}, {"pid", ::getpid()}};
+  if (impl_->dashboard) info["dashboard"] = impl_->dashboard->url();
+  file_write_atomic(impl_->opts.state.out_dir + "/server.json", info.dump() + "\n");
   spdlog::info("sync server listening on {}", impl_->address);
 }
 
@@ -259,6 +285,9 @@ SyncServer::~SyncServer() {
 
 int SyncServer::port() const { return impl_->port; }
 std::string SyncServer::address() const { return impl_->address; }
+std::string SyncServer::dashboard_url() const {
+  return impl_->dashboard ? impl_->dashboard->url() : std::string();
+}
 RoundState& SyncServer::state() { return *impl_->state; }
 void SyncServer::stop() { impl_->stop = true; }
 

@@ -1,7 +1,9 @@
 // The sync server process: the gRPC service (proto/spes_sync.proto) over RoundState, with TLS
 // when spes_config.tls_cert/tls_key are set. Without node tokens (spes_config.auth_tokens_file)
-// it binds loopback only. Writes DIR/server.json with the bound address (port 0 picks a free
-// port), ticks RoundState (deadlines, dead nodes, logs), and runs until every node has left,
+// it binds loopback only. Serves the status page (dashboard/dashboard_server.h, data from
+// dashboard_status.h) on spes_config.dashboard_host:dashboard_port unless the port is -1.
+// Writes DIR/server.json with the bound address (port 0 picks a free port) and the dashboard's
+// URL, ticks RoundState (deadlines, dead nodes, logs), and runs until every node has left,
 // stop() is called or the stop flag is raised. Leaves out: the round logic (round_state.h).
 #pragma once
 #include <atomic>
@@ -26,6 +28,7 @@ class SyncServer {
   ~SyncServer();
   int port() const;
   std::string address() const;  // "host:port" actually bound
+  std::string dashboard_url() const;  // "http://host:port/" ("" when the dashboard is off)
   // Serves until every node has left (exit_when_done), stop() or *stop_flag becomes true.
   void run(const std::atomic<bool>* stop_flag = nullptr);
   void stop();

@@ -117,6 +117,7 @@ nlohmann::json Trainer::train_step() {
           {"tokens_per_s", static_cast<double>(cfg_.tokens_per_step()) / secs},
           {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()}};
   if (!memory.is_null()) rec["memory"] = memory;
+  last_record_ = rec;
   return rec;
 }
 

@@ -54,6 +54,8 @@ class Trainer {
   EvalResult run();
   // One optimizer step (accumulated micro-batches); returns its metrics record.
   nlohmann::json train_step();
+  // The metrics record of the last train_step() (null before the first).
+  const nlohmann::json& last_step_record() const { return last_record_; }
   EvalResult evaluate(int64_t max_batches);
   void save_checkpoint(const std::string& dir) const;
 
@@ -80,6 +82,7 @@ class Trainer {
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<MetricsLog> metrics_;
   TrainState state_;
+  nlohmann::json last_record_;  // last_step_record()
   bool memory_logged_ = false;  // the first step of this process logs a "memory" record
 };
 
