@@ -17,6 +17,7 @@ echo "{\"load_average\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"cores\": $(npro
 run() { "$@" | tee -a "$out"; }
 run $B --name d256 --d-model 256 --layers 4 --heads 4 --hidden 512 --seq 256 --batch 8
 run $B --name d512 --steps 5
+run $B --name d512-one-pass --micro-batch 0 --steps 5
 run /usr/bin/python3 bench/pytorch_eager_bench.py --steps 5
 run $B --name d512-frozen75 --frozen-fraction 0.75 --steps 5
 run $B --name d768 --d-model 768 --layers 8 --heads 12 --hidden 1536 --seq 256 --batch 8 --steps 3
