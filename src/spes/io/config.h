@@ -150,7 +150,8 @@ struct Config {
   double max_grad_norm = 1.0;
   std::string precision = "auto";       // auto | fp32 | amp_bf16 (bf16 autocast, fp32 master)
   std::string device = "auto";          // auto | cpu | cuda | cuda:N
-  int64_t threads = 0;                  // intra-op threads on CPU; 0: all cores
+  int64_t threads = 0;  // CPU threads; 0: all cores. A step with several micro-batches runs
+                        // them one per thread at once (train/micro_batch_workers.h)
   int64_t eval_interval = 100;          // steps between validation evaluations (0: only at end)
   int64_t eval_batches = 16;            // micro-batches per validation evaluation (0: all)
   int64_t save_interval = 0;            // steps between checkpoints (0: only at end)
