@@ -112,6 +112,9 @@ struct Writer {
   template <class T> void write(const T& v) { out << YAML::Flow << v; }
 };
 
+// Deepest nesting of keys accepted (the config's own keys are at most 3 names deep).
+constexpr size_t kMaxKeyDepth = 16;
+
 // Lists every known key (dotted) of the config.
 struct KeyLister {
   std::string prefix;
@@ -133,7 +136,10 @@ std::vector<std::string> known_keys() {
 }
 
 void collect_keys(const YAML::Node& n, const std::string& prefix, const std::string& origin,
-                  std::vector<std::string>* out) {
+                  std::vector<std::string>* out, size_t depth = 1) {
+  SPES_CHECK(depth <= kMaxKeyDepth, "{}: mappings nested more than {} deep under '{}...'; "
+             "config keys are a few names deep (model.d_model)", origin, kMaxKeyDepth,
+             prefix.substr(0, 200));
   for (auto it = n.begin(); it != n.end(); ++it) {
     // A key that is itself a list or a mapping ("? [a, b]: 1", "{a: 1}: 2") names nothing.
     SPES_CHECK(it->first.IsScalar(), "{}: a key under '{}' is not a plain name (found '{}'); "
@@ -143,7 +149,7 @@ void collect_keys(const YAML::Node& n, const std::string& prefix, const std::str
     std::string k = prefix + it->first.as<std::string>();
     out->push_back(k);
     if (it->second.IsMap() && !kIgnoredReferenceKeys.count(k))
-      collect_keys(it->second, k + ".", origin, out);
+      collect_keys(it->second, k + ".", origin, out, depth + 1);
   }
 }
 
@@ -159,6 +165,14 @@ void apply_override(YAML::Node& root, const std::string& kv) {
     fail("--set '{}': value is not valid YAML ({})", kv, e.msg);
   }
   auto parts = split(key, '.');
+  // Keys are a few plain names deep (model.d_model); a long chain of dots would only build a
+  // deep, meaningless tree (and deep trees exhaust the stack when walked).
+  SPES_CHECK(parts.size() <= kMaxKeyDepth &&
+                 std::none_of(parts.begin(), parts.end(),
+                              [](const std::string& p) { return p.empty(); }),
+             "--set '{}': '{}' is not a config key (dot-separated names, e.g. model.d_model)",
+             kv.size() > 200 ? kv.substr(0, 200) + "..." : kv,
+             key.size() > 200 ? key.substr(0, 200) + "..." : key);
   // yaml-cpp nodes are handles: walk down with a chain of nodes kept alive.
   std::vector<YAML::Node> chain{root};
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
