@@ -4,7 +4,8 @@
 // DIR; and one run with misbehaving nodes (SPES_SYNC_FAULTS, see src/spes/sync/faults.h): a
 // corrupt chunk, a NaN upload, an upload of another node's expert, an update far above
 // max_update_norm_ratio, a straggler past the deadline, a replay of an old round, plus a node
-// with the wrong token, an oversized gRPC message and `spes status`. Every test ends with
+// with the wrong token, an oversized gRPC message and `spes status`; an upload stream that
+// breaks halfway and resumes, and a chunk sent twice. Every test ends with
 // training finished on every node and the nodes holding identical weights (the same
 // model_sha256) after the last sync; the published model is never poisoned.
 #include <gmock/gmock.h>
@@ -385,6 +386,47 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
   EXPECT_EQ(nodes(4), (std::vector<int64_t>{0, 1}));
   EXPECT_THAT(reason(4), HasSubstr("max_update_norm_ratio"));
   expect_same_weights_at_the_end(dir, 3);
+}
+
+TEST_F(SyncReliability, BrokenUploadResumesAndARepeatedChunkIsIgnored) {
+  const std::string dir = g_dir + "/resume";
+  const std::string cfg = write_config(dir, 2, "  round_timeout: 120\n");
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  // Node 1: its round 2 upload stream breaks after 4 of its 8 chunks; in round 3 it sends
+  // chunk 1 a second time.
+  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "cut@2,dup@3"}});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited && srv->exited; }, 240))
+      << all_logs(all);
+  ASSERT_EQ(n0->code, 0) << all_logs(all);
+  ASSERT_EQ(n1->code, 0) << all_logs(all);
+  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  EXPECT_TRUE(n1->saw("resuming the round 2 upload at byte")) << n1->log();
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
+  for (const auto& r : rounds)
+    EXPECT_EQ(r["nodes"].get<std::vector<int64_t>>(), (std::vector<int64_t>{0, 1})) << r.dump();
+  // Round 2: the server kept the first half of node 1's upload; the retry sent only the rest,
+  // so the server received every byte exactly once.
+  const auto& r2 = rounds[1];
+  const uint64_t total = r2["bytes_in_per_node"][1], resumed = r2["bytes_in_resumed_per_node"][1];
+  EXPECT_EQ(resumed, 4 * ((total + 7) / 8)) << r2.dump();
+  EXPECT_EQ(r2["bytes_in_wire_per_node"][1].get<uint64_t>(), total) << r2.dump();
+  nlohmann::json sync2;
+  for (const auto& l : read_jsonl(dir + "/node1/metrics.jsonl"))
+    if (l.contains("sync") && l["sync"]["round"] == 2) sync2 = l["sync"];
+  ASSERT_TRUE(sync2.is_object());
+  EXPECT_EQ(sync2["upload_resumed_from"].get<uint64_t>(), resumed);
+  EXPECT_EQ(sync2["bytes_up_sent"].get<uint64_t>(), total);  // a full re-send: total + resumed
+  // Round 3: chunk 1 arrived twice and was applied once.
+  const auto& r3 = rounds[2];
+  const uint64_t total3 = r3["bytes_in_per_node"][1];
+  EXPECT_EQ(r3["bytes_in_wire_per_node"][1].get<uint64_t>(), total3 + (total3 + 7) / 8)
+      << r3.dump();
+  expect_same_weights_at_the_end(dir, 2);
 }
 
 TEST(SyncServerSecurity, RefusesANonLoopbackAddressWithoutTokens) {

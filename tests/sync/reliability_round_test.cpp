@@ -4,7 +4,9 @@
 // replayed old round is refused; a round publishes at its deadline with a quorum, keeps an
 // absent owner's experts and averages shared tensors over the nodes present; silent nodes are
 // dead and the round stops waiting for them; node tokens; downloads resume from an offset and
-// keep serving their round after the next one is published; restart from DIR.
+// keep serving their round after the next one is published; an interrupted upload resumes from
+// the bytes the server kept (dropped when they cannot be used); a repeated chunk is ignored;
+// restart from DIR.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -455,4 +457,185 @@ TEST(RoundStateReliability, RepeatedUploadIsNeverAppliedTwice) {
   for (const auto& [name, t] : first)
     if (name == kShared) want = (t + n1.reg->find(kShared)->tensor.detach()) / 2;
   EXPECT_TRUE(torch::allclose(published(st, kShared), want, 0, 1e-7));
+}
+
+namespace {
+
+// Node `p`'s round-1 upload as bytes, and a stream of it cut off: chunks of 1000 bytes from
+// `from` to `upto`, then the session ends without finish() (the connection broke).
+std::string upload_bytes(const Peer& p, int64_t round) {
+  const SafetensorsStreamWriter w = p.upload(round);
+  std::string bytes;
+  w.read(0, w.total_bytes(), &bytes);
+  return bytes;
+}
+
+void send_range(UploadSession& s, const std::string& bytes, uint64_t from, uint64_t upto) {
+  for (uint64_t off = from; off < upto; off += 1000) {
+    const std::string piece = bytes.substr(off, std::min<uint64_t>(1000, upto - off));
+    s.chunk(off, piece, chunk_sha256(piece));
+  }
+}
+
+void interrupted_upload(RoundState& st, const NodeId& id, const std::string& bytes,
+                        uint64_t upto) {
+  auto s = st.begin_upload(id, 1, 10, bytes.size());
+  send_range(*s, bytes, 0, upto);
+}
+
+// Whether DIR/staging still holds a partial upload file.
+bool staging_has_partial(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir + "/staging"))
+    if (e.path().filename().string().find(".partial") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(RoundStateReliability, InterruptedUploadResumesFromTheBytesTheServerKept) {
+  TempDir tmp;
+  const Config cfg = tiny_config();
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  for (Peer* p : {&n0, &n1}) {
+    st.join(p->join_info());
+    p->download(st, 0, Selection::All);
+  }
+  n0.train(0.01);
+  n1.train(0.03);
+  const std::string bytes = upload_bytes(n0, 1);
+  const uint64_t total = bytes.size(), cut = total / 2 / 1000 * 1000;
+  ASSERT_GT(cut, 0u);
+  interrupted_upload(st, n0.id, bytes, cut);
+  // The server kept the verified bytes of the broken stream, for this upload only.
+  EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total), cut);
+  EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total + 8), 0u);
+  // A resume past what the server holds is refused; the kept bytes stay.
+  EXPECT_EQ(code_of([&] { st.begin_upload(n0.id, 1, 10, total, cut + 1000); }),
+            SyncErrc::DataLoss);
+  EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total), cut);
+  UploadResult r;
+  {
+    auto s = st.begin_upload(n0.id, 1, 10, total, cut);
+    send_range(*s, bytes, cut, total);
+    r = s->finish(sha256_hex(bytes));
+  }
+  EXPECT_TRUE(r.accepted);
+  EXPECT_FALSE(r.duplicate);
+  EXPECT_EQ(r.resumed_from, cut);
+  EXPECT_EQ(r.bytes, total);
+  EXPECT_EQ(r.sha256, sha256_hex(bytes));
+  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
+  ASSERT_TRUE(r1.published);
+  EXPECT_THAT(r1.nodes, ElementsAre(0, 1));
+  // The resumed upload counts exactly like an uninterrupted one.
+  const torch::Tensor want = (n0.reg->find(kShared)->tensor.detach() +
+                              n1.reg->find(kShared)->tensor.detach()) / 2;
+  EXPECT_TRUE(torch::allclose(published(st, kShared), want, 0, 1e-7));
+  st.close();
+  const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  const auto& l = lines[0];
+  EXPECT_EQ(l["bytes_in_per_node"][0], total);
+  EXPECT_EQ(l["bytes_in_wire_per_node"][0], total);  // no byte of node 0 arrived twice
+  EXPECT_EQ(l["bytes_in_resumed_per_node"][0], cut);
+  EXPECT_EQ(l["bytes_in_wire_per_node"][1], l["bytes_in_per_node"][1]);
+  EXPECT_EQ(l["bytes_in_resumed_per_node"][1], 0);
+}
+
+TEST(RoundStateReliability, KeptUploadBytesAreDroppedWhenTheyCannotBeUsed) {
+  TempDir tmp;
+  const Config cfg = tiny_config({"spes_config.round_timeout=0.2", "spes_config.min_nodes=1"});
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  for (Peer* p : {&n0, &n1}) {
+    st.join(p->join_info());
+    p->download(st, 0, Selection::All);
+  }
+  n0.train(0.01);
+  const std::string bytes = upload_bytes(n0, 1);
+  const uint64_t total = bytes.size();
+  // A corrupt chunk breaks the stream; the chunks before it are kept.
+  {
+    auto s = st.begin_upload(n0.id, 1, 10, total);
+    send_range(*s, bytes, 0, 2000);
+    EXPECT_EQ(code_of([&] { s->chunk(2000, bytes.substr(2000, 1000), chunk_sha256("x")); }),
+              SyncErrc::DataLoss);
+  }
+  EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total), 2000u);
+  // A resumed stream must end with the digest of the whole stream, the right one: otherwise
+  // the kept bytes are dropped and the node sends everything again.
+  for (const std::string& digest : {std::string(), sha256_hex("another stream")}) {
+    {
+      auto s = st.begin_upload(n0.id, 1, 10, total, 2000);
+      send_range(*s, bytes, 2000, total);
+      EXPECT_EQ(code_of([&] { s->finish(digest); }), SyncErrc::DataLoss);
+    }
+    EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total), 0u);
+    EXPECT_EQ(code_of([&] { st.begin_upload(n0.id, 1, 10, total, 2000); }), SyncErrc::DataLoss);
+    interrupted_upload(st, n0.id, bytes, 2000);
+  }
+  // A new stream from offset 0 replaces the kept bytes.
+  interrupted_upload(st, n0.id, bytes, 1000);
+  EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total), 1000u);
+  // The node restarts (new incarnation): what the old process sent is dropped.
+  n0.id.incarnation += 1;
+  st.join(n0.join_info());
+  EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total), 0u);
+  EXPECT_FALSE(staging_has_partial(tmp.path));
+  // The round publishes (deadline, node 1 alone): the kept bytes of round 1 are dropped.
+  interrupted_upload(st, n0.id, upload_bytes(n0, 1), 2000);
+  EXPECT_TRUE(staging_has_partial(tmp.path));
+  n1.train(0.02);
+  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  st.tick();
+  const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
+  ASSERT_TRUE(r1.published);
+  EXPECT_THAT(r1.nodes, ElementsAre(1));
+  EXPECT_FALSE(staging_has_partial(tmp.path));
+  EXPECT_EQ(code_of([&] { st.begin_upload(n0.id, 1, 10, total, 2000); }), SyncErrc::DataLoss);
+}
+
+TEST(RoundStateReliability, RepeatedChunkIsNeverAppliedTwice) {
+  TempDir tmp;
+  const Config cfg = tiny_config();
+  RoundState st(cfg, {tmp.path});
+  Peer n0(cfg, 0), n1(cfg, 1);
+  for (Peer* p : {&n0, &n1}) {
+    st.join(p->join_info());
+    p->download(st, 0, Selection::All);
+  }
+  n0.train(0.01);
+  n1.train(0.03);
+  const std::string bytes = upload_bytes(n0, 1);
+  const uint64_t total = bytes.size();
+  ASSERT_GT(total, 3000u);
+  UploadResult r;
+  {
+    auto s = st.begin_upload(n0.id, 1, 10, total);
+    send_range(*s, bytes, 0, 2000);
+    send_range(*s, bytes, 1000, 2000);  // chunk 1 again
+    send_range(*s, bytes, 0, 1000);     // chunk 0 again
+    const std::string overlap = bytes.substr(1500, 1000);  // [1500, 2500): 500 new bytes
+    s->chunk(1500, overlap, chunk_sha256(overlap));
+    send_range(*s, bytes, 2500, total);
+    r = s->finish(sha256_hex(bytes));
+  }
+  EXPECT_TRUE(r.accepted);
+  EXPECT_EQ(r.bytes, total);
+  EXPECT_EQ(r.sha256, sha256_hex(bytes));  // the stream as assembled is the one sent
+  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
+  ASSERT_TRUE(r1.published);
+  const torch::Tensor want = (n0.reg->find(kShared)->tensor.detach() +
+                              n1.reg->find(kShared)->tensor.detach()) / 2;
+  EXPECT_TRUE(torch::allclose(published(st, kShared), want, 0, 1e-7));
+  st.close();
+  const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["bytes_in_per_node"][0], total);
+  // Received on the wire: the repeats (chunks 1 and 0) and the overlap's old half on top.
+  EXPECT_EQ(lines[0]["bytes_in_wire_per_node"][0], total + 2000 + 500);
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -111,6 +112,9 @@ struct Writer {
   template <class T> void write(const T& v) { out << YAML::Flow << v; }
 };
 
+// Deepest nesting of keys accepted (the config's own keys are at most 3 names deep).
+constexpr size_t kMaxKeyDepth = 16;
+
 // Lists every known key (dotted) of the config.
 struct KeyLister {
   std::string prefix;
@@ -131,11 +135,21 @@ std::vector<std::string> known_keys() {
   return keys;
 }
 
-void collect_keys(const YAML::Node& n, const std::string& prefix, std::vector<std::string>* out) {
+void collect_keys(const YAML::Node& n, const std::string& prefix, const std::string& origin,
+                  std::vector<std::string>* out, size_t depth = 1) {
+  SPES_CHECK(depth <= kMaxKeyDepth, "{}: mappings nested more than {} deep under '{}...'; "
+             "config keys are a few names deep (model.d_model)", origin, kMaxKeyDepth,
+             prefix.substr(0, 200));
   for (auto it = n.begin(); it != n.end(); ++it) {
+    // A key that is itself a list or a mapping ("? [a, b]: 1", "{a: 1}: 2") names nothing.
+    SPES_CHECK(it->first.IsScalar(), "{}: a key under '{}' is not a plain name (found '{}'); "
+               "config keys are names like model.d_model", origin,
+               prefix.empty() ? "the top level" : prefix.substr(0, prefix.size() - 1),
+               YAML::Dump(it->first));
     std::string k = prefix + it->first.as<std::string>();
     out->push_back(k);
-    if (it->second.IsMap() && !kIgnoredReferenceKeys.count(k)) collect_keys(it->second, k + ".", out);
+    if (it->second.IsMap() && !kIgnoredReferenceKeys.count(k))
+      collect_keys(it->second, k + ".", origin, out, depth + 1);
   }
 }
 
@@ -151,6 +165,14 @@ void apply_override(YAML::Node& root, const std::string& kv) {
     fail("--set '{}': value is not valid YAML ({})", kv, e.msg);
   }
   auto parts = split(key, '.');
+  // Keys are a few plain names deep (model.d_model); a long chain of dots would only build a
+  // deep, meaningless tree (and deep trees exhaust the stack when walked).
+  SPES_CHECK(parts.size() <= kMaxKeyDepth &&
+                 std::none_of(parts.begin(), parts.end(),
+                              [](const std::string& p) { return p.empty(); }),
+             "--set '{}': '{}' is not a config key (dot-separated names, e.g. model.d_model)",
+             kv.size() > 200 ? kv.substr(0, 200) + "..." : kv,
+             key.size() > 200 ? key.substr(0, 200) + "..." : key);
   // yaml-cpp nodes are handles: walk down with a chain of nodes kept alive.
   std::vector<YAML::Node> chain{root};
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
@@ -174,8 +196,9 @@ int64_t Config::total_steps() const {
   try {
     if (ends_with("ba")) return std::stoll(d.substr(0, d.size() - 2));
     if (ends_with("T")) {
-      int64_t tokens = std::stoll(d.substr(0, d.size() - 1));
-      return (tokens + tokens_per_step() - 1) / tokens_per_step();
+      const int64_t tokens = std::stoll(d.substr(0, d.size() - 1));
+      const int64_t per = tokens_per_step();  // > 0 and without overflow (config_validate)
+      return tokens / per + (tokens % per > 0 ? 1 : 0);  // rounded up, cannot overflow
     }
     size_t pos = 0;
     int64_t steps = std::stoll(d, &pos);
@@ -185,8 +208,10 @@ int64_t Config::total_steps() const {
   fail("config: max_duration '{}' is not a step count; use e.g. 1000, 1000ba or 2000000T", d);
 }
 
-Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                    const std::string& origin) {
+namespace {
+
+Config parse_yaml_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                         const std::string& origin) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -204,7 +229,7 @@ Config config_parse(const std::string& yaml_text, const std::vector<std::string>
   c.visit(r);
 
   std::vector<std::string> present;
-  collect_keys(root, "", &present);
+  collect_keys(root, "", origin, &present);
   const auto known = known_keys();
   for (const auto& k : present) {
     if (used.count(k) || kIgnoredReferenceKeys.count(k)) continue;
@@ -212,6 +237,20 @@ Config config_parse(const std::string& yaml_text, const std::vector<std::string>
   }
   config_validate(c, origin);
   return c;
+}
+
+}  // namespace
+
+Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                    const std::string& origin) {
+  try {
+    return parse_yaml_config(yaml_text, overrides, origin);
+  } catch (const YAML::Exception& e) {
+    // Every case we know of has its own message above; this names anything yaml-cpp still
+    // refuses instead of letting its exception escape.
+    fail("{}: the YAML cannot be read as a config ({}); check the keys and values near that "
+         "place", origin, e.what());
+  }
 }
 
 Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
@@ -268,6 +307,10 @@ void config_validate(const Config& c, const std::string& o) {
   SPES_CHECK(m.eos_token_id >= 0 && m.eos_token_id < m.vocab_size,
              "{}: model.eos_token_id {} is outside the vocabulary [0, {})", o, m.eos_token_id,
              m.vocab_size);
+  SPES_CHECK(m.max_sequence_length <=
+                 std::numeric_limits<int64_t>::max() / c.global_train_batch_size,
+             "{}: global_train_batch_size ({}) x model.max_sequence_length ({}) tokens per step "
+             "is too large to count", o, c.global_train_batch_size, m.max_sequence_length);
   SPES_CHECK(c.global_train_batch_size % c.device_train_microbatch_size == 0,
              "{}: global_train_batch_size ({}) must be a multiple of "
              "device_train_microbatch_size ({})",

@@ -3,8 +3,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <utility>
 
+#include <spdlog/spdlog.h>
+
+#include "spes/io/files.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
@@ -109,8 +114,45 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   return r;
 }
 
+uint64_t SyncClient::resume_offset(int64_t round, int64_t step, uint64_t total_bytes) {
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 60);
+  pb::UploadReply rep;
+  std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
+  pb::UploadChunk c;
+  fill(c.mutable_node(), id_);
+  c.set_round(round);
+  c.set_step(step);
+  c.set_total_bytes(total_bytes);
+  c.set_resume_query(true);
+  w->Write(c);
+  w->WritesDone();
+  check(w->Finish(), "Upload (resume query)", impl_->address);
+  if (rep.resume_offset() > total_bytes)
+    sync_fail(SyncErrc::DataLoss, "sync server {} says it holds {} bytes of a {} byte upload",
+              impl_->address, rep.resume_offset(), total_bytes);
+  return rep.resume_offset();
+}
+
 UploadResult SyncClient::upload(int64_t round, int64_t step,
                                 const SafetensorsStreamWriter& payload) {
+  const uint64_t total = payload.total_bytes();
+  const bool retry = attempted_.round == round && attempted_.step == step &&
+                     attempted_.total == total;
+  if (!retry) attempted_ = {round, step, total, 0};
+  // A retry resumes where an interrupted stream stopped, if the server kept its bytes.
+  const uint64_t start = retry ? resume_offset(round, step, total) : 0;
+  if (start > 0)
+    spdlog::info("node {}: resuming the round {} upload at byte {} of {}", id_.node_id, round,
+                 start, total);
+  // The whole stream's digest goes with the last chunk; the part not sent again is hashed here.
+  Sha256 whole;
+  std::string data;
+  for (uint64_t off = 0; off < start; off += chunk_bytes_) {
+    data.clear();
+    payload.read(off, std::min(chunk_bytes_, start - off), &data);
+    whole.update(data.data(), data.size());
+  }
   grpc::ClientContext ctx;
   set_deadline(ctx, 3600);
   pb::UploadReply rep;
@@ -119,20 +161,49 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   fill(c.mutable_node(), id_);
   c.set_round(round);
   c.set_step(step);
-  c.set_total_bytes(payload.total_bytes());
-  std::string data;
-  for (uint64_t off = 0; off < payload.total_bytes(); off += kChunkBytes) {
+  c.set_total_bytes(total);
+  const int cut_after = std::exchange(cut_after_, -1);
+  const int repeat = std::exchange(repeat_chunk_, -1);
+  std::string repeated;  // the chunk to send twice
+  uint64_t repeated_off = 0;
+  int index = 0;
+  for (uint64_t off = start; off < total; off += chunk_bytes_, ++index) {
+    if (index == cut_after) {
+      // Fault injection: the stream ends early, as if the connection broke here; the server
+      // answers DATA_LOSS ("upload ended after ...") and the node retries.
+      spdlog::warn("node {}: fault injection: ending the round {} upload stream after {} of {} "
+                   "bytes", id_.node_id, round, off, total);
+      break;
+    }
     data.clear();
-    payload.read(off, kChunkBytes, &data);
+    payload.read(off, chunk_bytes_, &data);
+    whole.update(data.data(), data.size());
     c.set_offset(off);
     c.set_sha256(chunk_sha256(data));
+    if (off + data.size() >= total) c.set_upload_sha256(whole.hex_digest());
+    if (index == repeat) {
+      repeated = data;
+      repeated_off = off;
+    }
     if (corrupt_next_ && !data.empty()) {
       corrupt_next_ = false;
       data[0] = static_cast<char>(data[0] ^ 0x5a);  // the checksum no longer matches
     }
+    const size_t n = data.size();
     c.set_data(std::move(data));
     if (!w->Write(c)) break;  // the server ended the stream: Finish() says why
+    attempted_.sent += n;
     data = std::move(*c.mutable_data());
+    if (index == repeat + 1 && !repeated.empty()) {
+      // The same chunk again, after the server already took it (faults.h: dup).
+      pb::UploadChunk again = c;
+      again.set_offset(repeated_off);
+      again.set_sha256(chunk_sha256(repeated));
+      again.set_data(repeated);
+      again.clear_upload_sha256();
+      if (!w->Write(again)) break;
+      attempted_.sent += repeated.size();
+    }
   }
   w->WritesDone();
   check(w->Finish(), "Upload", impl_->address);
@@ -141,6 +212,8 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   r.duplicate = rep.duplicate();
   r.bytes = rep.bytes_received();
   r.sha256 = rep.upload_sha256();
+  r.resumed_from = start;
+  r.bytes_sent = attempted_.sent;
   return r;
 }
 

@@ -10,7 +10,7 @@ namespace spes::sync {
 
 bool NodeFaults::any() const {
   return nan_round >= 0 || foreign_round >= 0 || scaled_round >= 0 || corrupt_round >= 0 ||
-         stall_round >= 0 || replay_round >= 0;
+         stall_round >= 0 || replay_round >= 0 || cut_round >= 0 || dup_round >= 0;
 }
 
 NodeFaults parse_node_faults(const std::string& spec) {
@@ -42,11 +42,14 @@ NodeFaults parse_node_faults(const std::string& spec) {
     else if (kind == "scaled") f.scaled_round = round;
     else if (kind == "corrupt") f.corrupt_round = round;
     else if (kind == "replay") f.replay_round = round;
+    else if (kind == "cut") f.cut_round = round;
+    else if (kind == "dup") f.dup_round = round;
     else if (kind == "stall") {
       f.stall_round = round;
       f.stall_s = seconds;
     } else {
-      fail("SPES_SYNC_FAULTS: unknown fault '{}' (nan, foreign, scaled, corrupt, stall, replay)",
+      fail("SPES_SYNC_FAULTS: unknown fault '{}' (nan, foreign, scaled, corrupt, stall, replay, "
+           "cut, dup)",
            kind);
     }
   }

@@ -7,6 +7,9 @@
 //   corrupt@R    the first chunk of round R's first upload attempt fails its checksum
 //   stall@R:S    the node sleeps S seconds before uploading round R (a straggler)
 //   replay@R     after round R is published, the node uploads round R-1 again (an old round)
+//   cut@R        round R's upload goes in 8 chunks and its first stream ends after 4 of them
+//                (as if the connection broke); the retry resumes where the server stopped
+//   dup@R        round R's upload goes in 8 chunks and chunk 1 is sent again after chunk 2
 // Unset (the normal case) means no fault. Leaves out: the server, which has no fault hooks.
 #pragma once
 #include <cstdint>
@@ -16,7 +19,7 @@ namespace spes::sync {
 
 struct NodeFaults {
   int64_t nan_round = -1, foreign_round = -1, scaled_round = -1, corrupt_round = -1;
-  int64_t stall_round = -1, replay_round = -1;
+  int64_t stall_round = -1, replay_round = -1, cut_round = -1, dup_round = -1;
   double stall_s = 0;
   bool any() const;
 };

@@ -424,6 +424,18 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
     spdlog::warn("node {}: fault injection: corrupting a chunk of round {}'s upload", node, round);
     client_->corrupt_next_upload();
   }
+  const bool small_chunks = round == opts_.faults.cut_round || round == opts_.faults.dup_round;
+  client_->set_upload_chunk_bytes(small_chunks ? (payload.total_bytes() + 7) / 8 : 0);
+  if (round == opts_.faults.cut_round) {
+    spdlog::warn("node {}: fault injection: cutting round {}'s upload after 4 of 8 chunks", node,
+                 round);
+    client_->cut_next_upload_after(4);
+  }
+  if (round == opts_.faults.dup_round) {
+    spdlog::warn("node {}: fault injection: sending chunk 1 of round {}'s upload twice", node,
+                 round);
+    client_->repeat_chunk_in_next_upload(1);
+  }
   // Returns a catch-up record when the round can no longer take this node's upload.
   UploadResult up;
   auto upload = [&]() -> nlohmann::json {
@@ -530,6 +542,8 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
   return {{"round", round},
           {"step", step},
           {"bytes_up", up.bytes},
+          {"bytes_up_sent", up.bytes_sent},
+          {"upload_resumed_from", up.resumed_from},
           {"bytes_down", down},
           {"model_sha256", sha},
           {"alpha", st.alpha},

@@ -90,6 +90,8 @@ struct UploadResult {
   bool accepted = false, duplicate = false;
   uint64_t bytes = 0;
   std::string sha256;
+  uint64_t resumed_from = 0;  // bytes an interrupted stream had delivered (not sent again)
+  uint64_t bytes_sent = 0;    // client: payload bytes sent over every attempt of this upload
 };
 
 enum class Selection { ForNode, All };

@@ -15,6 +15,7 @@
 #include "spes/common/sysinfo.h"
 #include "spes/io/files.h"
 #include "spes/sync/auth.h"
+#include "spes/sync/upload_assembly.h"
 
 namespace spes::sync {
 namespace fs = std::filesystem;
@@ -31,12 +32,46 @@ double unix_time() {
       .count();
 }
 
+// Hex SHA-256 of a file, read a piece at a time.
+std::string file_sha256(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) sync_fail(SyncErrc::Internal, "cannot open '{}' to check it", path);
+  Sha256 h;
+  std::string buf(4u << 20, '\0');
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.update(buf.data(), n);
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) sync_fail(SyncErrc::Internal, "cannot read '{}' to check it", path);
+  return h.hex_digest();
+}
+
 uint64_t random_u64() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
          static_cast<uint64_t>(Clock::now().time_since_epoch().count());
 }
 }  // namespace
+
+// One upload's state; kept in its node's slot (`kept`) while a broken stream waits for a resume.
+struct UploadSession::Impl {
+  RoundState* st = nullptr;
+  int64_t node = 0, round = 0, step = 0;
+  uint64_t total = 0, session = 0, incarnation = 0;
+  uint64_t wire = 0;  // chunk bytes this stream received (repeats included), not yet counted
+  uint64_t resumed_from = 0;  // bytes kept from an interrupted stream when this one resumed it
+  bool duplicate = false, stale = false, finished = false;
+  bool broken = false;        // the staged bytes may not match `received`: never resume this
+  std::string path, partial;
+  std::FILE* f = nullptr;
+  std::unique_ptr<SafetensorsStreamReader> reader;
+  UploadMeta meta;
+  std::unique_ptr<UploadAssembly> assembly;  // chunk checks, bytes received, whole digest
+  double diff_sq = 0, base_sq = 0;  // ||upload - published||^2, ||published||^2
+  ~Impl() {
+    if (f) std::fclose(f);
+  }
+};
 
 struct RoundState::NodeSlot {
   bool joined = false, left = false;
@@ -56,6 +91,10 @@ struct RoundState::NodeSlot {
   bool dead_logged = false;
   double loss = NAN, tokens_per_s = NAN;  // from its last heartbeat
   LossHistory losses;
+  // An interrupted upload of this incarnation for round published + 1, kept for a resume.
+  std::unique_ptr<UploadSession::Impl> kept;
+  uint64_t wire_bytes = 0;     // chunk bytes received for round published + 1, every stream
+  uint64_t resumed_bytes = 0;  // bytes of it that resumed streams did not need to send again
 };
 
 struct RoundState::PendingLine {
@@ -67,82 +106,93 @@ struct RoundState::PendingLine {
 };
 
 // ---------------------------------------------------------------------------------------------
-struct UploadSession::Impl {
-  RoundState* st = nullptr;
-  int64_t node = 0, round = 0, step = 0;
-  uint64_t total = 0, received = 0, session = 0, incarnation = 0;
-  bool duplicate = false, stale = false, finished = false;
-  std::string path, partial;
-  std::FILE* f = nullptr;
-  std::unique_ptr<SafetensorsStreamReader> reader;
-  UploadMeta meta;
-  std::unique_ptr<Sha256> whole;
-  double diff_sq = 0, base_sq = 0;  // ||upload - published||^2, ||published||^2
-};
 
 UploadSession::UploadSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 UploadSession::~UploadSession() {
   if (!impl_ || impl_->finished) return;
-  if (impl_->f) std::fclose(impl_->f);
-  if (!impl_->partial.empty()) {
+  Impl& s = *impl_;
+  RoundState* st = s.st;
+  std::lock_guard<std::mutex> lk(st->mu_);
+  auto& slot = st->nodes_[s.node];
+  const bool current = s.round == st->published_round_ + 1;
+  if (current) slot.wire_bytes += s.wire;
+  s.wire = 0;
+  if (s.duplicate) return;
+  const bool mine = slot.up == RoundState::NodeSlot::Up::Uploading && slot.session == s.session;
+  if (mine) slot.up = RoundState::NodeSlot::Up::None;
+  st->cv_.notify_all();  // upload_resume_offset waits for this stream to end
+  const bool resumable = !s.broken && s.f && s.assembly->received() > 0 &&
+                         !s.assembly->complete();
+  if (mine && current && resumable) {
+    spdlog::warn("round {}: upload of node {} interrupted after {} of {} bytes; the verified "
+                 "bytes are kept for a resumed upload", s.round, s.node, s.assembly->received(),
+                 s.total);
+    st->drop_kept_upload(slot, "a newer interrupted stream");
+    slot.kept = std::move(impl_);
+    return;
+  }
+  if (s.f) std::fclose(s.f);
+  s.f = nullptr;
+  if (!s.partial.empty()) {
     std::error_code ec;
-    fs::remove(impl_->partial, ec);
+    fs::remove(s.partial, ec);
   }
-  if (!impl_->duplicate) {
-    std::lock_guard<std::mutex> lk(impl_->st->mu_);
-    auto& slot = impl_->st->nodes_[impl_->node];
-    if (slot.up == RoundState::NodeSlot::Up::Uploading && slot.session == impl_->session)
-      slot.up = RoundState::NodeSlot::Up::None;
-  }
-  spdlog::warn("round {}: upload of node {} dropped after {} of {} bytes", impl_->round,
-               impl_->node, impl_->received, impl_->total);
+  spdlog::warn("round {}: upload of node {} dropped after {} of {} bytes", s.round, s.node,
+               s.assembly->received(), s.total);
 }
 
 void UploadSession::chunk(uint64_t offset, const std::string& data, const std::string& sha) {
   Impl& s = *impl_;
-  if (chunk_sha256(data) != sha)  // transport damage: the node may send it again
-    sync_fail(SyncErrc::DataLoss, "node {} round {}: checksum mismatch in the chunk at offset {} "
-              "({} bytes); the chunk is corrupt", s.node, s.round, offset, data.size());
-  if (offset < s.received && offset + data.size() <= s.received) return;  // duplicate chunk
+  s.wire += data.size();
+  std::string_view fresh;
   try {
-    // Anything else wrong is the sender's fault: the node is out of this round.
-    if (data.size() > kMaxChunkBytes)
-      sync_fail(SyncErrc::ResourceExhausted, "upload chunk of {} bytes exceeds the {} byte "
-                "limit", data.size(), kMaxChunkBytes);
-    if (offset != s.received)
-      sync_fail(SyncErrc::InvalidArgument, "node {} round {}: chunk at offset {} but {} bytes "
-                "were received so far (chunks must arrive in order)", s.node, s.round, offset,
-                s.received);
-    if (s.received + data.size() > s.total)
-      sync_fail(SyncErrc::InvalidArgument, "node {} round {}: upload runs past its declared {} "
-                "bytes", s.node, s.round, s.total);
-    s.whole->update(data.data(), data.size());
-    s.received += data.size();
-    if (s.duplicate) return;
-    s.reader->feed(data.data(), data.size());  // header and value checks as the bytes arrive
+    fresh = s.assembly->accept(offset, data, sha);
+    if (fresh.empty() || s.duplicate) return;
+    s.reader->feed(fresh.data(), fresh.size());  // header and value checks as the bytes arrive
   } catch (const std::exception& e) {
-    if (!s.duplicate) s.st->reject_upload(s.node, s.round, s.session, e.what());
+    // A corrupt chunk is transport damage (the node sends it again); anything else wrong is
+    // the sender's fault: the node is out of this round.
+    const auto* se = dynamic_cast<const SyncError*>(&e);
+    if (!s.duplicate && !(se && se->code() == SyncErrc::DataLoss))
+      s.st->reject_upload(s.node, s.round, s.session, e.what());
     throw;
   }
-  if (std::fwrite(data.data(), 1, data.size(), s.f) != data.size())
+  if (std::fwrite(fresh.data(), 1, fresh.size(), s.f) != fresh.size()) {
+    s.broken = true;
     sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
+  }
 }
 
-UploadResult UploadSession::finish() {
+UploadResult UploadSession::finish(const std::string& expected_sha256) {
   Impl& s = *impl_;
-  if (s.received != s.total)
-    sync_fail(SyncErrc::DataLoss, "node {} round {}: upload ended after {} of {} bytes", s.node,
-              s.round, s.received, s.total);
   UploadResult r;
-  r.bytes = s.received;
-  r.sha256 = s.whole->hex_digest();
+  r.sha256 = s.assembly->sha256();  // throws DataLoss unless every byte arrived
+  r.bytes = s.assembly->received();
   r.accepted = true;
+  r.resumed_from = s.resumed_from;
   if (s.duplicate) {
     r.duplicate = true;
     r.accepted = !s.stale;  // false: an earlier incarnation's upload is the one that counts
     s.finished = true;
+    std::lock_guard<std::mutex> lk(s.st->mu_);
+    if (s.round == s.st->published_round_ + 1) s.st->nodes_[s.node].wire_bytes += s.wire;
+    s.wire = 0;
     return r;
+  }
+  // The whole stream, as assembled here (over several streams when resumed), must be the one
+  // the node sent; otherwise it is sent again from the start.
+  if (s.resumed_from > 0 && expected_sha256.empty()) {
+    s.broken = true;
+    sync_fail(SyncErrc::DataLoss, "node {} round {}: a resumed upload must carry the SHA-256 of "
+              "the whole stream (upload_sha256 in its last chunk); send it again from offset 0",
+              s.node, s.round);
+  }
+  if (!expected_sha256.empty() && expected_sha256 != r.sha256) {
+    s.broken = true;
+    sync_fail(SyncErrc::DataLoss, "node {} round {}: the upload's bytes hash to {} but the node "
+              "sent {}; send it again from offset 0", s.node, s.round, r.sha256,
+              expected_sha256);
   }
   try {
     s.reader->finish();
@@ -161,6 +211,13 @@ UploadResult UploadSession::finish() {
   std::fclose(s.f);
   s.f = nullptr;
   if (!ok) sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
+  if (s.resumed_from > 0) {
+    // Part of the staged file was written by an earlier stream: check it all before use.
+    const std::string on_disk = file_sha256(s.partial);
+    if (on_disk != r.sha256)
+      sync_fail(SyncErrc::DataLoss, "node {} round {}: the staged upload '{}' hashes to {}, not "
+                "{}; send it again from offset 0", s.node, s.round, s.partial, on_disk, r.sha256);
+  }
   std::lock_guard<std::mutex> lk(s.st->mu_);
   auto& slot = s.st->nodes_[s.node];
   if (s.round != s.st->published_round_ + 1)
@@ -170,11 +227,13 @@ UploadResult UploadSession::finish() {
   if (slot.up != RoundState::NodeSlot::Up::Uploading || slot.session != s.session)
     sync_fail(SyncErrc::Aborted, "node {}: this upload of round {} was superseded by another",
               s.node, s.round);
+  slot.wire_bytes += s.wire;
+  s.wire = 0;
   fs::rename(s.partial, s.path);
   s.partial.clear();
   s.finished = true;
   slot.accepted_incarnation = s.incarnation;
-  s.st->upload_done(s.node, s.round, s.meta, s.path, s.received);
+  s.st->upload_done(s.node, s.round, s.meta, s.path, r.bytes);
   return r;
 }
 
@@ -413,6 +472,7 @@ JoinResult RoundState::join(const JoinInfo& info) {
   if (slot.joined && slot.incarnation != info.node.incarnation)
     spdlog::warn("node {} joined again with a new incarnation {:x} (was {:x})", id,
                  info.node.incarnation, slot.incarnation);
+  if (slot.incarnation != info.node.incarnation) drop_kept_upload(slot, "the node restarted");
   slot.joined = true;
   slot.left = false;
   slot.incarnation = info.node.incarnation;
@@ -441,8 +501,36 @@ std::string RoundState::staged_path(int64_t round, int64_t node) const {
   return fmt::format("{}/staging/round{}.node{}.safetensors", opts_.out_dir, round, node);
 }
 
+void RoundState::drop_kept_upload(NodeSlot& slot, const char* why) {
+  if (!slot.kept) return;
+  UploadSession::Impl& k = *slot.kept;
+  spdlog::info("round {}: dropping the {} bytes kept of node {}'s interrupted upload ({})",
+               k.round, k.assembly->received(), k.node, why);
+  if (k.f) std::fclose(k.f);
+  k.f = nullptr;
+  std::error_code ec;
+  fs::remove(k.partial, ec);
+  slot.kept.reset();
+}
+
+uint64_t RoundState::upload_resume_offset(const NodeId& node, int64_t round, int64_t step,
+                                          uint64_t total_bytes) {
+  std::unique_lock<std::mutex> lk(mu_);
+  check_node(node);
+  auto& slot = nodes_[node.node_id];
+  // The node's previous stream may still look open here (its end not processed yet).
+  cv_.wait_for(lk, std::chrono::seconds(5),
+               [&] { return slot.up != NodeSlot::Up::Uploading || closed_; });
+  const UploadSession::Impl* k = slot.kept.get();
+  if (!k || k->incarnation != node.incarnation || k->round != round || k->step != step ||
+      k->total != total_bytes || round != published_round_ + 1)
+    return 0;
+  return k->assembly->received();
+}
+
 std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int64_t round,
-                                                        int64_t step, uint64_t total_bytes) {
+                                                        int64_t step, uint64_t total_bytes,
+                                                        uint64_t offset) {
   auto impl = std::make_unique<UploadSession::Impl>();
   impl->st = this;
   impl->node = node.node_id;
@@ -450,7 +538,8 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
   impl->step = step;
   impl->total = total_bytes;
   impl->incarnation = node.incarnation;
-  impl->whole = std::make_unique<Sha256>();
+  impl->assembly = std::make_unique<UploadAssembly>(
+      total_bytes, fmt::format("node {} round {}", node.node_id, round));
   {
     std::lock_guard<std::mutex> lk(mu_);
     check_node(node);
@@ -460,6 +549,26 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
                 round, round * H, step);
     auto& slot = nodes_[node.node_id];
     slot.step = step;
+    if (offset > 0) {
+      // A resume must continue the upload kept from this incarnation's interrupted stream.
+      const UploadSession::Impl* k = slot.kept.get();
+      const bool same = k && k->incarnation == node.incarnation && k->round == round &&
+                        k->step == step && k->total == total_bytes;
+      const uint64_t held = same ? k->assembly->received() : 0;
+      if (!same || offset > held || slot.accepted_round == round ||
+          slot.up != NodeSlot::Up::None)
+        sync_fail(SyncErrc::DataLoss, "node {}: cannot resume the round {} upload at offset {}: "
+                  "the server holds {} bytes of it; ask where to resume again (resume_query) or "
+                  "send it from offset 0", node.node_id, round, offset, held);
+      impl = std::move(slot.kept);
+      impl->resumed_from = impl->assembly->received();
+      slot.resumed_bytes += impl->resumed_from;
+      slot.up = NodeSlot::Up::Uploading;
+      slot.session = impl->session = next_session_++;
+      spdlog::info("round {}: node {} resumes its upload at byte {} of {} (sends from {})", round,
+                   node.node_id, impl->resumed_from, total_bytes, offset);
+      return std::unique_ptr<UploadSession>(new UploadSession(std::move(impl)));
+    }
     if (slot.accepted_round == round) {
       // Already accepted: a retry whose reply was lost (same incarnation: nothing to do), or
       // a restarted node sending the round again (its first upload counts; it must take the
@@ -495,7 +604,8 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
         throw SyncError(SyncErrc::ResourceExhausted, why);
       }
       // An upload still open for this node (a dead connection, a restarted node) is
-      // superseded: its finish() will be refused.
+      // superseded: its finish() will be refused. A kept interrupted one is dropped.
+      drop_kept_upload(slot, "the node sends its upload again from the start");
       slot.up = NodeSlot::Up::Uploading;
       slot.session = impl->session = next_session_++;
       if (!round_started_) {
@@ -509,7 +619,8 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
   std::unique_ptr<UploadSession> session(new UploadSession(std::move(impl)));
   if (!s->duplicate) {
     s->path = staged_path(round, node.node_id);
-    s->partial = s->path + ".partial";
+    // One file per stream: a superseded stream still open never shares (or deletes) it.
+    s->partial = fmt::format("{}.partial{}", s->path, s->session);
     fs::create_directories(fs::path(s->path).parent_path());
     s->f = std::fopen(s->partial.c_str(), "wb");
     if (!s->f) sync_fail(SyncErrc::Internal, "cannot create '{}'", s->partial);
@@ -677,13 +788,16 @@ void RoundState::publish() {
   // node takes the whole model instead, if it ever comes back).
   pl.downloaded.assign(N, true);
   for (int64_t n : o.nodes) pl.downloaded[n] = false;
-  std::vector<uint64_t> bytes_in(N);
+  std::vector<uint64_t> bytes_in(N), wire_in(N), resumed_in(N);
   uint64_t total_in = 0;
   for (int64_t i = 0; i < N; ++i) {
     bytes_in[i] = nodes_[i].bytes_in;
     total_in += bytes_in[i];
+    wire_in[i] = nodes_[i].wire_bytes;
+    resumed_in[i] = nodes_[i].resumed_bytes;
     nodes_[i].up = NodeSlot::Up::None;
-    nodes_[i].bytes_in = 0;
+    nodes_[i].bytes_in = nodes_[i].wire_bytes = nodes_[i].resumed_bytes = 0;
+    drop_kept_upload(nodes_[i], "the round was published");
   }
   const double seconds = round_started_ ? seconds_since(round_start_) : 0.0;
   for (int64_t i = 0; i < N; ++i) nodes_[i].detail.clear();
@@ -694,6 +808,8 @@ void RoundState::publish() {
              {"weights", o.weights},
              {"bytes_in", total_in},
              {"bytes_in_per_node", bytes_in},
+             {"bytes_in_wire_per_node", wire_in},
+             {"bytes_in_resumed_per_node", resumed_in},
              {"alpha", o.alpha},
              {"merged", o.merged},
              {"gate_cos", o.gate_cos},

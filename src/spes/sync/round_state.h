@@ -39,12 +39,20 @@ struct ServeOptions {
 
 class RoundState;
 
-// One upload stream. Destroying an unfinished session discards what it received.
+// One upload stream. Destroying an unfinished session keeps the verified bytes it received
+// (staged file, parser state, running digest) for a resumed stream of the same node
+// incarnation and round, unless the upload was rejected or superseded; the kept bytes are
+// dropped when the round publishes, the node joins with a new incarnation, or a new stream of
+// the node starts from offset 0.
 class UploadSession {
  public:
   ~UploadSession();
+  // A chunk wholly before the bytes received so far is a repeat and ignored; one overlapping
+  // their end contributes only its new bytes.
   void chunk(uint64_t offset, const std::string& data, const std::string& sha256_hex);
-  UploadResult finish();
+  // `expected_sha256`: the sender's hex SHA-256 of the whole stream (empty: not sent; required
+  // for a resumed upload, whose staged bytes are then also re-read and hashed).
+  UploadResult finish(const std::string& expected_sha256 = "");
 
  private:
   friend class RoundState;
@@ -78,8 +86,15 @@ class RoundState {
   ~RoundState();
 
   JoinResult join(const JoinInfo& info);
+  // `offset` > 0 resumes an interrupted upload at that byte (at most what the server kept, see
+  // upload_resume_offset); 0 starts the upload over.
   std::unique_ptr<UploadSession> begin_upload(const NodeId& node, int64_t round, int64_t step,
-                                              uint64_t total_bytes);
+                                              uint64_t total_bytes, uint64_t offset = 0);
+  // How many bytes of this upload the server kept from an interrupted stream of the same node
+  // incarnation (0: none; send from the start). Waits up to a few seconds for a stream of the
+  // node that is still open (the server may not have noticed the break yet) to end.
+  uint64_t upload_resume_offset(const NodeId& node, int64_t round, int64_t step,
+                                uint64_t total_bytes);
   RoundStatus wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms);
   std::unique_ptr<DownloadSession> begin_download(const NodeId& node, int64_t round,
                                                   Selection selection, uint64_t offset = 0);
@@ -114,6 +129,7 @@ class RoundState {
   void upload_done(int64_t node, int64_t round, const UploadMeta& meta, const std::string& path,
                    uint64_t bytes);              // lock held
   void reject_upload(int64_t node, int64_t round, uint64_t session, const std::string& why);
+  void drop_kept_upload(NodeSlot& slot, const char* why);  // lock held
   void fold_ready();                             // lock held
   void maybe_publish(bool deadline_check);       // lock held
   void publish();                                // lock held

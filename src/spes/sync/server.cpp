@@ -96,14 +96,21 @@ class Service final : public pb::SpesSync::Service {
       const NodeId node = from_pb(c.node());
       const int64_t round = c.round(), step = c.step();
       const uint64_t total = c.total_bytes();
-      std::unique_ptr<UploadSession> s = st_.begin_upload(node, round, step, total);
+      if (c.resume_query()) {
+        // "How much of this upload do you hold?": answered at once, no data in this stream.
+        rep->set_resume_offset(st_.upload_resume_offset(node, round, step, total));
+        return;
+      }
+      std::unique_ptr<UploadSession> s = st_.begin_upload(node, round, step, total, c.offset());
+      std::string whole_sha256;
       do {
         if (c.node().node_id() != node.node_id || c.round() != round ||
-            c.total_bytes() != total)
+            c.total_bytes() != total || c.resume_query())
           sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
+        if (!c.upload_sha256().empty()) whole_sha256 = c.upload_sha256();
         s->chunk(c.offset(), c.data(), c.sha256());
       } while (reader->Read(&c));
-      const UploadResult r = s->finish();
+      const UploadResult r = s->finish(whole_sha256);
       rep->set_accepted(r.accepted);
       rep->set_bytes_received(r.bytes);
       rep->set_upload_sha256(r.sha256);

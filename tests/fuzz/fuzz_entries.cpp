@@ -1,0 +1,114 @@
+// Entry functions of the fuzz targets (see fuzz_entries.h).
+#include "fuzz/fuzz_entries.h"
+
+#include <cstring>
+
+#include "spes/common/error.h"
+#include "spes/io/config.h"
+#include "spes/io/safetensors.h"
+#include "spes/sync/framing.h"
+#include "spes/sync/protocol.h"
+#include "spes/sync/upload_assembly.h"
+#include "spes_sync.pb.h"
+
+namespace spes::fuzz {
+namespace {
+
+// Bound of a fuzzed upload's declared size. The server bounds it by the uploading node's exact
+// tensor bytes + the header limit (RoundState::begin_upload), which needs a model; here the
+// bound is fixed, large enough for the seeds.
+constexpr uint64_t kMaxFuzzUploadBytes = 1ull << 20;
+
+// Runs `f`; a spes::Error is a clean refusal.
+template <class F>
+void clean(F&& f) {
+  try {
+    f();
+  } catch (const Error&) {
+  }
+}
+
+}  // namespace
+
+void fuzz_safetensors(const uint8_t* data, size_t size) {
+  clean([&] {
+    Metadata md;
+    const NamedTensors t =
+        safetensors_parse(std::string(reinterpret_cast<const char*>(data), size), &md, "fuzz");
+    for (const auto& [name, v] : t) (void)v.numel();
+  });
+}
+
+void fuzz_config(const uint8_t* data, size_t size) {
+  std::vector<std::string> pieces(1);
+  for (size_t i = 0; i < size; ++i) {
+    if (data[i] == 0) pieces.emplace_back();
+    else pieces.back().push_back(static_cast<char>(data[i]));
+  }
+  const std::vector<std::string> overrides(pieces.begin() + 1, pieces.end());
+  clean([&] {
+    const Config c = config_parse(pieces[0], overrides, "fuzz.yaml");
+    (void)config_to_yaml(c);
+  });
+}
+
+void fuzz_upload_stream(const uint8_t* data, size_t size) {
+  namespace pb = ::spes::sync::v1;
+  using namespace spes::sync;
+  clean([&] {
+    std::vector<pb::UploadChunk> chunks;
+    for (size_t pos = 0; pos + 4 <= size;) {
+      uint32_t n = 0;
+      std::memcpy(&n, data + pos, 4);  // little-endian hosts only (x86-64, aarch64)
+      pos += 4;
+      if (n > size - pos) fail("record {} of the upload stream runs past the input", chunks.size());
+      pb::UploadChunk c;
+      if (!c.ParseFromArray(data + pos, static_cast<int>(n)))
+        fail("record {} of the upload stream is not an UploadChunk", chunks.size());
+      chunks.push_back(std::move(c));
+      pos += n;
+    }
+    // What the gRPC handler does with the stream (server.cpp, Upload).
+    if (chunks.empty()) sync_fail(SyncErrc::InvalidArgument, "empty upload stream");
+    const pb::UploadChunk& first = chunks[0];
+    if (first.resume_query()) return;  // answered at once, nothing parsed
+    const uint64_t total = first.total_bytes();
+    if (total < 8 || total > kMaxFuzzUploadBytes)
+      sync_fail(SyncErrc::ResourceExhausted, "an upload of {} bytes is impossible", total);
+    UploadAssembly assembly(total, "fuzz upload");
+    SafetensorsStreamReader reader(total, "fuzz upload", [](const StreamHeader&) {}, nullptr,
+                                   kMaxHeaderBytes);
+    double sum = 0;
+    reader.set_slice_handler([&](const StreamEntry&, int64_t, const torch::Tensor& run, bool) {
+      if (run.numel() > 0) sum += run.to(torch::kFloat64).sum().item<double>();
+    });
+    std::string whole_sha256;
+    for (pb::UploadChunk& c : chunks) {
+      if (c.node().node_id() != first.node().node_id() || c.round() != first.round() ||
+          c.total_bytes() != total || c.resume_query())
+        sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
+      if (c.sha256().empty()) c.set_sha256(chunk_sha256(c.data()));
+      if (!c.upload_sha256().empty()) whole_sha256 = c.upload_sha256();
+      const std::string_view fresh = assembly.accept(c.offset(), c.data(), c.sha256());
+      reader.feed(fresh.data(), fresh.size());
+    }
+    const std::string sha = assembly.sha256();
+    if (!whole_sha256.empty() && whole_sha256 != sha)
+      sync_fail(SyncErrc::DataLoss, "the upload's bytes hash to {}, not {}", sha, whole_sha256);
+    reader.finish();
+  });
+}
+
+const std::vector<std::string>& fuzz_target_names() {
+  static const std::vector<std::string> names = {"safetensors", "config", "upload_stream"};
+  return names;
+}
+
+void fuzz_run(const std::string& target, const uint8_t* data, size_t size) {
+  if (target == "safetensors") return fuzz_safetensors(data, size);
+  if (target == "config") return fuzz_config(data, size);
+  if (target == "upload_stream") return fuzz_upload_stream(data, size);
+  fail("unknown fuzz target '{}' (safetensors, config, upload_stream)", target);
+}
+
+}  // namespace spes::fuzz
