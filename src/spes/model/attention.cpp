@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "spes/model/kernel_parallel.h"
 #include "spes/model/layers.h"
 
 namespace spes {
@@ -85,9 +86,7 @@ struct CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
       s = sin.narrow(0, 0, T).to(torch::kFloat32).contiguous();
     }
     AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "causal_attention_fwd", [&] {
-      const bool grad_mode = torch::GradMode::is_enabled();
-      at::parallel_for(0, B * H, 1, [&](int64_t pb, int64_t pe) {
-        c10::AutoGradMode mode(grad_mode);  // OpenMP threads start with grad mode on
+      parallel_for_in_grad_mode(0, B * H, 1, [&](int64_t pb, int64_t pe) {
         for (int64_t p = pb; p < pe; ++p) {
           const int64_t b = p / H, h = p % H;
           torch::Tensor qh = qr[b][h], kh = kr[b][h], vh = v[b][h], oh = out[b][h];
@@ -143,9 +142,7 @@ struct CausalAttentionFn : public torch::autograd::Function<CausalAttentionFn> {
     torch::Tensor dk = torch::empty({B, T, H, hd}, opts).transpose(1, 2);
     torch::Tensor dv = torch::empty({B, T, H, hd}, opts).transpose(1, 2);
     AT_DISPATCH_FLOATING_TYPES(qr.scalar_type(), "causal_attention_bwd", [&] {
-      const bool grad_mode = torch::GradMode::is_enabled();
-      at::parallel_for(0, B * H, 1, [&](int64_t pb, int64_t pe) {
-        c10::AutoGradMode mode(grad_mode);  // OpenMP threads start with grad mode on
+      parallel_for_in_grad_mode(0, B * H, 1, [&](int64_t pb, int64_t pe) {
         for (int64_t p = pb; p < pe; ++p) {
           const int64_t b = p / H, h = p % H;
           torch::Tensor qh = qr[b][h], kh = kr[b][h], vh = v[b][h], doh = dout[b][h];

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "spes/model/kernel_parallel.h"
 #include "spes/model/layers.h"
 
 namespace spes {
@@ -121,9 +122,8 @@ struct ExpertsFn : public torch::autograd::Function<ExpertsFn> {
     torch::Tensor g = torch::empty({M, F}, xs.options()), u = torch::empty({M, F}, xs.options());
     torch::Tensor ys = torch::empty({M, D}, xs.options());
     auto bins = balance(counts, at::get_num_threads());
-    const bool grad_mode = torch::GradMode::is_enabled();
-    at::parallel_for(0, static_cast<int64_t>(bins.size()), 1, [&](int64_t bb, int64_t be) {
-      c10::AutoGradMode mode(grad_mode);  // OpenMP threads start with grad mode on
+    const int64_t tasks = static_cast<int64_t>(bins.size());
+    parallel_for_in_grad_mode(0, tasks, 1, [&](int64_t bb, int64_t be) {
       for (int64_t b = bb; b < be; ++b)
         for (int64_t e : bins[b]) {
           const int64_t r0 = start[e], n = counts[e];
@@ -173,9 +173,8 @@ struct ExpertsFn : public torch::autograd::Function<ExpertsFn> {
                                 : torch::Tensor();
     tensor_list out(1 + 3 * E + 1);
     auto bins = balance(counts, at::get_num_threads());
-    const bool grad_mode = torch::GradMode::is_enabled();
-    at::parallel_for(0, static_cast<int64_t>(bins.size()), 1, [&](int64_t bb, int64_t be) {
-      c10::AutoGradMode mode(grad_mode);  // OpenMP threads start with grad mode on
+    const int64_t tasks = static_cast<int64_t>(bins.size());
+    parallel_for_in_grad_mode(0, tasks, 1, [&](int64_t bb, int64_t be) {
       for (int64_t b = bb; b < be; ++b)
         for (int64_t e : bins[b]) {
           const int64_t r0 = start[e], n = counts[e];
