@@ -95,24 +95,12 @@ struct Peer {
   }
 };
 
-UploadResult send(RoundState& st, const NodeId& id, int64_t round,
-                  const SafetensorsStreamWriter& w) {
-  auto s = st.begin_upload(id, round, round * 10, w.total_bytes());
-  for (uint64_t off = 0; off < w.total_bytes(); off += 1000) {
-    std::string data;
-    w.read(off, 1000, &data);
-    s->chunk(off, data, chunk_sha256(data));
+// Joins each peer and gives it the initial model (round 0), as a fresh node starts.
+void join_with_initial_model(RoundState& st, std::initializer_list<Peer*> peers) {
+  for (Peer* p : peers) {
+    st.join(p->join_info());
+    p->download(st, 0, Selection::All);
   }
-  return s->finish();
-}
-
-SyncErrc code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const SyncError& e) {
-    return e.code();
-  }
-  return SyncErrc::Internal;
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -138,10 +126,7 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
   const Config cfg = tiny_config({"spes_config.max_update_norm_ratio=5"});
   RoundState st(cfg, {tmp.path});
   Peer n0(cfg, 0), n1(cfg, 1);
-  for (Peer* p : {&n0, &n1}) {
-    st.join(p->join_info());
-    p->download(st, 0, Selection::All);
-  }
+  join_with_initial_model(st, {&n0, &n1});
   const torch::Tensor expert0_before = published(st, expert_of(0));
   n0.train(0.01);
   n1.train(-0.02);
@@ -149,12 +134,12 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
   // Round 1: node 0's upload carries a NaN: rejected, node 0 is out of round 1.
   NamedTensors bad = n0.trainable();
   bad[0].second.view({-1})[0] = std::nanf("");
-  EXPECT_THAT(error_of([&] { send(st, n0.id, 1, n0.upload(1, bad)); }), HasSubstr("NaN"));
-  EXPECT_THAT(error_of([&] { send(st, n0.id, 1, n0.upload(1)); }),
+  EXPECT_THAT(error_of([&] { send_upload(st, n0.id, 1, n0.upload(1, bad)); }), HasSubstr("NaN"));
+  EXPECT_THAT(error_of([&] { send_upload(st, n0.id, 1, n0.upload(1)); }),
               HasSubstr("was rejected"));  // no second chance in the same round
   // Node 1 arrives: every node has arrived or is out, so the round publishes without waiting
   // for a deadline, over node 1 alone.
-  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n1.id, 1, n1.upload(1)).accepted);
   const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
   ASSERT_TRUE(r1.published);
   EXPECT_THAT(r1.nodes, ElementsAre(1));
@@ -174,10 +159,10 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
   {
     NamedTensors t = n1.trainable();
     t.emplace_back(expert_of(0), n1.reg->find(expert_of(0))->tensor.detach().clone());
-    EXPECT_THAT(error_of([&] { send(st, n1.id, 2, n1.upload(2, t)); }),
+    EXPECT_THAT(error_of([&] { send_upload(st, n1.id, 2, n1.upload(2, t)); }),
                 HasSubstr("may not upload '" + expert_of(0) + "'"));
   }
-  EXPECT_TRUE(send(st, n0.id, 2, n0.upload(2)).accepted);
+  EXPECT_TRUE(send_upload(st, n0.id, 2, n0.upload(2)).accepted);
   const RoundStatus r2 = st.wait_round(n0.id, 2, 10);
   ASSERT_TRUE(r2.published);
   EXPECT_THAT(r2.nodes, ElementsAre(0));
@@ -191,7 +176,7 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
   {
     NamedTensors t = n0.trainable();
     for (auto& [name, v] : t) v.mul_(1000);
-    EXPECT_THAT(error_of([&] { send(st, n0.id, 3, n0.upload(3, t)); }),
+    EXPECT_THAT(error_of([&] { send_upload(st, n0.id, 3, n0.upload(3, t)); }),
                 HasSubstr("max_update_norm_ratio"));
   }
   EXPECT_EQ(code_of([&] { st.begin_upload(n1.id, 3, 30, 1ull << 40); }),
@@ -201,7 +186,7 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
   EXPECT_EQ(st.model().weights_sha256(), r2.model_sha256);
 
   // A replay of an old round is refused as closed, and never applied.
-  EXPECT_EQ(code_of([&] { send(st, n0.id, 1, n0.upload(1)); }), SyncErrc::OutOfRange);
+  EXPECT_EQ(code_of([&] { send_upload(st, n0.id, 1, n0.upload(1)); }), SyncErrc::OutOfRange);
   EXPECT_EQ(st.model().weights_sha256(), r2.model_sha256);
 
   st.close();
@@ -220,14 +205,11 @@ TEST(RoundStateReliability, DeadlinePublishesWithQuorumAndRefusesTheStraggler) {
   const Config cfg = tiny_config({"spes_config.round_timeout=0.3", "spes_config.min_nodes=1"});
   RoundState st(cfg, {tmp.path});
   Peer n0(cfg, 0), n1(cfg, 1);
-  for (Peer* p : {&n0, &n1}) {
-    st.join(p->join_info());
-    p->download(st, 0, Selection::All);
-  }
+  join_with_initial_model(st, {&n0, &n1});
   const torch::Tensor expert2_before = published(st, expert_of(2));
   n0.train(0.01);
   n1.train(0.05);
-  EXPECT_TRUE(send(st, n0.id, 1, n0.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n0.id, 1, n0.upload(1)).accepted);
   st.tick();
   EXPECT_FALSE(st.wait_round(n0.id, 1, 10).published) << "published before the deadline";
   std::this_thread::sleep_for(std::chrono::milliseconds(350));
@@ -241,7 +223,7 @@ TEST(RoundStateReliability, DeadlinePublishesWithQuorumAndRefusesTheStraggler) {
   EXPECT_TRUE(torch::equal(published(st, kShared), n0.reg->find(kShared)->tensor.detach()));
   // The straggler's upload arrives after the deadline: refused as closed, never applied.
   const std::string sha = st.model().weights_sha256();
-  EXPECT_EQ(code_of([&] { send(st, n1.id, 1, n1.upload(1)); }), SyncErrc::OutOfRange);
+  EXPECT_EQ(code_of([&] { send_upload(st, n1.id, 1, n1.upload(1)); }), SyncErrc::OutOfRange);
   EXPECT_EQ(st.model().weights_sha256(), sha);
   n1.download(st, 1, Selection::ForNode);  // not in the round: it gets its own experts back
   EXPECT_EQ(n1.reg->weights_sha256(), sha);
@@ -259,7 +241,7 @@ TEST(RoundStateReliability, DeadlinePublishesWithQuorumAndRefusesTheStraggler) {
   st2.join(m0.join_info());
   st2.join(m1.join_info());
   m0.download(st2, 0, Selection::All);
-  EXPECT_TRUE(send(st2, m0.id, 1, m0.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st2, m0.id, 1, m0.upload(1)).accepted);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   st2.tick();
   EXPECT_FALSE(st2.wait_round(m0.id, 1, 10).published);
@@ -283,7 +265,7 @@ TEST(RoundStateReliability, SilentNodeIsDeadAndTheRoundStopsWaitingForIt) {
   EXPECT_EQ(s.nodes[1].state, "dead");
   EXPECT_GT(s.nodes[1].last_seen_s, 0.2);
   // Node 0 uploads; node 1 is dead, so the round publishes without waiting for the deadline.
-  EXPECT_TRUE(send(st, n0.id, 1, n0.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n0.id, 1, n0.upload(1)).accepted);
   ASSERT_TRUE(st.wait_round(n0.id, 1, 10).published);
   st.close();
   const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
@@ -339,8 +321,8 @@ TEST(RoundStateReliability, DownloadsResumeAndSurviveTheNextPublication) {
   n1.download(st, 0, Selection::All);
   n0.train(0.01);
   n1.train(0.02);
-  send(st, n0.id, 1, n0.upload(1));
-  send(st, n1.id, 1, n1.upload(1));
+  send_upload(st, n0.id, 1, n0.upload(1));
+  send_upload(st, n1.id, 1, n1.upload(1));
   const std::string sha1 = st.wait_round(n0.id, 1, 10).model_sha256;
   // A download of round 1 begun before round 2 is published still serves round 1's bytes
   // (it reads the file it opened, which the next publication renames over).
@@ -351,8 +333,8 @@ TEST(RoundStateReliability, DownloadsResumeAndSurviveTheNextPublication) {
   EXPECT_EQ(n0.reg->weights_sha256(), sha1);
   n0.train(0.01);
   n1.train(0.01);
-  send(st, n0.id, 2, n0.upload(2));
-  send(st, n1.id, 2, n1.upload(2));
+  send_upload(st, n0.id, 2, n0.upload(2));
+  send_upload(st, n1.id, 2, n1.upload(2));
   ASSERT_TRUE(st.wait_round(n0.id, 2, 10).published);
   while (s->next(&d, &off)) bytes += d;
   Metadata md;
@@ -377,28 +359,28 @@ TEST(RoundStateReliability, RestartContinuesFromTheLastPublishedRound) {
     n1.download(st, 0, Selection::All);
     n0.train(0.01);
     n1.train(0.02);
-    send(st, n0.id, 1, n0.upload(1));
-    send(st, n1.id, 1, n1.upload(1));
+    send_upload(st, n0.id, 1, n0.upload(1));
+    send_upload(st, n1.id, 1, n1.upload(1));
     sha1 = st.wait_round(n0.id, 1, 10).model_sha256;
     // Node 0's round 2 upload is accepted, then the server dies before publishing round 2
     // (this object goes away without downloads completing).
     n0.train(0.01);
-    send(st, n0.id, 2, n0.upload(2));
+    send_upload(st, n0.id, 2, n0.upload(2));
   }
   RoundState st(cfg, {tmp.path});
   EXPECT_EQ(st.published_round(), 1);
   EXPECT_EQ(st.model().weights_sha256(), sha1);
   // The restarted server knows no node: they join again, and round 2 is collected afresh.
-  EXPECT_EQ(code_of([&] { send(st, n0.id, 2, n0.upload(2)); }), SyncErrc::NotJoined);
+  EXPECT_EQ(code_of([&] { send_upload(st, n0.id, 2, n0.upload(2)); }), SyncErrc::NotJoined);
   const JoinResult jr = st.join(n0.join_info());
   EXPECT_EQ(jr.published_round, 1);
   EXPECT_EQ(jr.model_sha256, sha1);
   EXPECT_THAT(jr.published_nodes, ElementsAre(0, 1));
   st.join(n1.join_info());
-  EXPECT_EQ(code_of([&] { send(st, n0.id, 1, n0.upload(1)); }), SyncErrc::OutOfRange);
-  EXPECT_TRUE(send(st, n0.id, 2, n0.upload(2)).accepted);
+  EXPECT_EQ(code_of([&] { send_upload(st, n0.id, 1, n0.upload(1)); }), SyncErrc::OutOfRange);
+  EXPECT_TRUE(send_upload(st, n0.id, 2, n0.upload(2)).accepted);
   n1.train(0.01);
-  EXPECT_TRUE(send(st, n1.id, 2, n1.upload(2)).accepted);
+  EXPECT_TRUE(send_upload(st, n1.id, 2, n1.upload(2)).accepted);
   ASSERT_TRUE(st.wait_round(n0.id, 2, 10).published);
   st.close();
   // rounds.jsonl: each round exactly once (round 1 recovered from state.json if its line had
@@ -428,16 +410,13 @@ TEST(RoundStateReliability, RepeatedUploadIsNeverAppliedTwice) {
   const Config cfg = tiny_config();
   RoundState st(cfg, {tmp.path});
   Peer n0(cfg, 0), n1(cfg, 1);
-  for (Peer* p : {&n0, &n1}) {
-    st.join(p->join_info());
-    p->download(st, 0, Selection::All);
-  }
+  join_with_initial_model(st, {&n0, &n1});
   n0.train(0.01);
   n1.train(0.03);
   const NamedTensors first = n0.trainable();
-  EXPECT_FALSE(send(st, n0.id, 1, n0.upload(1)).duplicate);
+  EXPECT_FALSE(send_upload(st, n0.id, 1, n0.upload(1)).duplicate);
   // A retry by the same process (its reply was lost): acknowledged, ignored.
-  const UploadResult retry = send(st, n0.id, 1, n0.upload(1));
+  const UploadResult retry = send_upload(st, n0.id, 1, n0.upload(1));
   EXPECT_TRUE(retry.duplicate);
   EXPECT_TRUE(retry.accepted);
   // Node 0 restarts (new incarnation), trains again from its checkpoint and sends round 1
@@ -445,10 +424,10 @@ TEST(RoundStateReliability, RepeatedUploadIsNeverAppliedTwice) {
   n0.id.incarnation += 1;
   st.join(n0.join_info());
   n0.train(0.5);
-  const UploadResult again = send(st, n0.id, 1, n0.upload(1));
+  const UploadResult again = send_upload(st, n0.id, 1, n0.upload(1));
   EXPECT_TRUE(again.duplicate);
   EXPECT_FALSE(again.accepted);
-  send(st, n1.id, 1, n1.upload(1));
+  send_upload(st, n1.id, 1, n1.upload(1));
   const RoundStatus r = st.wait_round(n1.id, 1, 10);
   ASSERT_TRUE(r.published);
   EXPECT_THAT(r.nodes, ElementsAre(0, 1));
@@ -497,10 +476,7 @@ TEST(RoundStateReliability, InterruptedUploadResumesFromTheBytesTheServerKept) {
   const Config cfg = tiny_config();
   RoundState st(cfg, {tmp.path});
   Peer n0(cfg, 0), n1(cfg, 1);
-  for (Peer* p : {&n0, &n1}) {
-    st.join(p->join_info());
-    p->download(st, 0, Selection::All);
-  }
+  join_with_initial_model(st, {&n0, &n1});
   n0.train(0.01);
   n1.train(0.03);
   const std::string bytes = upload_bytes(n0, 1);
@@ -525,7 +501,7 @@ TEST(RoundStateReliability, InterruptedUploadResumesFromTheBytesTheServerKept) {
   EXPECT_EQ(r.resumed_from, cut);
   EXPECT_EQ(r.bytes, total);
   EXPECT_EQ(r.sha256, sha256_hex(bytes));
-  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n1.id, 1, n1.upload(1)).accepted);
   const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
   ASSERT_TRUE(r1.published);
   EXPECT_THAT(r1.nodes, ElementsAre(0, 1));
@@ -549,10 +525,7 @@ TEST(RoundStateReliability, KeptUploadBytesAreDroppedWhenTheyCannotBeUsed) {
   const Config cfg = tiny_config({"spes_config.round_timeout=0.2", "spes_config.min_nodes=1"});
   RoundState st(cfg, {tmp.path});
   Peer n0(cfg, 0), n1(cfg, 1);
-  for (Peer* p : {&n0, &n1}) {
-    st.join(p->join_info());
-    p->download(st, 0, Selection::All);
-  }
+  join_with_initial_model(st, {&n0, &n1});
   n0.train(0.01);
   const std::string bytes = upload_bytes(n0, 1);
   const uint64_t total = bytes.size();
@@ -588,7 +561,7 @@ TEST(RoundStateReliability, KeptUploadBytesAreDroppedWhenTheyCannotBeUsed) {
   interrupted_upload(st, n0.id, upload_bytes(n0, 1), 2000);
   EXPECT_TRUE(staging_has_partial(tmp.path));
   n1.train(0.02);
-  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n1.id, 1, n1.upload(1)).accepted);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   st.tick();
   const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
@@ -603,10 +576,7 @@ TEST(RoundStateReliability, RepeatedChunkIsNeverAppliedTwice) {
   const Config cfg = tiny_config();
   RoundState st(cfg, {tmp.path});
   Peer n0(cfg, 0), n1(cfg, 1);
-  for (Peer* p : {&n0, &n1}) {
-    st.join(p->join_info());
-    p->download(st, 0, Selection::All);
-  }
+  join_with_initial_model(st, {&n0, &n1});
   n0.train(0.01);
   n1.train(0.03);
   const std::string bytes = upload_bytes(n0, 1);
@@ -626,7 +596,7 @@ TEST(RoundStateReliability, RepeatedChunkIsNeverAppliedTwice) {
   EXPECT_TRUE(r.accepted);
   EXPECT_EQ(r.bytes, total);
   EXPECT_EQ(r.sha256, sha256_hex(bytes));  // the stream as assembled is the one sent
-  EXPECT_TRUE(send(st, n1.id, 1, n1.upload(1)).accepted);
+  EXPECT_TRUE(send_upload(st, n1.id, 1, n1.upload(1)).accepted);
   const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
   ASSERT_TRUE(r1.published);
   const torch::Tensor want = (n0.reg->find(kShared)->tensor.detach() +

@@ -1,10 +1,12 @@
 // Helpers shared by the sync tests: a self-deleting temporary directory, a tiny MoE config,
-// hand-made uploads, and a node as the server sees it (FakeNode, send) to drive RoundState.
+// hand-made uploads, a node as the server sees it (FakeNode, send_upload) to drive RoundState,
+// and the SyncErrc a call fails with (code_of).
 #pragma once
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "spes/sync/aggregate.h"
 #include "spes/sync/framing.h"
 #include "spes/sync/plan.h"
+#include "spes/sync/protocol.h"
 #include "spes/sync/round_state.h"
 #include "spes/train/ownership.h"
 #include "spes/train/registry.h"
@@ -120,6 +123,16 @@ inline UploadResult send_upload(RoundState& st, const NodeId& id, int64_t round,
     s->chunk(off, data, sha);
   }
   return s->finish();
+}
+
+// The SyncErrc that f() throws (Internal when it throws none).
+inline SyncErrc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const SyncError& e) {
+    return e.code();
+  }
+  return SyncErrc::Internal;
 }
 
 }  // namespace spes::sync::testing

@@ -8,20 +8,13 @@
 #include "spes/sync/framing.h"
 #include "spes/sync/protocol.h"
 #include "spes/sync/upload_assembly.h"
+#include "sync/sync_test_util.h"
 
 using namespace spes;
 using namespace spes::sync;
+using namespace spes::sync::testing;
 
 namespace {
-
-SyncErrc code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const SyncError& e) {
-    return e.code();
-  }
-  return SyncErrc::Internal;
-}
 
 std::string add(UploadAssembly& a, uint64_t offset, const std::string& data) {
   return std::string(a.accept(offset, data, chunk_sha256(data)));

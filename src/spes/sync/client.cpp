@@ -87,6 +87,17 @@ static void fill(pb::NodeIdentity* n, const NodeId& id) {
   n->set_auth_token(id.auth_token);
 }
 
+// The fields every chunk of an upload stream (and a resume query) carries.
+static pb::UploadChunk upload_chunk(const NodeId& id, int64_t round, int64_t step,
+                                    uint64_t total_bytes) {
+  pb::UploadChunk c;
+  fill(c.mutable_node(), id);
+  c.set_round(round);
+  c.set_step(step);
+  c.set_total_bytes(total_bytes);
+  return c;
+}
+
 JoinResult SyncClient::join(const JoinInfo& info) {
   pb::JoinRequest req;
   fill(req.mutable_node(), info.node);
@@ -119,11 +130,7 @@ uint64_t SyncClient::resume_offset(int64_t round, int64_t step, uint64_t total_b
   set_deadline(ctx, 60);
   pb::UploadReply rep;
   std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
-  pb::UploadChunk c;
-  fill(c.mutable_node(), id_);
-  c.set_round(round);
-  c.set_step(step);
-  c.set_total_bytes(total_bytes);
+  pb::UploadChunk c = upload_chunk(id_, round, step, total_bytes);
   c.set_resume_query(true);
   w->Write(c);
   w->WritesDone();
@@ -157,11 +164,7 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   set_deadline(ctx, 3600);
   pb::UploadReply rep;
   std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
-  pb::UploadChunk c;
-  fill(c.mutable_node(), id_);
-  c.set_round(round);
-  c.set_step(step);
-  c.set_total_bytes(total);
+  pb::UploadChunk c = upload_chunk(id_, round, step, total);
   const int cut_after = std::exchange(cut_after_, -1);
   const int repeat = std::exchange(repeat_chunk_, -1);
   std::string repeated;  // the chunk to send twice
