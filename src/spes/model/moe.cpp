@@ -106,6 +106,20 @@ std::vector<std::vector<int64_t>> balance(const std::vector<int64_t>& counts, in
   return out;
 }
 
+// Calls fn(e, first_row, rows) for every expert with rows (rows grouped by expert, in expert
+// order), the experts split by `balance` into one task per thread.
+template <class F>
+void for_each_expert_in_parallel(const std::vector<int64_t>& counts, const F& fn) {
+  std::vector<int64_t> start(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) start[e + 1] = start[e] + counts[e];
+  const auto bins = balance(counts, at::get_num_threads());
+  const int64_t tasks = static_cast<int64_t>(bins.size());
+  parallel_for_in_grad_mode(0, tasks, 1, [&](int64_t bb, int64_t be) {
+    for (int64_t b = bb; b < be; ++b)
+      for (int64_t e : bins[b]) fn(e, start[e], counts[e]);
+  });
+}
+
 // All experts of a MoE layer as one autograd node over the rows xs [M, D] grouped by expert
 // (counts[e] rows each, in expert order): the experts run concurrently, one per thread, each
 // with single-threaded GEMMs (no synchronisation inside a product; a per-expert kernel split
@@ -117,35 +131,27 @@ struct ExpertsFn : public torch::autograd::Function<ExpertsFn> {
     torch::Tensor xs = xs_.contiguous();
     const int64_t E = static_cast<int64_t>(counts.size()), M = xs.size(0), D = xs.size(1);
     const int64_t F = weights[0].size(0);
-    std::vector<int64_t> start(E + 1, 0);
-    for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + counts[e];
     torch::Tensor g = torch::empty({M, F}, xs.options()), u = torch::empty({M, F}, xs.options());
     torch::Tensor ys = torch::empty({M, D}, xs.options());
-    auto bins = balance(counts, at::get_num_threads());
-    const int64_t tasks = static_cast<int64_t>(bins.size());
-    parallel_for_in_grad_mode(0, tasks, 1, [&](int64_t bb, int64_t be) {
-      for (int64_t b = bb; b < be; ++b)
-        for (int64_t e : bins[b]) {
-          const int64_t r0 = start[e], n = counts[e];
-          torch::Tensor x = xs.narrow(0, r0, n), ge = g.narrow(0, r0, n), ue = u.narrow(0, r0, n);
-          torch::Tensor ye = ys.narrow(0, r0, n);
-          torch::mm_out(ge, x, weights[3 * e].t());
-          torch::mm_out(ue, x, weights[3 * e + 1].t());
-          torch::Tensor a = at::silu(ge).mul_(ue);
-          torch::mm_out(ye, a, weights[3 * e + 2].t());
-        }
+    for_each_expert_in_parallel(counts, [&](int64_t e, int64_t r0, int64_t n) {
+      torch::Tensor x = xs.narrow(0, r0, n), ge = g.narrow(0, r0, n), ue = u.narrow(0, r0, n);
+      torch::Tensor ye = ys.narrow(0, r0, n);
+      torch::mm_out(ge, x, weights[3 * e].t());
+      torch::mm_out(ue, x, weights[3 * e + 1].t());
+      torch::Tensor a = at::silu(ge).mul_(ue);
+      torch::mm_out(ye, a, weights[3 * e + 2].t());
     });
     // The inputs are only needed for weight gradients: with frozen experts keep just the rows
     // of the trainable ones (row offsets in xoff; -1: not kept).
     std::vector<int64_t> xoff(E, -1);
     std::vector<torch::Tensor> kept;
     int64_t rows = 0;
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = 0, first = 0; e < E; first += counts[e], ++e) {
       if (counts[e] == 0 || !(weights[3 * e].requires_grad() || weights[3 * e + 1].requires_grad()))
         continue;
       xoff[e] = rows;
       rows += counts[e];
-      kept.push_back(xs.narrow(0, start[e], counts[e]));
+      kept.push_back(xs.narrow(0, first, counts[e]));
     }
     torch::Tensor xkeep = rows == M ? xs : rows == 0 ? torch::empty({0, D}, xs.options())
                                                      : torch::cat(kept, 0);
@@ -165,42 +171,34 @@ struct ExpertsFn : public torch::autograd::Function<ExpertsFn> {
     auto xl = ctx->saved_data["xoff"].toIntList();
     std::vector<int64_t> xoff(xl.begin(), xl.end());
     const int64_t E = static_cast<int64_t>(counts.size());
-    std::vector<int64_t> start(E + 1, 0);
-    for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + counts[e];
     torch::Tensor dys = grads[0].contiguous();
     const bool need_dx = ctx->needs_input_grad(0);
     torch::Tensor dxs = need_dx ? torch::empty({g.size(0), xkeep.size(1)}, g.options())
                                 : torch::Tensor();
     tensor_list out(1 + 3 * E + 1);
-    auto bins = balance(counts, at::get_num_threads());
-    const int64_t tasks = static_cast<int64_t>(bins.size());
-    parallel_for_in_grad_mode(0, tasks, 1, [&](int64_t bb, int64_t be) {
-      for (int64_t b = bb; b < be; ++b)
-        for (int64_t e : bins[b]) {
-          const int64_t r0 = start[e], n = counts[e];
-          const torch::Tensor &w1 = s[3 + 3 * e], &v1 = s[4 + 3 * e], &w2 = s[5 + 3 * e];
-          torch::Tensor ge = g.narrow(0, r0, n), ue = u.narrow(0, r0, n);
-          torch::Tensor x = xoff[e] >= 0 ? xkeep.narrow(0, xoff[e], n) : torch::Tensor();
-          torch::Tensor dy = dys.narrow(0, r0, n);
-          const bool need_dw2 = ctx->needs_input_grad(3 + 3 * e);
-          torch::Tensor da = torch::mm(dy, w2);  // becomes dg
-          torch::Tensor du = at::sigmoid(ge);    // becomes du
-          torch::Tensor a = need_dw2 ? torch::empty_like(ge) : torch::Tensor();
-          AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "experts_bwd", [&] {
-            swiglu_bwd(ge.data_ptr<scalar_t>(), ue.data_ptr<scalar_t>(), du.data_ptr<scalar_t>(),
-                       da.data_ptr<scalar_t>(),
-                       need_dw2 ? a.data_ptr<scalar_t>() : static_cast<scalar_t*>(nullptr),
-                       ge.numel());
-          });
-          if (need_dx) {
-            torch::Tensor dx = dxs.narrow(0, r0, n);
-            torch::mm_out(dx, da, w1);
-            dx.addmm_(du, v1);
-          }
-          if (ctx->needs_input_grad(1 + 3 * e)) out[1 + 3 * e] = weight_grad(w1, da.t(), x);
-          if (ctx->needs_input_grad(2 + 3 * e)) out[2 + 3 * e] = weight_grad(v1, du.t(), x);
-          if (need_dw2) out[3 + 3 * e] = weight_grad(w2, dy.t(), a);
-        }
+    for_each_expert_in_parallel(counts, [&](int64_t e, int64_t r0, int64_t n) {
+      const torch::Tensor &w1 = s[3 + 3 * e], &v1 = s[4 + 3 * e], &w2 = s[5 + 3 * e];
+      torch::Tensor ge = g.narrow(0, r0, n), ue = u.narrow(0, r0, n);
+      torch::Tensor x = xoff[e] >= 0 ? xkeep.narrow(0, xoff[e], n) : torch::Tensor();
+      torch::Tensor dy = dys.narrow(0, r0, n);
+      const bool need_dw2 = ctx->needs_input_grad(3 + 3 * e);
+      torch::Tensor da = torch::mm(dy, w2);  // becomes dg
+      torch::Tensor du = at::sigmoid(ge);    // becomes du
+      torch::Tensor a = need_dw2 ? torch::empty_like(ge) : torch::Tensor();
+      AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "experts_bwd", [&] {
+        swiglu_bwd(ge.data_ptr<scalar_t>(), ue.data_ptr<scalar_t>(), du.data_ptr<scalar_t>(),
+                   da.data_ptr<scalar_t>(),
+                   need_dw2 ? a.data_ptr<scalar_t>() : static_cast<scalar_t*>(nullptr),
+                   ge.numel());
+      });
+      if (need_dx) {
+        torch::Tensor dx = dxs.narrow(0, r0, n);
+        torch::mm_out(dx, da, w1);
+        dx.addmm_(du, v1);
+      }
+      if (ctx->needs_input_grad(1 + 3 * e)) out[1 + 3 * e] = weight_grad(w1, da.t(), x);
+      if (ctx->needs_input_grad(2 + 3 * e)) out[2 + 3 * e] = weight_grad(v1, du.t(), x);
+      if (need_dw2) out[3 + 3 * e] = weight_grad(w2, dy.t(), a);
     });
     out[0] = dxs;
     return out;
