@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
     const std::string cfg_path = a.out + "/config.yaml";
     spes::file_write_atomic(cfg_path, spes::config_to_yaml(cfg));
     const std::string exe =
-        a.spes.empty() ? (fs::path(spes::sync::self_executable()).parent_path().parent_path() /
+        a.spes.empty() ? (fs::path(spes::executable_path()).parent_path().parent_path() /
                           "spes").string()
                        : a.spes;
     SPES_CHECK(fs::exists(exe), "spes executable '{}' not found; pass --spes PATH", exe);

@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
-# Installs every Debian package the project needs (build, tests, default corpus; chromium and a
-# font for the dashboard's headless-browser test) and selects OpenBLAS-OpenMP as the system
-# BLAS. Safe to run any number of times.
+# Installs what the project needs, safe to run any number of times:
+#   - Debian packages: compiler and build tools, gRPC/protobuf, tokenizer and config libraries,
+#     GoogleTest, the default corpus (two public-domain Bibles);
+#   - PyTorch 2.11.0 from PyPI (the CUDA 13.0 build; its libtorch is what CMake builds against)
+#     into the project-local virtual environment .venv/ (git-ignored), with the packages of
+#     scripts/requirements.txt.
+# With --tests it also installs what only the test suite uses: the reference libraries from
+# PyPI (Hugging Face tokenizers and transformers, scripts/requirements-tests.txt), and chromium
+# for the dashboard's headless-browser test.
+# Environment: SPES_PYTHON=/path/to/python3 picks the interpreter that creates .venv/.
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+with_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) with_tests=1 ;;
+    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (use --tests or nothing)" >&2; exit 2 ;;
+  esac
+done
 
 PKGS=(
-  build-essential cmake ninja-build pkg-config git ca-certificates
-  libtorch-dev libopenblas0-openmp
+  build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-venv
+  libopenblas0-openmp libopenblas-openmp-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsentencepiece-dev sentencepiece libpcre2-dev libyaml-cpp-dev libcli11-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libssl-dev zlib1g-dev libcpp-httplib-dev
   bible-kjv sword-text-web diatheke
-  chromium fonts-dejavu-core
 )
-# Node.js (for the reference tokenizer in tests) usually ships with the machine image; Debian's
-# npm conflicts with that install, so only fall back to Debian's when no npm is on PATH.
-command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
+if [ "$with_tests" = 1 ]; then
+  PKGS+=(chromium fonts-dejavu-core)
+fi
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -26,28 +42,40 @@ for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "[setup] installing: ${missing[*]}"
+  echo "[setup] apt: installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
-  echo "[setup] all Debian packages present"
+  echo "[setup] apt: all Debian packages present"
 fi
 
-# Debian's default BLAS is the slow reference implementation: select OpenBLAS (OpenMP build).
-arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
-for lib in libblas.so.3 liblapack.so.3; do
-  target="/usr/lib/${arch}/openblas-openmp/${lib}"
-  if [ -e "$target" ]; then
-    $SUDO update-alternatives --set "${lib}-${arch}" "$target" >/dev/null
+# --- Python environment with PyTorch (and the test references) ---------------------------------
+venv="$here/.venv"
+if [ ! -x "$venv/bin/python" ]; then
+  py="${SPES_PYTHON:-python3}"
+  if ! "$py" -m venv "$venv" >/dev/null 2>&1; then
+    # An interpreter without the venv module (e.g. a PATH python3 without ensurepip): Debian's.
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv "$venv"
   fi
-done
-
-# The reference implementation of tokenizer.json (Hugging Face `tokenizers`, npm build) is used
-# by the tests as the source of expected ids. Installed into tools/node/ (git-ignored).
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ ! -d "$here/tools/node/node_modules/tokenizers" ]; then
-  mkdir -p "$here/tools/node"
-  (cd "$here/tools/node" && npm install --silent --no-audit --no-fund tokenizers@0.23.2 >/dev/null 2>&1) \
-    || echo "[setup] warning: npm package 'tokenizers' not installed; tokenizer.json reference test will be skipped"
+  "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
 fi
+reqs=("$here/scripts/requirements.txt")
+[ "$with_tests" = 1 ] && reqs+=("$here/scripts/requirements-tests.txt")
+for r in "${reqs[@]}"; do
+  stamp="$venv/.installed-$(basename "$r")"
+  want="$(sha256sum < "$r" | cut -c1-16)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "[setup] python: $(basename "$r") already in .venv"
+    continue
+  fi
+  echo "[setup] python: installing $(grep -v '^#' "$r" | grep . | tr '\n' ' ')into .venv"
+  case "$r" in
+    */requirements.txt) echo "[setup]   (PyTorch 2.11.0 with its CUDA 13 libraries: about 3 GB to download, 4.7 GB on disk)" ;;
+  esac
+  t0=$SECONDS
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$r"
+  echo "$want" > "$stamp"
+  echo "[setup] python: $(basename "$r") installed in $((SECONDS - t0)) s"
+done
 echo "[setup] done"

@@ -46,7 +46,7 @@ void run_aggregate(const AggregateArgs& a) {
              sha, a.out);
 }
 
-spes::cli::SubcommandRegistrar reg("aggregate",
+spes::cli::SubcommandRegistrar register_aggregate("aggregate",
                                    "Apply one sync round offline to uploads kept by the server",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<AggregateArgs>();

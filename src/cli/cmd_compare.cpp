@@ -12,7 +12,7 @@ struct CompareArgs {
   std::vector<std::string> dirs, labels;
 };
 
-spes::cli::SubcommandRegistrar reg("compare", "Compare runs side by side as a Markdown table",
+spes::cli::SubcommandRegistrar register_compare("compare", "Compare runs side by side as a Markdown table",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<CompareArgs>();
   sub.add_option("dirs", a->dirs, "Run directories (spes train --out or spes launch --out)")

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "spes/common/bundled_assets.h"
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/eval/loaded_model.h"
@@ -16,7 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct EvalArgs {
-  std::string checkpoint, tasks = "all", eval_dir = "../shared/eval";
+  std::string checkpoint, tasks = "all", eval_dir;  // eval_dir empty: the bundled tasks
   int64_t limit = 0;
   int threads = 0;
 };
@@ -27,19 +28,20 @@ void run_eval(const EvalArgs& a) {
              a.checkpoint);
   m.config.threads = a.threads;
   spes::configure_threads(m.config);
+  const std::string eval_dir = a.eval_dir.empty() ? spes::bundled_asset("eval") : a.eval_dir;
   std::vector<std::string> tasks;
   if (a.tasks == "all") {
-    SPES_CHECK(fs::is_directory(a.eval_dir), "--eval-dir '{}' is not a directory", a.eval_dir);
-    for (const auto& e : fs::directory_iterator(a.eval_dir))
+    SPES_CHECK(fs::is_directory(eval_dir), "--eval-dir '{}' is not a directory", eval_dir);
+    for (const auto& e : fs::directory_iterator(eval_dir))
       if (fs::exists(e.path() / "requests.jsonl.gz")) tasks.push_back(e.path().filename());
     std::sort(tasks.begin(), tasks.end());
   } else {
     tasks = spes::split(a.tasks, ',');
   }
-  SPES_CHECK(!tasks.empty(), "no tasks found under '{}'", a.eval_dir);
+  SPES_CHECK(!tasks.empty(), "no tasks found under '{}'", eval_dir);
   for (const auto& t : tasks) {
     std::string path = t;
-    if (!fs::exists(path)) path = a.eval_dir + "/" + t + "/requests.jsonl.gz";
+    if (!fs::exists(path)) path = eval_dir + "/" + t + "/requests.jsonl.gz";
     SPES_CHECK(fs::exists(path), "task '{}': no file '{}' (use --eval-dir)", t, path);
     const auto docs = spes::mc_read_requests(path);
     const auto r = spes::mc_evaluate(*m.model, *m.tokenizer, t, docs, a.limit);
@@ -51,12 +53,13 @@ void run_eval(const EvalArgs& a) {
   }
 }
 
-spes::cli::SubcommandRegistrar reg("eval", "Score a checkpoint on multiple-choice tasks",
+spes::cli::SubcommandRegistrar register_eval("eval", "Score a checkpoint on multiple-choice tasks",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<EvalArgs>();
   sub.add_option("--checkpoint", a->checkpoint, "Checkpoint directory")->required();
   sub.add_option("--tasks", a->tasks, "Comma-separated task names or requests files, or all");
-  sub.add_option("--eval-dir", a->eval_dir, "Directory with <task>/requests.jsonl.gz");
+  sub.add_option("--eval-dir", a->eval_dir,
+                 "Directory with <task>/requests.jsonl.gz (default: the bundled tasks, assets/eval)");
   sub.add_option("--limit", a->limit, "Documents per task (0: all)");
   sub.add_option("--threads", a->threads, "CPU threads (0: all cores)");
   sub.callback([a] { run_eval(*a); });

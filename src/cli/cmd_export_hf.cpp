@@ -29,7 +29,7 @@ void run_export(const ExportArgs& a) {
   std::cout << std::endl;
 }
 
-spes::cli::SubcommandRegistrar reg(
+spes::cli::SubcommandRegistrar register_export_hf(
     "export-hf", "Write a checkpoint as a Hugging Face model directory", [](CLI::App& sub) {
       auto a = std::make_shared<ExportArgs>();
       sub.add_option("--checkpoint", a->checkpoint, "Checkpoint directory")->required();

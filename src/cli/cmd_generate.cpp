@@ -25,7 +25,7 @@ void run_generate(const GenerateArgs& a) {
   std::cout << m.tokenizer->decode(ids) << std::endl;
 }
 
-spes::cli::SubcommandRegistrar reg("generate", "Sample text from a checkpoint", [](CLI::App& sub) {
+spes::cli::SubcommandRegistrar register_generate("generate", "Sample text from a checkpoint", [](CLI::App& sub) {
   auto a = std::make_shared<GenerateArgs>();
   sub.add_option("--checkpoint", a->checkpoint, "Checkpoint directory")->required();
   sub.add_option("--prompt", a->prompt, "Text to continue");

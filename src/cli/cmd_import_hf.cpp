@@ -32,7 +32,7 @@ void run_import(const ImportArgs& a) {
             << std::endl;
 }
 
-spes::cli::SubcommandRegistrar reg(
+spes::cli::SubcommandRegistrar register_import_hf(
     "import-hf", "Turn a Hugging Face model directory into a checkpoint", [](CLI::App& sub) {
       auto a = std::make_shared<ImportArgs>();
       sub.add_option("--from", a->from, "Hugging Face model directory")->required();

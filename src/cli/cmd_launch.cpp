@@ -9,7 +9,7 @@
 
 namespace {
 
-spes::cli::SubcommandRegistrar reg("launch", "Run a sync server and N SPES nodes on localhost",
+spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and N SPES nodes on localhost",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<spes::sync::LaunchOptions>();
   auto no_summary = std::make_shared<bool>(false);

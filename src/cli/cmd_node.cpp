@@ -46,7 +46,7 @@ void run_node(const NodeArgs& a) {
                r.perplexity);
 }
 
-spes::cli::SubcommandRegistrar reg("node", "Run one SPES node against a sync server",
+spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against a sync server",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<NodeArgs>();
   sub.add_option("--config", a->config, "YAML config (the same as the server's)");

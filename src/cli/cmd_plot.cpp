@@ -32,7 +32,7 @@ void run_plot(const PlotArgs& a) {
   std::printf("wrote %s\n", a.out.c_str());
 }
 
-spes::cli::SubcommandRegistrar reg("plot", "Plot a run's curves, or compare runs, as SVG",
+spes::cli::SubcommandRegistrar register_plot("plot", "Plot a run's curves, or compare runs, as SVG",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<PlotArgs>();
   sub.add_option("dirs", a->dirs, "Run directories (spes train --out or spes launch --out)")

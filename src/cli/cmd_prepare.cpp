@@ -10,7 +10,7 @@
 
 namespace {
 
-spes::cli::SubcommandRegistrar reg(
+spes::cli::SubcommandRegistrar register_prepare(
     "prepare", "Tokenize text/JSONL files into token shards for training", [](CLI::App& sub) {
       auto o = std::make_shared<spes::PrepareOptions>();
       sub.add_option("--input", o->inputs,

@@ -34,7 +34,7 @@ void run_score(const ScoreArgs& a) {
   std::cout << nlohmann::ordered_json{{"tokens", ids}, {"logprobs", lp}}.dump() << std::endl;
 }
 
-spes::cli::SubcommandRegistrar reg(
+spes::cli::SubcommandRegistrar register_score(
     "score", "Print per-token log-probabilities of a text as JSON", [](CLI::App& sub) {
       auto a = std::make_shared<ScoreArgs>();
       sub.add_option("--checkpoint", a->checkpoint,

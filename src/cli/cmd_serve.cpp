@@ -60,7 +60,7 @@ void run_serve(const ServeArgs& a) {
   if (g_stop) spdlog::info("sync server stopped by signal");
 }
 
-spes::cli::SubcommandRegistrar reg("serve", "Run the SPES sync server", [](CLI::App& sub) {
+spes::cli::SubcommandRegistrar register_serve("serve", "Run the SPES sync server", [](CLI::App& sub) {
   auto a = std::make_shared<ServeArgs>();
   sub.add_option("--config", a->config, "YAML config (the nodes must use the same one)");
   sub.add_option("--out", a->out, "Server directory (published model, state.json, rounds.jsonl)");

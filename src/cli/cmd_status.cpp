@@ -66,7 +66,7 @@ void run_status(const StatusArgs& a) {
                figure(n.loss, 4), figure(n.tokens_per_s, 0), n.detail);
 }
 
-spes::cli::SubcommandRegistrar reg("status", "Show a sync server's rounds and node states",
+spes::cli::SubcommandRegistrar register_status("status", "Show a sync server's rounds and node states",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<StatusArgs>();
   sub.add_option("--server", a->server, "host:port of `spes serve`");

@@ -35,7 +35,7 @@ void run_tokenize(const TokenizeArgs& a) {
   std::cout << nlohmann::json(tok->encode(a.text)).dump() << std::endl;
 }
 
-spes::cli::SubcommandRegistrar reg("tokenize", "Encode text to token ids (or decode ids)",
+spes::cli::SubcommandRegistrar register_tokenize("tokenize", "Encode text to token ids (or decode ids)",
                                    [](CLI::App& sub) {
   auto a = std::make_shared<TokenizeArgs>();
   sub.add_option("--tokenizer", a->tokenizer, "tokenizer.json or SentencePiece .model")

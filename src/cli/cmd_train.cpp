@@ -34,7 +34,7 @@ void run_train(const TrainArgs& a) {
   if (!a.no_summary) spes::cli::print_run_summary(trainer, r);
 }
 
-spes::cli::SubcommandRegistrar reg("train", "Train a model on one node", [](CLI::App& sub) {
+spes::cli::SubcommandRegistrar register_train("train", "Train a model on one node", [](CLI::App& sub) {
   auto a = std::make_shared<TrainArgs>();
   sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
   sub.add_option("--out", a->out, "Run directory (metrics.jsonl, checkpoint/)");

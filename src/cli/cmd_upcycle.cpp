@@ -26,7 +26,7 @@ void run_upcycle(const UpcycleArgs& a) {
             << "; or start a SPES run with --set model.init_checkpoint=" << a.out << std::endl;
 }
 
-spes::cli::SubcommandRegistrar reg(
+spes::cli::SubcommandRegistrar register_upcycle(
     "upcycle", "Turn a dense model into an MoE checkpoint (experts copied from the MLP)",
     [](CLI::App& sub) {
       auto a = std::make_shared<UpcycleArgs>();

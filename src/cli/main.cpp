@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "spes/common/error.h"
+#include "spes/train/device.h"
 
 namespace spes::cli {
 std::vector<SubcommandInfo>& subcommand_list() {
@@ -18,7 +19,9 @@ std::vector<SubcommandInfo>& subcommand_list() {
 
 int main(int argc, char** argv) {
   CLI::App app{"spes: memory-efficient decentralized pretraining of mixture-of-experts models"};
-  app.set_version_flag("--version", std::string("spes ") + SPES_VERSION);
+  app.set_version_flag("--version", [] {
+    return std::string("spes ") + SPES_VERSION + " (" + spes::torch_build_summary() + ")";
+  });
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();
   auto& list = spes::cli::subcommand_list();

@@ -1,7 +1,7 @@
-// Tests of the native tokenizer.json BPE: ids against Hugging Face's own implementation (npm
-// `tokenizers`, run through node) on varied text, decode round trips, and a tiny hand-written
-// tokenizer whose ids are worked out by hand (merge priority, both merge forms, added tokens,
-// Split pre-tokenizer, NFC).
+// Tests of the native tokenizer.json BPE: ids against Hugging Face's own implementation (the
+// `tokenizers` package from PyPI, through tests/data/hf_tokenizers_reference.py) on varied
+// text, decode round trips, and a tiny hand-written tokenizer whose ids are worked out by hand
+// (merge priority, both merge forms, added tokens, Split pre-tokenizer, NFC).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "data/data_test_util.h"
+#include "python_reference.h"
 #include "spes/common/error.h"
 #include "spes/data/hf_bpe_tokenizer.h"
 #include "spes/data/tokenizer.h"
@@ -21,7 +22,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Ids = std::vector<int64_t>;
 
-const std::string kNeox = std::string(SPES_SHARED_DIR) + "/tokenizers/gpt-neox-olmo-dolma-v1_5.json";
+const std::string kNeox = std::string(SPES_ASSETS_DIR) + "/tokenizers/gpt-neox-olmo-dolma-v1_5.json";
 
 const std::vector<std::string> kTexts = {
     "Hello world",
@@ -62,39 +63,19 @@ const std::vector<std::string> kTexts = {
     "supercalifragilisticexpialidocioussupercalifragilisticexpialidocious",
 };
 
-// Runs tests/data/hf_tokenizers_reference.js; empty result with `why` set when it cannot run.
-json reference_encodings(const std::string& tokenizer, const std::vector<std::string>& texts,
-                         std::string& why) {
-  const std::string modules = std::string(SPES_SOURCE_DIR) + "/tools/node/node_modules";
-  if (std::system("node --version > /dev/null 2>&1") != 0) {
-    why = "node is not installed (Node.js ships with the machine image; see scripts/setup.sh)";
-    return json();
-  }
-  if (!fs::exists(modules + "/tokenizers")) {
-    why = "npm package 'tokenizers' missing in tools/node; run: bash scripts/setup.sh";
-    return json();
-  }
+// Ids and decoded text of every text from Hugging Face's `tokenizers` (tests/data/
+// hf_tokenizers_reference.py).
+json reference_encodings(const std::string& tokenizer, const std::vector<std::string>& texts) {
   spes::test::TempDir tmp;
   spes::test::write_bytes(tmp.file("inputs.json"), json(texts).dump());
-  const std::string cmd = "node '" + std::string(SPES_SOURCE_DIR) +
-                          "/tests/data/hf_tokenizers_reference.js' '" + modules + "' '" +
-                          tokenizer + "' '" + tmp.file("inputs.json") + "'";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int rc = ::pclose(p);
-  EXPECT_EQ(rc, 0) << "reference script failed: " << cmd;
-  return json::parse(out);
+  return json::parse(spes::test::run_python_reference("data/hf_tokenizers_reference.py",
+                                                      {tokenizer, tmp.file("inputs.json")}));
 }
 
-// Compares encode() and decode() of every text with the reference; false when it cannot run.
-bool compare_with_reference(const std::string& tokenizer_file, std::string& why) {
-  json ref = reference_encodings(tokenizer_file, kTexts, why);
-  if (ref.is_null()) return false;
-  EXPECT_EQ(ref.size(), kTexts.size());
+// Compares encode() and decode() of every text with the reference.
+void compare_with_reference(const std::string& tokenizer_file) {
+  const json ref = reference_encodings(tokenizer_file, kTexts);
+  ASSERT_EQ(ref.size(), kTexts.size());
   auto tok = spes::tokenizer_load(tokenizer_file);
   EXPECT_EQ(tok->kind(), "hf-bpe");
   for (size_t i = 0; i < kTexts.size() && i < ref.size(); ++i) {
@@ -103,13 +84,11 @@ bool compare_with_reference(const std::string& tokenizer_file, std::string& why)
     EXPECT_EQ(got, expect) << "text #" << i << ": " << json(kTexts[i]).dump();
     EXPECT_EQ(tok->decode(got), ref[i]["decoded"].get<std::string>()) << "text #" << i;
   }
-  return true;
 }
 
 TEST(HfBpeTokenizer, MatchesReferenceImplementation) {
   ASSERT_TRUE(fs::exists(kNeox)) << "missing test tokenizer " << kNeox;
-  std::string why;
-  if (!compare_with_reference(kNeox, why)) GTEST_SKIP() << why;
+  compare_with_reference(kNeox);
 }
 
 // The same vocabulary behind Qwen2- and Llama-3-style pre-tokenizers (a Split regex in a
@@ -137,8 +116,7 @@ TEST(HfBpeTokenizer, MatchesReferenceWithSplitPreTokenizers) {
     }
     const std::string file = tmp.file("variant" + std::to_string(variant++) + ".json");
     spes::test::write_bytes(file, j.dump());
-    std::string why;
-    if (!compare_with_reference(file, why)) GTEST_SKIP() << why;
+    compare_with_reference(file);
   }
 }
 

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 using spes::test::TempDir;
 using spes::test::write_bytes;
 
-const std::string kNeox = std::string(SPES_SHARED_DIR) + "/tokenizers/gpt-neox-olmo-dolma-v1_5.json";
+const std::string kNeox = std::string(SPES_ASSETS_DIR) + "/tokenizers/gpt-neox-olmo-dolma-v1_5.json";
 
 // The documents of a prepared directory, split at EOS and decoded.
 std::vector<std::string> decoded_documents(const std::string& dir) {

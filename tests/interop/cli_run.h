@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/data_test_util.h"
+#include "python_reference.h"
 
 namespace spes::interop_test {
 
@@ -17,11 +18,7 @@ struct CliResult {
   std::string out, err;
 };
 
-inline std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using spes::test::shell_quote;
 
 inline std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -4,6 +4,7 @@
 // `spes --version`, defaults in `--help`, and one-line errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -27,7 +28,15 @@ TEST(InteropCli, VersionAndDefaultsInHelp) {
   interop_test::TempDir d;
   auto v = interop_test::run_spes(d, {"--version"});
   EXPECT_EQ(v.code, 0);
-  EXPECT_EQ(v.out, std::string("spes ") + SPES_VERSION + "\n");
+  // The libtorch it was built with, whether CUDA is compiled in, and the GPUs this process sees.
+  const std::string head = std::string("spes ") + SPES_VERSION + " (libtorch " + TORCH_VERSION;
+  EXPECT_EQ(v.out.rfind(head, 0), 0u) << v.out;
+  const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  EXPECT_THAT(v.out, ::testing::AnyOf(
+                         ::testing::EndsWith(", CUDA: no)\n"),
+                         ::testing::MatchesRegex(".*, CUDA [0-9]+\\.[0-9], GPUs visible: " +
+                                                 std::to_string(gpus) + "\\)\n")))
+      << v.out;
   const std::vector<std::pair<std::string, std::vector<std::string>>> want = {
       {"export-hf", {"5GB", "float32"}},
       {"import-hf", {"--max-seq-len", "0"}},

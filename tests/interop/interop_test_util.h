@@ -20,7 +20,7 @@ namespace spes::interop_test {
 using spes::test::TempDir;
 
 inline const std::string kNeoxTokenizer =
-    std::string(SPES_SHARED_DIR) + "/tokenizers/gpt-neox-olmo-dolma-v1_5.json";
+    std::string(SPES_ASSETS_DIR) + "/tokenizers/gpt-neox-olmo-dolma-v1_5.json";
 
 // The shared tiny shape with per-tensor knobs: MoE, whole QK-norm, raw top-k by default.
 inline ModelConfig tiny(const std::string& block = "moe", const std::string& qk = "whole",

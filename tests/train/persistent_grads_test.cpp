@@ -83,8 +83,12 @@ TEST(PersistentGrads, ExpertKernelAccumulatesIntoBuffers) {
   // Reference: the composite expert, gradients accumulated by autograd.
   for (const auto& x : {x1, x2}) expert_forward_reference(e, x).pow(2).sum().backward();
   for (const auto& x : {x1, x2}) expert_forward(f, x).pow(2).sum().backward();
+  // Within 1e-5 of the gradient's scale (entries reach ~1e4 here: different GEMM blockings
+  // differ by an ulp of the largest entries, which is more than 1e-5 of a small one).
   for (auto [r, k] : {std::pair{e.w1, f.w1}, {e.v1, f.v1}, {e.w2, f.w2}}) {
-    EXPECT_TRUE(torch::allclose(k.grad(), r.grad(), 1e-5, 1e-5));
+    const double scale = r.grad().abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(k.grad(), r.grad(), 1e-5, 1e-5 * scale))
+        << "max diff " << (k.grad() - r.grad()).abs().max().item<double>() << " scale " << scale;
   }
   EXPECT_GT(opt.grad_norm(), 0.0);
 }

@@ -1,8 +1,12 @@
 // Process facts (see sysinfo.h).
 #include "spes/common/sysinfo.h"
 
+#include "spes/common/error.h"
+
+#include <limits.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <thread>
@@ -30,6 +34,13 @@ int cpu_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(std::thread::hardware_concurrency());
+}
+
+std::string executable_path() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  SPES_CHECK(n > 0, "cannot resolve /proc/self/exe (is /proc mounted?)");
+  return std::string(buf, static_cast<size_t>(n));
 }
 
 }  // namespace spes

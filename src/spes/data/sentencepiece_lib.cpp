@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "spes/common/error.h"
+#include "spes/common/sysinfo.h"
 
 #ifndef SPES_SP_SHIM_BUILD_PATH
 #define SPES_SP_SHIM_BUILD_PATH ""
@@ -39,13 +40,10 @@ constexpr const char* kShimName = "libspes_sentencepiece.so";
 std::vector<std::string> candidate_paths() {
   std::vector<std::string> c;
   if (const char* env = std::getenv("SPES_SENTENCEPIECE_SHIM")) c.push_back(env);
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    c.push_back((exe.parent_path() / kShimName).string());
-    c.push_back((exe.parent_path().parent_path() / kShimName).string());
-    c.push_back((exe.parent_path().parent_path() / "lib" / kShimName).string());
-  }
+  const fs::path exe = executable_path();
+  c.push_back((exe.parent_path() / kShimName).string());
+  c.push_back((exe.parent_path().parent_path() / kShimName).string());
+  c.push_back((exe.parent_path().parent_path() / "lib" / kShimName).string());
   if (*SPES_SP_SHIM_BUILD_PATH) c.push_back(SPES_SP_SHIM_BUILD_PATH);
   if (*SPES_SP_SHIM_INSTALL_PATH) c.push_back(SPES_SP_SHIM_INSTALL_PATH);
   return c;

@@ -185,9 +185,12 @@ HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
   m.mlp_hidden_size = r.integer(type == "qwen3_moe" ? "moe_intermediate_size"
                                                     : "intermediate_size");
   if (moe) {
-    m.moe_num_experts = r.integer("num_experts");
+    // transformers 5 writes Qwen3-MoE's expert count as num_local_experts, 4.x as num_experts.
+    const char* experts_key =
+        !r.has("num_experts") && r.has("num_local_experts") ? "num_local_experts" : "num_experts";
+    m.moe_num_experts = r.integer(experts_key);
     m.moe_top_k = r.integer("num_experts_per_tok");
-    SPES_CHECK(m.moe_num_experts > 0, "{}: 'num_experts' must be positive", origin);
+    SPES_CHECK(m.moe_num_experts > 0, "{}: '{}' must be positive", origin, experts_key);
     m.moe_norm_topk_prob = r.boolean("norm_topk_prob", false);
     m.moe_loss_weight = r.number("router_aux_loss_coef", type == "olmoe" ? 0.01 : 0.001);
   }

@@ -224,22 +224,13 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v) {
-  const int64_t H = q.size(1), Hkv = k.size(1), T = q.size(2), hd = q.size(3);
+  const int64_t H = q.size(1), Hkv = k.size(1);
   torch::Tensor kk = k, vv = v;
   if (Hkv != H) {
     kk = k.repeat_interleave(H / Hkv, 1);
     vv = v.repeat_interleave(H / Hkv, 1);
   }
-#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, kk, vv, {}, 0.0, /*is_causal=*/true);
-#else
-  torch::Tensor scores = torch::matmul(q, kk.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
-  torch::Tensor mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
-                           .triu(1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  torch::Tensor probs = torch::softmax(scores, -1, at::promote_types(q.scalar_type(), torch::kFloat32)).to(q.scalar_type());
-  return torch::matmul(probs, vv);
-#endif
 }
 
 torch::Tensor attention_forward(const BlockWeights& b, const torch::Tensor& x,

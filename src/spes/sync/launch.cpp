@@ -96,7 +96,7 @@ int launch_cluster(const LaunchOptions& o) {
   }
   const std::string cfg_path = o.out + "/config.yaml";
   file_write_atomic(cfg_path, config_to_yaml(cfg));
-  const std::string exe = o.executable.empty() ? self_executable() : o.executable;
+  const std::string exe = o.executable.empty() ? executable_path() : o.executable;
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;

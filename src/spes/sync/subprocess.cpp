@@ -132,11 +132,4 @@ void Subprocess::kill(int sig) {
   if (pid_ > 0 && !exited_) ::kill(pid_, sig);
 }
 
-std::string self_executable() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  SPES_CHECK(n > 0, "cannot resolve /proc/self/exe");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 }  // namespace spes::sync

@@ -39,7 +39,4 @@ class Subprocess {
   int code_ = 0;
 };
 
-// Path of the running executable (/proc/self/exe).
-std::string self_executable();
-
 }  // namespace spes::sync

@@ -2,6 +2,8 @@
 #include "spes/train/device.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/version.h>
 
 #include "spes/common/error.h"
 #include "spes/common/sysinfo.h"
@@ -34,26 +36,31 @@ void configure_threads(const Config& cfg) {
   at::set_num_threads(n);
 }
 
+std::string torch_build_summary() {
+  std::string s = fmt::format("libtorch {}", TORCH_VERSION);
+  const auto& hooks = at::detail::getCUDAHooks();
+  long cudart = 0;
+  try {
+    cudart = hooks.versionCUDART();  // throws when libtorch has no CUDA library
+  } catch (const c10::Error&) {
+  }
+  if (cudart <= 0) return s + ", CUDA: no";
+  s += fmt::format(", CUDA {}.{}", cudart / 1000, (cudart % 1000) / 10);
+  const int64_t n = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
+  return s + fmt::format(", GPUs visible: {}", n);
+}
+
 AutocastScope::AutocastScope(bool enabled) : enabled_(enabled) {
   if (!enabled_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   at::autocast::set_autocast_enabled(at::kCUDA, true);
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-#else
-  at::autocast::set_enabled(true);
-  at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-#endif
   at::autocast::increment_nesting();
 }
 
 AutocastScope::~AutocastScope() {
   if (!enabled_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   at::autocast::set_autocast_enabled(at::kCUDA, false);
-#else
-  at::autocast::set_enabled(false);
-#endif
 }
 
 }  // namespace spes

@@ -1,6 +1,6 @@
 // Device and precision selection: "auto" picks CUDA when libtorch sees a GPU, else CPU; on
 // CUDA the default precision is bf16 autocast over fp32 master weights. AutocastScope turns
-// autocast on for one forward pass, across libtorch 1.13 and 2.x APIs.
+// autocast on for one forward pass. torch_build_summary() says which libtorch this is.
 #pragma once
 #include <torch/torch.h>
 
@@ -13,6 +13,9 @@ torch::Device select_device(const Config& cfg);
 bool use_bf16_autocast(const Config& cfg, const torch::Device& device);
 // Sets the intra-op thread count (cfg.threads, or every core when 0).
 void configure_threads(const Config& cfg);
+// "libtorch 2.11.0, CUDA 13.0, GPUs visible: 1", or "libtorch 2.11.0, CUDA: no" for a
+// CPU-only libtorch: the version built against, whether CUDA is compiled in, what runs now.
+std::string torch_build_summary();
 
 class AutocastScope {
  public:
