@@ -5,7 +5,7 @@
 
 #include "cli/command.h"
 #include "cli/run_summary.h"
-#include "spes/sync/launch.h"
+#include "spes/cluster/launch.h"
 
 namespace {
 
