@@ -1,9 +1,14 @@
 // Training throughput benchmark: for one model shape, times full optimizer steps (forward,
 // backward, clipping, AdamW) on random tokens and reports tokens/s, model FLOPs per token
 // (6 x active matrix parameters incl. the LM head, excl. the embedding lookup, + 12 x layers x
-// seq x d_model for attention), the machine's fp32 GEMM peak measured in the same process,
-// MFU = achieved / peak, and peak RSS. Prints one JSON line. Run one shape per process so that
-// peak RSS belongs to that shape (bench/run_train_bench.sh does this).
+// seq x d_model for attention; frozen experts count 4 instead of 6, as they compute no weight
+// gradient, weighted by the share of experts frozen, i.e. assuming balanced routing), the
+// matrix-product peak measured in the same process (fp32 GEMMs on CPU; bf16 or fp32 products
+// on a GPU, or --peak-tflops), MFU = achieved / peak, and peak memory (RSS; on a GPU also the
+// caching allocator's peak tensor bytes). --device and --precision choose where and how (the
+// trainer's layouts: grouped experts and bf16 frozen experts under amp_bf16, see
+// train/device.h). Prints one JSON line. Run one shape per process so that peak memory belongs
+// to that shape (bench/run_train_bench.sh, scripts/gpu_check.sh).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -18,6 +23,8 @@
 #include "spes/io/config.h"
 #include "spes/model/losses.h"
 #include "spes/model/registry.h"
+#include "spes/train/device.h"
+#include "spes/train/memory_meter.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
 
@@ -55,13 +62,39 @@ static double measure_gemm_peak(int64_t n, int reps, double* per_cpu_s) {
   return best;
 }
 
-static double flops_per_token(const spes::ModelConfig& m) {
+// Best sustained rate of square n x n products of `dtype` on a GPU, in FLOP/s.
+static double measure_gpu_matmul_peak(const torch::Device& dev, torch::ScalarType dtype,
+                                      int64_t n, int reps) {
+  torch::NoGradGuard ng;
+  auto o = torch::TensorOptions().dtype(dtype).device(dev);
+  torch::Tensor a = torch::randn({n, n}, o), b = torch::randn({n, n}, o), c = torch::empty({n, n}, o);
+  for (int i = 0; i < 3; ++i) torch::mm_out(c, a, b);
+  torch::cuda::synchronize();
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < 10; ++i) torch::mm_out(c, a, b);
+    torch::cuda::synchronize();
+    best = std::max(best, 10 * 2.0 * n * n * n / seconds_since(t0));
+  }
+  return best;
+}
+
+// frozen_share: fraction of each layer's experts that are frozen (4 FLOPs per parameter and
+// token instead of 6: no weight gradient), under balanced routing.
+static double flops_per_token(const spes::ModelConfig& m, double frozen_share) {
   const double D = m.d_model, F = m.mlp_hidden_size, kv = m.kv_heads() * m.head_dim();
-  double per_layer = D * D * 2 + D * kv * 2;  // q, o, k, v
-  if (m.is_moe()) per_layer += m.moe_num_experts * D + m.moe_top_k * 3 * D * F;
-  else per_layer += 3 * D * F;
-  const double active = m.n_layers * per_layer + m.vocab_size * D;  // + LM head
-  return 6 * active + 12.0 * m.n_layers * m.max_sequence_length * D;
+  double shared = D * D * 2 + D * kv * 2;  // q, o, k, v
+  double expert = 0;
+  if (m.is_moe()) {
+    shared += m.moe_num_experts * D;
+    expert = m.moe_top_k * 3 * D * F;
+  } else {
+    shared += 3 * D * F;
+  }
+  const double per_layer = 6 * shared + expert * (6 * (1 - frozen_share) + 4 * frozen_share);
+  return m.n_layers * per_layer + 6.0 * m.vocab_size * D +  // + LM head
+         12.0 * m.n_layers * m.max_sequence_length * D;
 }
 
 int main(int argc, char** argv) {
@@ -76,9 +109,10 @@ int main(int argc, char** argv) {
   cfg.model.vocab_size = 8192;
   cfg.model.max_sequence_length = 256;
   int64_t batch = 8, steps = 5, warmup = 2, threads = 0, micro_batch = -1;
-  double frozen_fraction = 0;
+  double frozen_fraction = 0, peak_tflops = 0;
   std::string profile;
   std::string name = "d512";
+  bool fast_init = false;
   app.add_option("--name", name, "Label of this shape in the output");
   app.add_option("--d-model", cfg.model.d_model);
   app.add_option("--layers", cfg.model.n_layers);
@@ -100,21 +134,47 @@ int main(int argc, char** argv) {
                  "Fraction of each layer's experts frozen (e.g. 0.75 = a SPES node of 4)");
   app.add_option("--profile", profile,
                  "Write a chrome trace of one extra step (after the timed ones) to this file");
+  app.add_option("--device", cfg.device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--precision", cfg.precision, "fp32, amp_bf16 or auto (bf16 on a GPU)");
+  app.add_option("--activation-checkpointing", cfg.activation_checkpointing,
+                 "none, whole_layer, one_in_two, ...");
+  app.add_option("--peak-tflops", peak_tflops,
+                 "Matrix-product peak to divide by, in TFLOP/s (0: measure it here)");
+  app.add_flag("--fast-init", fast_init,
+               "Fill weights with N(0, 0.02) on the device instead of the truncated-normal init on "
+               "the CPU (large models: the step's speed does not depend on it)");
   CLI11_PARSE(app, argc, argv);
 
   at::set_num_threads(threads > 0 ? static_cast<int>(threads) : spes::cpu_cores());
+  const torch::Device dev = spes::select_device(cfg);
+  const bool bf16 = spes::use_bf16_autocast(cfg, dev);
   const int64_t E = cfg.model.moe_num_experts;
   const int64_t n_frozen = static_cast<int64_t>(frozen_fraction * E + 0.5);
   for (int64_t e = E - n_frozen; e < E; ++e) cfg.frozen_experts.push_back("*:" + std::to_string(e));
+  config_validate(cfg, "bench");
 
-  double peak_per_cpu_s = 0;
-  const double peak = measure_gemm_peak(1024, 5, &peak_per_cpu_s);
-  spes::Transformer model(cfg.model);
-  model.init_weights(1);
-  spes::ParamRegistry reg(model, cfg, spes::Ownership::from_config(cfg), 0);
+  double peak_per_cpu_s = 0, peak = peak_tflops * 1e12;
+  if (peak <= 0)
+    peak = dev.is_cuda() ? measure_gpu_matmul_peak(dev, bf16 ? torch::kBFloat16 : torch::kFloat32,
+                                                   8192, 5)
+                         : measure_gemm_peak(1024, 5, &peak_per_cpu_s);
+  std::unique_ptr<spes::MemoryMeter> gpu_meter;  // the peak from here on (not the peak products)
+  if (dev.is_cuda()) gpu_meter = std::make_unique<spes::MemoryMeter>(dev);
+  const spes::Ownership own = spes::Ownership::from_config(cfg);
+  spes::Transformer model(cfg.model, dev,
+                          spes::model_runtime_for(cfg, dev, spes::trainable_expert_table(cfg, own, 0)));
+  if (fast_init) {
+    torch::NoGradGuard ng;
+    for (const auto& p : model.params())
+      if (p.tensor.dim() == 1) p.tensor.fill_(1.0);
+      else p.tensor.normal_(0.0, cfg.model.init_std);
+  } else {
+    model.init_weights(1);
+  }
+  spes::ParamRegistry reg(model, cfg, own, 0);
   spes::AdamW opt(reg.trainable(), cfg.optimizer);
   opt.use_persistent_grads();  // as the trainer does
-  if (micro_batch < 0) micro_batch = batch % at::get_num_threads() == 0
+  if (micro_batch < 0) micro_batch = !dev.is_cuda() && batch % at::get_num_threads() == 0
                                          ? batch / at::get_num_threads() : batch;
   if (micro_batch == 0) micro_batch = batch;
   if (batch % micro_batch != 0) {
@@ -123,24 +183,34 @@ int main(int argc, char** argv) {
   }
   const int64_t micro_batches = batch / micro_batch;
   spes::MicroBatchWorkers workers(
-      model, reg.trainable(), spes::MicroBatchWorkers::workers_for(micro_batches, torch::kCPU));
+      model, reg.trainable(), spes::MicroBatchWorkers::workers_for(micro_batches, dev));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const int64_t T = cfg.model.max_sequence_length;
   auto run_step = [&] {  // what Trainer::train_step does, without data loading and logging
     torch::Tensor tokens = at::randint(cfg.model.vocab_size, {batch, T}, gen, torch::kInt64);
     torch::Tensor targets = torch::roll(tokens, -1, 1);
+    if (dev.is_cuda()) {  // as the trainer: from pinned memory, without waiting for the device
+      tokens = tokens.pin_memory().to(dev, /*non_blocking=*/true);
+      targets = targets.pin_memory().to(dev, /*non_blocking=*/true);
+    }
     workers.run(micro_batches, [&](const spes::Transformer& m, int64_t i) {
-      spes::LossTerms l = spes::compute_losses(m, tokens.narrow(0, i * micro_batch, micro_batch),
-                                               targets.narrow(0, i * micro_batch, micro_batch));
+      spes::LossTerms l;
+      {
+        spes::AutocastScope ac(bf16, dev.type());
+        l = spes::compute_losses(m, tokens.narrow(0, i * micro_batch, micro_batch),
+                                 targets.narrow(0, i * micro_batch, micro_batch));
+      }
       (l.total / static_cast<double>(micro_batches)).backward();
     });
-    opt.step(1e-4, 1.0);
+    opt.step(1e-4, 1.0);  // waits for the device once (the gradient norm)
     opt.zero_grad();
   };
   for (int64_t i = 0; i < warmup; ++i) run_step();
+  if (dev.is_cuda()) torch::cuda::synchronize();
   auto t0 = Clock::now();
   const double c0 = cpu_seconds();
   for (int64_t i = 0; i < steps; ++i) run_step();
+  if (dev.is_cuda()) torch::cuda::synchronize();
   const double secs = seconds_since(t0) / steps;
   const double cpu_secs = (cpu_seconds() - c0) / steps;
   const double tok_s = batch * T / secs;
@@ -148,20 +218,29 @@ int main(int argc, char** argv) {
     torch::autograd::profiler::RecordProfile guard(profile);
     run_step();
   }
-  const double fpt = flops_per_token(cfg.model);
+  const double fpt = flops_per_token(cfg.model, static_cast<double>(n_frozen) / std::max<int64_t>(1, E));
+  int64_t weight_bytes = 0;
+  for (const auto& p : model.params()) weight_bytes += p.tensor.nbytes();
   nlohmann::json out = {
-      {"name", name}, {"threads", at::get_num_threads()}, {"params", model.num_params()},
+      {"name", name}, {"device", dev.str()}, {"precision", bf16 ? "amp_bf16" : "fp32"},
+      {"activation_checkpointing", cfg.activation_checkpointing},
+      {"threads", at::get_num_threads()}, {"params", model.num_params()},
+      {"weight_bytes", weight_bytes},
       {"trainable_params", reg.trainable_numel()}, {"frozen_experts_per_layer", n_frozen},
       {"tokens_per_step", batch * T}, {"micro_batch", micro_batch},
       {"parallel_micro_batches", workers.workers()}, {"step_s", secs}, {"tokens_per_s", tok_s},
       {"flops_per_token", fpt}, {"achieved_gflops", tok_s * fpt / 1e9},
       {"gemm_peak_gflops", peak / 1e9}, {"mfu", tok_s * fpt / peak},
+      {"peak_source", peak_tflops > 0 ? "given" : dev.is_cuda() ? (bf16 ? "bf16 8192^3" : "fp32 8192^3") : "fp32 1024^3"},
       // The same ratio in CPU time (FLOPs per CPU second of the steps over those of the GEMM
       // peak): less sensitive to a loaded machine; spin-waiting threads count as used time.
       {"step_cpu_s", cpu_secs},
-      {"mfu_cpu_time", batch * T * fpt / cpu_secs / peak_per_cpu_s},
       {"optimizer_state_bytes", opt.state_bytes()},
       {"replica_grad_bytes", workers.replica_grad_bytes()}, {"peak_rss_mb", spes::peak_rss_mb()}};
+  if (dev.is_cuda())
+    out["gpu_peak_allocated_mb"] = spes::gpu_memory_stats(dev).peak_allocated / double(1 << 20);
+  if (peak_per_cpu_s > 0)
+    out["mfu_cpu_time"] = batch * T * fpt / cpu_secs / peak_per_cpu_s;
   std::cout << out.dump() << std::endl;
   return 0;
 }

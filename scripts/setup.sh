@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the project needs, safe to run any number of times:
 #   - Debian packages: compiler and build tools, gRPC/protobuf, tokenizer and config libraries,
-#     GoogleTest, the default corpus (two public-domain Bibles);
+#     GoogleTest, gloo's headers (libtorch's Gloo process group includes them; the wheel does
+#     not ship them), the default corpus (two public-domain Bibles);
 #   - PyTorch 2.11.0 from PyPI (the CUDA 13.0 build; its libtorch is what CMake builds against)
 #     into the project-local virtual environment .venv/ (git-ignored), with the packages of
 #     scripts/requirements.txt.
@@ -28,6 +29,7 @@ PKGS=(
   libsentencepiece-dev sentencepiece libpcre2-dev libyaml-cpp-dev libcli11-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libzstd-dev libssl-dev zlib1g-dev libcpp-httplib-dev
+  libgloo-dev
   bible-kjv sword-text-web diatheke
 )
 if [ "$with_tests" = 1 ]; then

@@ -20,6 +20,7 @@ struct EvalArgs {
   std::string checkpoint, tasks = "all", eval_dir;  // eval_dir empty: the bundled tasks
   int64_t limit = 0;
   int threads = 0;
+  std::string device = "auto";
 };
 
 void run_eval(const EvalArgs& a) {
@@ -28,6 +29,8 @@ void run_eval(const EvalArgs& a) {
              a.checkpoint);
   m.config.threads = a.threads;
   spes::configure_threads(m.config);
+  const torch::Device dev = spes::device_from_name(a.device);
+  if (!dev.is_cpu()) m.model = spes::transformer_on_device(*m.model, dev);
   const std::string eval_dir = a.eval_dir.empty() ? spes::bundled_asset("eval") : a.eval_dir;
   std::vector<std::string> tasks;
   if (a.tasks == "all") {
@@ -62,6 +65,7 @@ spes::cli::SubcommandRegistrar register_eval("eval", "Score a checkpoint on mult
                  "Directory with <task>/requests.jsonl.gz (default: the bundled tasks, assets/eval)");
   sub.add_option("--limit", a->limit, "Documents per task (0: all)");
   sub.add_option("--threads", a->threads, "CPU threads (0: all cores)");
+  sub.add_option("--device", a->device, "auto (a GPU when one is visible), cpu, cuda or cuda:N");
   sub.callback([a] { run_eval(*a); });
 });
 

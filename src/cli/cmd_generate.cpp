@@ -4,12 +4,13 @@
 #include "cli/command.h"
 #include "spes/common/error.h"
 #include "spes/eval/generate.h"
+#include "spes/train/device.h"
 #include "spes/train/loaded_model.h"
 
 namespace {
 
 struct GenerateArgs {
-  std::string checkpoint, prompt = "And God said";
+  std::string checkpoint, prompt = "And God said", device = "auto";
   spes::SampleOptions sample;
 };
 
@@ -17,6 +18,8 @@ void run_generate(const GenerateArgs& a) {
   spes::LoadedModel m = spes::load_model_from_checkpoint(a.checkpoint);
   SPES_CHECK(m.tokenizer, "{}: no tokenizer found in the checkpoint or its config's data",
              a.checkpoint);
+  const torch::Device dev = spes::device_from_name(a.device);
+  if (!dev.is_cpu()) m.model = spes::transformer_on_device(*m.model, dev);
   std::vector<int64_t> prompt = m.tokenizer->encode(a.prompt);
   if (prompt.empty()) prompt.push_back(m.tokenizer->eos_id());
   spes::SampleOptions o = a.sample;
@@ -33,6 +36,7 @@ spes::cli::SubcommandRegistrar register_generate("generate", "Sample text from a
   sub.add_option("--temperature", a->sample.temperature, "Sampling temperature (0: greedy)");
   sub.add_option("--top-k", a->sample.top_k, "Sample among the k most likely tokens (0: all)");
   sub.add_option("--seed", a->sample.seed, "Sampling seed");
+  sub.add_option("--device", a->device, "auto (a GPU when one is visible), cpu, cuda or cuda:N");
   sub.callback([a] { run_generate(*a); });
 });
 

@@ -12,11 +12,12 @@
 #include "spes/data/tokenizer.h"
 #include "spes/interop/model_source.h"
 #include "spes/interop/score.h"
+#include "spes/train/device.h"
 
 namespace {
 
 struct ScoreArgs {
-  std::string checkpoint, text;
+  std::string checkpoint, text, device = "auto";
   std::vector<int64_t> tokens;
 };
 
@@ -24,6 +25,8 @@ void run_score(const ScoreArgs& a) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("score"));  // stdout holds only the JSON
   SPES_CHECK(a.text.empty() != a.tokens.empty(), "score: give exactly one of --text and --tokens");
   spes::SourceModel m = spes::source_model_load(a.checkpoint);
+  const torch::Device dev = spes::device_from_name(a.device);
+  if (!dev.is_cpu()) m.model = spes::transformer_on_device(*m.model, dev);
   std::vector<int64_t> ids = a.tokens;
   if (ids.empty()) {
     SPES_CHECK(!m.tokenizer_file.empty(), "{}: no tokenizer found; pass --tokens instead of --text",
@@ -42,6 +45,8 @@ spes::cli::SubcommandRegistrar register_score(
       sub.add_option("--text", a->text, "Text to score (tokenized without special tokens)");
       sub.add_option("--tokens", a->tokens, "Token ids to score instead of --text")
           ->delimiter(',');
+      sub.add_option("--device", a->device,
+                     "auto (a GPU when one is visible), cpu, cuda or cuda:N (fp32 either way)");
       sub.callback([a] { run_score(*a); });
     });
 

@@ -5,6 +5,7 @@
 
 #include "cli/command.h"
 #include "cli/run_summary.h"
+#include "spes/cluster/rank_launcher.h"
 #include "spes/io/config.h"
 #include "spes/train/trainer.h"
 
@@ -14,6 +15,7 @@ struct TrainArgs {
   std::string config, out = "runs/train", resume = "auto", progress = "auto";
   std::vector<std::string> sets;
   bool no_summary = false;
+  int64_t nproc = 1;
 };
 
 void run_train(const TrainArgs& a) {
@@ -23,10 +25,24 @@ void run_train(const TrainArgs& a) {
                  "applies to `spes launch` and `spes node`)", cfg.spes_config.mode);
     cfg.spes_config.mode = "centralized";
   }
+  if (a.nproc > 1 && !spes::running_as_rank()) {  // this process starts the ranks and waits
+    spes::RankLaunchOptions lo;
+    lo.nproc = a.nproc;
+    lo.args = spes::cli::command_line_args();
+    const int code = spes::launch_ranks(cfg, lo);
+    if (code != 0) spes::cli::exit_with(code);
+    return;
+  }
+  std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();
   spes::TrainerOptions opts;
   opts.resume_from = a.resume == "none" ? "" : a.resume;
   opts.progress = spes::progress_mode_from_string(a.progress);
+  opts.dist = dist.get();
   spes::Trainer trainer(cfg, a.out, opts);
+  if (!trainer.is_rank0()) {  // the other ranks train silently
+    trainer.run();
+    return;
+  }
   spdlog::info("model: {:.1f}M parameters ({:.1f}M trainable), {} steps of {} tokens, out {}",
                trainer.model().num_params() / 1e6, trainer.registry().trainable_numel() / 1e6,
                cfg.total_steps(), cfg.tokens_per_step(), a.out);
@@ -43,6 +59,9 @@ spes::cli::SubcommandRegistrar register_train("train", "Train a model on one nod
                  "Checkpoint to resume from: auto (OUT/checkpoint if present), none, or a dir");
   sub.add_option("--progress", a->progress, "Progress display: auto, bar, lines or none");
   sub.add_flag("--no-summary", a->no_summary, "Skip the final baseline and sample");
+  sub.add_option("--nproc-per-node", a->nproc,
+                 "Processes for this node, data parallel over torch.distributed: one per GPU "
+                 "(NCCL), or on CPU sharing the cores (Gloo); the global batch is split");
   sub.callback([a] { run_train(*a); });
 });
 

@@ -20,6 +20,13 @@ struct SubcommandInfo {
 
 std::vector<SubcommandInfo>& subcommand_list();
 
+// The arguments this process was started with, without the executable (set by main); the
+// rank launcher starts the ranks of `--nproc-per-node` with them.
+std::vector<std::string>& command_line_args();
+
+// Ends the subcommand with this exit code (main returns it without printing anything).
+[[noreturn]] inline void exit_with(int code) { throw CLI::RuntimeError(code); }
+
 struct SubcommandRegistrar {
   SubcommandRegistrar(std::string name, std::string description, SubcommandSetup setup) {
     subcommand_list().push_back({std::move(name), std::move(description), std::move(setup)});

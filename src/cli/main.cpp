@@ -17,9 +17,14 @@ std::vector<SubcommandInfo>& subcommand_list() {
   static std::vector<SubcommandInfo> list;
   return list;
 }
+std::vector<std::string>& command_line_args() {
+  static std::vector<std::string> args;
+  return args;
+}
 }  // namespace spes::cli
 
 int main(int argc, char** argv) {
+  spes::cli::command_line_args().assign(argv + 1, argv + argc);
   CLI::App app{"spes: memory-efficient decentralized pretraining of mixture-of-experts models"};
   app.set_version_flag("--version", [] {
     return std::string("spes ") + SPES_VERSION + " (" + spes::torch_build_summary() + ")";

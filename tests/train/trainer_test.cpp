@@ -6,29 +6,21 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 
 #include "spes/common/error.h"
 #include "spes/io/files.h"
 #include "spes/train/trainer.h"
+#include "train/train_test_util.h"
 
 namespace fs = std::filesystem;
 using namespace spes;
 
 namespace {
 
-// A raw uint32 shard (the reference format) of a noisy repeating pattern: learnable fast.
-std::string make_shard(const fs::path& dir, int64_t n_tokens, int64_t vocab) {
-  fs::create_directories(dir);
-  std::vector<uint32_t> toks(n_tokens);
-  std::mt19937 rng(3);
-  for (int64_t i = 0; i < n_tokens; ++i)
-    toks[i] = (rng() % 10 == 0) ? rng() % vocab : static_cast<uint32_t>((i * 7) % vocab);
-  const std::string path = (dir / "tokens.bin").string();
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(toks.data()), toks.size() * 4);
-  return path;
-}
+using spes::test::read_metrics;
 
 Config tiny_config(const std::string& shard, int64_t steps) {
   Config c;
@@ -56,14 +48,6 @@ Config tiny_config(const std::string& shard, int64_t steps) {
   return c;
 }
 
-std::vector<nlohmann::json> read_metrics(const fs::path& dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(dir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 TrainerOptions quiet(const std::string& resume = "") {
   TrainerOptions o;
   o.progress = ProgressMode::None;
@@ -76,7 +60,7 @@ class TrainerTest : public ::testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("spes_trainer_test_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    shard_ = make_shard(dir_ / "data", 40000, 64);
+    shard_ = spes::test::make_pattern_shard(dir_ / "data", 40000, 64);
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
@@ -88,15 +72,17 @@ class TrainerTest : public ::testing::Test {
 // Trains 8 steps straight and 4 + resume + 4 with `threads` intra-op threads (2: the two
 // micro-batches of each step run at once, train/micro_batch_workers) and expects identical
 // losses, gradient norms and weights. Returns the straight run's metrics.
-std::vector<nlohmann::json> expect_bit_exact_resume(const fs::path& dir, const std::string& shard,
-                                                    int64_t threads) {
+std::vector<nlohmann::json> expect_bit_exact_resume(
+    const fs::path& dir, const std::string& shard, int64_t threads,
+    const std::function<void(Config&)>& tweak = {}, const std::string& tag = "") {
   auto config = [&](int64_t steps) {
     Config c = tiny_config(shard, steps);
     c.threads = threads;
+    if (tweak) tweak(c);
     return c;
   };
-  const fs::path straight = dir / ("straight" + std::to_string(threads));
-  const fs::path resumed = dir / ("resumed" + std::to_string(threads));
+  const fs::path straight = dir / ("straight" + std::to_string(threads) + tag);
+  const fs::path resumed = dir / ("resumed" + std::to_string(threads) + tag);
   std::string straight_sha, resumed_sha;
   {
     Trainer t(config(8), straight.string(), quiet());
@@ -142,6 +128,31 @@ TEST_F(TrainerTest, ResumeIsBitExactWithMicroBatchesOnTwoThreads) {
   for (size_t i = 0; i < serial.size(); ++i)
     EXPECT_NEAR(serial[i]["loss"].get<double>(), parallel[i]["loss"].get<double>(), 1e-4)
         << "step " << i + 1;
+}
+
+// The bf16 layout on CPU (grouped experts in bf16 stacks, frozen experts stored in bf16, chunked
+// LM-head loss, activation checkpointing): resume is bit-exact there too, the loss falls, and
+// the frozen experts are bf16 tensors that never change.
+TEST_F(TrainerTest, Bf16LayoutWithCheckpointingResumesBitExactAndLearns) {
+  auto bf16 = [](Config& c) {
+    c.precision = "amp_bf16";
+    c.activation_checkpointing = "whole_layer";
+    c.frozen_experts = {"*:3"};
+  };
+  auto m = expect_bit_exact_resume(dir_, shard_, 1, bf16, "bf16");
+  ASSERT_EQ(m.size(), 8u);
+  EXPECT_LT(m.back()["ce"].get<double>(), m.front()["ce"].get<double>());
+  Config c = tiny_config(shard_, 2);
+  bf16(c);
+  Trainer t(c, (dir_ / "bf16_layout").string(), quiet());
+  std::map<std::string, torch::Tensor> before;
+  for (const auto& e : t.registry().entries()) before[e.name] = e.tensor.detach().clone();
+  t.run();
+  for (const auto& e : t.registry().entries()) {
+    const bool frozen = e.role == ParamRole::Expert && e.expert == 3;
+    EXPECT_EQ(e.tensor.scalar_type(), frozen ? torch::kBFloat16 : torch::kFloat32) << e.name;
+    if (frozen) EXPECT_TRUE(torch::equal(before[e.name], e.tensor)) << e.name;
+  }
 }
 
 TEST_F(TrainerTest, LearnsAPatternAndLogsEveryField) {

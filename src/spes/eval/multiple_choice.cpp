@@ -92,7 +92,8 @@ std::vector<double> mc_choice_logprobs(const Transformer& model, const Tokenizer
   for (size_t i = 0; i < seqs.size(); ++i) {
     // Position t-1 predicts token t: gather the continuation tokens' log-probabilities at once.
     const int64_t len = seqs[i].size(), first = len - cont_len[i];
-    torch::Tensor targets = batch[i].narrow(0, first, cont_len[i]).unsqueeze(1);
+    torch::Tensor targets =
+        batch[i].narrow(0, first, cont_len[i]).unsqueeze(1).to(logp.device());
     out.push_back(logp[i].narrow(0, first - 1, cont_len[i]).gather(1, targets).sum().item<double>());
   }
   if (n_tokens) *n_tokens = cont_len;

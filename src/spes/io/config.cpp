@@ -19,7 +19,7 @@ namespace {
 // OLMo keys that a reference config may carry but that have no meaning here: accepted, ignored.
 const std::set<std::string> kIgnoredReferenceKeys = {
     "wandb", "save_folder", "save_overwrite", "console_log_interval", "compile", "fsdp",
-    "activation_checkpointing", "softmax_auxiliary_loss", "speed_monitor", "gen1_gc_interval",
+    "softmax_auxiliary_loss", "speed_monitor", "gen1_gc_interval",
     "evaluators", "tokenizer", "load_path", "restore_dataloader", "fused_loss",
     "model.flash_attention", "model.attention_dropout", "model.residual_dropout",
     "model.embedding_dropout", "model.include_bias", "model.bias_for_layer_norm",
@@ -188,6 +188,17 @@ void apply_override(YAML::Node& root, const std::string& kv) {
 
 }  // namespace
 
+int64_t Config::checkpoint_every() const {
+  const std::string& a = activation_checkpointing;
+  if (a == "none" || a == "false" || a.empty()) return 0;
+  if (a == "whole_layer" || a == "true") return 1;
+  if (a == "one_in_two") return 2;
+  if (a == "one_in_three") return 3;
+  if (a == "one_in_four") return 4;
+  fail("activation_checkpointing must be none, whole_layer, one_in_two, one_in_three or "
+       "one_in_four (or false / true), found '{}'", a);
+}
+
 int64_t Config::total_steps() const {
   std::string d = max_duration;
   auto ends_with = [&](const std::string& s) {
@@ -325,6 +336,11 @@ void config_validate(const Config& c, const std::string& o) {
              c.scheduler.name);
   SPES_CHECK(c.precision == "auto" || c.precision == "fp32" || c.precision == "amp_bf16",
              "{}: precision must be auto, fp32 or amp_bf16, found '{}'", o, c.precision);
+  try {
+    (void)c.checkpoint_every();
+  } catch (const Error& e) {
+    fail("{}: {}", o, e.what());
+  }
   SPES_CHECK(c.data.validation_fraction >= 0 && c.data.validation_fraction < 1,
              "{}: data.validation_fraction must be in [0, 1), found {}", o,
              c.data.validation_fraction);

@@ -150,6 +150,9 @@ struct Config {
   double max_grad_norm = 1.0;
   std::string precision = "auto";       // auto | fp32 | amp_bf16 (bf16 autocast, fp32 master)
   std::string device = "auto";          // auto | cpu | cuda | cuda:N
+  // Recompute block activations in backward instead of keeping them (OLMo's key): none (or
+  // false) | whole_layer (or true): every block | one_in_two | one_in_three | one_in_four.
+  std::string activation_checkpointing = "none";
   int64_t threads = 0;  // CPU threads; 0: all cores. A step with several micro-batches runs
                         // them one per thread at once (train/micro_batch_workers.h)
   int64_t eval_interval = 100;          // steps between validation evaluations (0: only at end)
@@ -166,7 +169,8 @@ struct Config {
     v("global_train_batch_size", global_train_batch_size);
     v("device_train_microbatch_size", device_train_microbatch_size);
     v("seed", seed); v("max_grad_norm", max_grad_norm); v("precision", precision);
-    v("device", device); v("threads", threads); v("eval_interval", eval_interval);
+    v("device", device); v("activation_checkpointing", activation_checkpointing);
+    v("threads", threads); v("eval_interval", eval_interval);
     v("eval_batches", eval_batches); v("save_interval", save_interval);
     v("save_num_checkpoints_to_keep", save_num_checkpoints_to_keep);
     v("frozen_experts", frozen_experts);
@@ -176,6 +180,8 @@ struct Config {
   int64_t total_steps() const;
   int64_t grad_accum_steps() const { return global_train_batch_size / device_train_microbatch_size; }
   int64_t tokens_per_step() const { return global_train_batch_size * model.max_sequence_length; }
+  // Blocks between checkpointed ones (0: none, 1: every block, n: one in n).
+  int64_t checkpoint_every() const;
 };
 
 // Loads a YAML file (empty path: built-in defaults), applies `key=value` overrides and checks

@@ -225,6 +225,9 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 torch::Tensor causal_attention_reference(const torch::Tensor& q, const torch::Tensor& k,
                                          const torch::Tensor& v) {
   const int64_t H = q.size(1), Hkv = k.size(1);
+  if (q.is_cuda())  // flash / memory-efficient kernels read the shared K/V heads directly
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                            /*enable_gqa=*/Hkv != H);
   torch::Tensor kk = k, vv = v;
   if (Hkv != H) {
     kk = k.repeat_interleave(H / Hkv, 1);

@@ -10,9 +10,13 @@
 namespace spes {
 
 // Whether the fused CPU kernels below handle these tensors: all on CPU, all fp32 or all fp64
-// (undefined tensors are ignored). Other devices and dtypes take the composite reference
-// implementations (the *_reference functions), which the tests compare the kernels with.
+// (undefined tensors are ignored), and CPU autocast off. Other devices and dtypes take the
+// composite reference implementations (the *_reference functions), which the tests compare the
+// kernels with, or the device paths (grouped experts, chunked loss).
 bool fused_cpu_kernel_ok(at::ArrayRef<torch::Tensor> ts);
+// The dtype products on t's device run in: the autocast dtype when autocast is on there, else
+// t's own dtype.
+torch::ScalarType autocast_compute_dtype(const torch::Tensor& t);
 
 // RMSNorm over the last dim, computed in fp32: x * rsqrt(mean(x^2) + eps) * weight. On CPU one
 // autograd node (a pass to read and one to write; backward likewise).
@@ -49,9 +53,16 @@ torch::Tensor expert_forward(const ExpertWeights& e, const torch::Tensor& x);
 torch::Tensor expert_forward_reference(const ExpertWeights& e, const torch::Tensor& x);
 
 // Dropless top-k MoE on x [N, D]: tokens are grouped by expert and each expert runs one matrix
-// product over its tokens. Router statistics are appended to `stats` when given.
+// product over its tokens. Router statistics are written to `stats` when given.
 torch::Tensor moe_forward(const torch::Tensor& x, const torch::Tensor& router,
                           const std::vector<ExpertWeights>& experts, int64_t top_k,
                           bool norm_topk_prob, RouterStats* stats);
+// The same layer over the stacked layout of expert_stack.h (grouped_experts.cpp): grouped
+// GEMMs in the stack's dtype, no host synchronisation, weight gradients for the trainable
+// slots only. Needs d_model and the expert hidden size to be multiples of 8.
+torch::Tensor moe_forward_grouped(const torch::Tensor& x, const torch::Tensor& router,
+                                  const std::vector<ExpertWeights>& experts,
+                                  const ExpertStack& stack, int64_t top_k, bool norm_topk_prob,
+                                  RouterStats* stats);
 
 }  // namespace spes

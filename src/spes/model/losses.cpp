@@ -109,16 +109,26 @@ LossTerms compute_losses(const Transformer& model, const torch::Tensor& tokens,
   torch::Tensor h = fr.hidden.reshape({-1, cfg.d_model});
   torch::Tensor tg = targets.reshape({-1}).to(h.device());
   LossTerms t;
-  auto [ce, z] = lm_head_losses(h, model.lm_head(), tg);
-  t.ce = ce;
-  t.z = z * cfg.z_loss_weight;
+  torch::Tensor lm_total;
+  if (h.dim() == 2 && fused_cpu_kernel_ok({h, model.lm_head()})) {
+    auto [ce, z] = lm_head_losses(h, model.lm_head(), tg);
+    t.ce = ce;
+    t.z = z * cfg.z_loss_weight;
+    lm_total = t.ce + t.z;
+  } else {  // other devices and dtypes: chunked, no [N, V] fp32 logits
+    LmHeadLoss r = lm_head_losses_chunked(h, model.lm_head(), tg, cfg.z_loss_weight);
+    t.ce = r.ce;
+    t.z = r.z * cfg.z_loss_weight;
+    lm_total = r.total;
+  }
   auto dev = h.device();
   t.lb = cfg.is_moe() ? load_balancing_loss(fr.routers, cfg.moe_top_k) * cfg.moe_loss_weight
                       : torch::zeros({}, torch::TensorOptions().device(dev));
   t.router_z = cfg.is_moe() ? router_z_loss(fr.routers) * cfg.moe_zloss_weight
                             : torch::zeros({}, torch::TensorOptions().device(dev));
-  t.total = t.ce + t.z + t.lb + t.router_z;
-  t.n_targets = (tg >= 0).sum().item<int64_t>();
+  t.total = lm_total + t.lb + t.router_z;
+  t.n_targets = (tg >= 0).sum();
+  t.block_inputs = std::move(fr.block_inputs);
   return t;
 }
 

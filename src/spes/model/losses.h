@@ -16,7 +16,8 @@ struct LossTerms {
   torch::Tensor lb;         // weighted load-balancing loss (0 for dense models)
   torch::Tensor router_z;   // weighted router z-loss
   torch::Tensor z;          // weighted output z-loss
-  int64_t n_targets = 0;    // positions that contributed to ce
+  torch::Tensor n_targets;  // int64 scalar: positions that contributed to ce (on the device)
+  std::vector<torch::Tensor> block_inputs;  // ForwardResult::block_inputs of this pass
 };
 
 // Cross-entropy and output z-loss from LM logits [N, V] and targets [N] (-1 = ignored).
@@ -29,6 +30,17 @@ std::pair<torch::Tensor, torch::Tensor> lm_losses(const torch::Tensor& logits,
 std::pair<torch::Tensor, torch::Tensor> lm_head_losses(const torch::Tensor& h,
                                                        const torch::Tensor& lm_head,
                                                        const torch::Tensor& targets);
+// The same two terms for any device and dtype, in chunks of rows (chunked_lm_loss.cpp): no
+// [N, V] tensor beyond one chunk (chunk_rows; 0: about 256 MB of fp32 logits). `total` is
+// ce + z_weight * z and carries the gradient (computed during the forward pass, so logits are
+// computed once); `ce` and the unweighted `z` are for logging. Products run in
+// autocast_compute_dtype(h) with fp32 results.
+struct LmHeadLoss {
+  torch::Tensor total, ce, z;
+};
+LmHeadLoss lm_head_losses_chunked(const torch::Tensor& h, const torch::Tensor& lm_head,
+                                  const torch::Tensor& targets, double z_weight,
+                                  int64_t chunk_rows = 0);
 // Unweighted load-balancing loss: E/(L*T*k) * sum_l sum_e c_{l,e} * mean_t p_{l,t,e}.
 torch::Tensor load_balancing_loss(const std::vector<RouterStats>& routers, int64_t top_k);
 // Unweighted router z-loss: sum_l mean_t logsumexp(router_logits)^2.

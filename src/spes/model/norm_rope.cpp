@@ -1,5 +1,6 @@
 // RMSNorm (fp32) and rotate-half rotary position embeddings.
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 
@@ -90,6 +91,7 @@ struct RMSNormFn : public torch::autograd::Function<RMSNormFn> {
 }  // namespace
 
 bool fused_cpu_kernel_ok(at::ArrayRef<torch::Tensor> ts) {
+  if (at::autocast::is_autocast_enabled(at::kCPU)) return false;
   c10::optional<at::ScalarType> type;
   for (const auto& t : ts) {
     if (!t.defined()) continue;
@@ -111,6 +113,10 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& we
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   if (fused_cpu_kernel_ok({x, weight}) && weight.dim() == 1 && weight.size(0) == x.size(-1))
     return RMSNormFn::apply(x, weight, eps);
+  if (x.is_cuda()) {  // torch's fused kernel (keeps x and one scalar per row), computed in fp32
+    const auto ct = at::promote_types(x.scalar_type(), torch::kFloat32);
+    return at::rms_norm(x.to(ct), {x.size(-1)}, weight.to(ct), eps).to(x.scalar_type());
+  }
   return rms_norm_reference(x, weight, eps);
 }
 

@@ -35,11 +35,21 @@ std::vector<std::vector<bool>> frozen_expert_table(const Config& cfg) {
   return frozen;
 }
 
+std::vector<std::vector<bool>> trainable_expert_table(const Config& cfg,
+                                                      const Ownership& ownership,
+                                                      int64_t node_id) {
+  auto table = frozen_expert_table(cfg);
+  const bool own_only = cfg.spes_config.mode == "spes";
+  for (size_t l = 0; l < table.size(); ++l)
+    for (size_t e = 0; e < table[l].size(); ++e)
+      table[l][e] = (!own_only || ownership.owner(l, e) == node_id) && !table[l][e];
+  return table;
+}
+
 ParamRegistry::ParamRegistry(const Transformer& model, const Config& cfg,
                              const Ownership& ownership, int64_t node_id)
     : node_id_(node_id) {
-  const auto frozen = frozen_expert_table(cfg);
-  const bool own_only = cfg.spes_config.mode == "spes";
+  const auto trainable = trainable_expert_table(cfg, ownership, node_id);
   for (const auto& p : model.params()) {
     RegistryEntry e;
     e.name = p.name;
@@ -49,10 +59,16 @@ ParamRegistry::ParamRegistry(const Transformer& model, const Config& cfg,
     e.expert = p.expert;
     if (p.role == ParamRole::Expert) {
       e.owner = ownership.owner(p.layer, p.expert);
-      e.trainable = (!own_only || e.owner == node_id) && !frozen[p.layer][p.expert];
+      e.trainable = trainable[p.layer][p.expert];
     } else {
       e.trainable = true;
     }
+    // A tensor stored in a low-precision dtype has no fp32 master: it cannot be trained.
+    SPES_CHECK(!e.trainable || e.tensor.scalar_type() == torch::kFloat32 ||
+                   e.tensor.scalar_type() == torch::kFloat64,
+               "internal: '{}' is trainable on node {} but stored as {} (the model's layout was "
+               "made for another node or config)", e.name, node_id,
+               c10::toString(e.tensor.scalar_type()));
     e.tensor.set_requires_grad(e.trainable);
     index_[e.name] = entries_.size();
     entries_.push_back(std::move(e));
@@ -87,10 +103,13 @@ int64_t ParamRegistry::frozen_numel() const {
 
 std::string ParamRegistry::fingerprint() const {
   std::string s;
+  // Floating tensors count as "Float" whatever their storage: a node keeping frozen experts in
+  // bf16 holds the same model as the server's fp32 one.
   for (const auto& e : entries_)
     s += fmt::format("{}:{}:{}:{};", e.name, fmt::join(e.tensor.sizes(), "x"),
                      e.role == ParamRole::Expert ? "expert" : "shared",
-                     c10::toString(e.tensor.scalar_type()));
+                     e.tensor.is_floating_point() ? "Float"
+                                                  : c10::toString(e.tensor.scalar_type()));
   return sha256_hex(s).substr(0, 16);
 }
 

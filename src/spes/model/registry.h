@@ -53,5 +53,10 @@ class ParamRegistry {
 // Parses cfg.frozen_experts ("layer:expert", "*:expert", "layer:*") into a predicate table
 // [layer][expert] -> frozen. Throws on malformed or out-of-range entries.
 std::vector<std::vector<bool>> frozen_expert_table(const Config& cfg);
+// [layer][expert] -> trained on node_id: what ParamRegistry decides for experts (the model's
+// storage layout is chosen from it before the registry exists; train/device.h).
+std::vector<std::vector<bool>> trainable_expert_table(const Config& cfg,
+                                                      const Ownership& ownership,
+                                                      int64_t node_id);
 
 }  // namespace spes

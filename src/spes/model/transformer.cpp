@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "spes/common/error.h"
+#include "spes/model/activation_checkpoint.h"
 #include "spes/model/initial_weights.h"
 #include "spes/model/layers.h"
 
@@ -21,8 +22,15 @@ void Transformer::add_param(const std::string& name, torch::Tensor t, ParamRole 
   params_.push_back({name, t, role, layer, expert});
 }
 
-Transformer::Transformer(const ModelConfig& cfg, torch::Device device)
-    : cfg_(cfg), device_(device) {
+Transformer::Transformer(const ModelConfig& cfg, torch::Device device, ModelRuntime runtime)
+    : cfg_(cfg), device_(device), runtime_(std::move(runtime)) {
+  const auto& tr = runtime_.trainable_experts;
+  SPES_CHECK(tr.empty() || (static_cast<int64_t>(tr.size()) == cfg.n_layers &&
+                            static_cast<int64_t>(tr[0].size()) == cfg.moe_num_experts),
+             "internal: the trainable-expert table is {} x {}, the model has {} x {} experts",
+             tr.size(), tr.empty() ? 0 : tr[0].size(), cfg.n_layers, cfg.moe_num_experts);
+  SPES_CHECK(runtime_.grouped() || runtime_.frozen_dtype == torch::kFloat32,
+             "internal: frozen experts in another dtype need the grouped expert layout");
   const int64_t D = cfg.d_model, V = cfg.vocab_size, F = cfg.mlp_hidden_size;
   const int64_t kv_dim = cfg.kv_heads() * cfg.head_dim();
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
@@ -58,11 +66,20 @@ Transformer::Transformer(const ModelConfig& cfg, torch::Device device)
       b.router = mat(cfg.moe_num_experts, D);
       add_param(p + "mlp.gate.weight", b.router);
       b.experts.resize(cfg.moe_num_experts);
+      if (runtime_.grouped()) {
+        std::vector<bool> trainable = tr.empty()
+                                          ? std::vector<bool>(cfg.moe_num_experts, true)
+                                          : std::vector<bool>(tr[l].begin(), tr[l].end());
+        b.stack = expert_stack_create(b.experts, trainable, D, F, runtime_.grouped_dtype,
+                                      runtime_.frozen_dtype, device);
+      }
       for (int64_t e = 0; e < cfg.moe_num_experts; ++e) {
         ExpertWeights& x = b.experts[e];
-        x.w1 = mat(F, D);
-        x.v1 = mat(F, D);
-        x.w2 = mat(D, F);
+        if (!runtime_.grouped()) {
+          x.w1 = mat(F, D);
+          x.v1 = mat(F, D);
+          x.w2 = mat(D, F);
+        }
         add_param(expert_param_name(l, e, "gate_proj"), x.w1, ParamRole::Expert, l, e);
         add_param(expert_param_name(l, e, "up_proj"), x.v1, ParamRole::Expert, l, e);
         add_param(expert_param_name(l, e, "down_proj"), x.w2, ParamRole::Expert, l, e);
@@ -145,7 +162,7 @@ Transformer Transformer::replica_sharing_weights() const {
   swap(r.lm_head_);
   for (auto& b : r.blocks_) {
     for (torch::Tensor* t : {&b.attn_norm, &b.q, &b.k, &b.v, &b.o, &b.q_norm, &b.k_norm,
-                             &b.mlp_norm, &b.router})
+                             &b.mlp_norm, &b.router, &b.stack.w13, &b.stack.w2})
       swap(*t);
     for (auto& e : b.experts) {
       swap(e.w1);
@@ -161,29 +178,68 @@ Transformer Transformer::replica_sharing_weights() const {
   return r;
 }
 
+std::unique_ptr<Transformer> transformer_on_device(const Transformer& model,
+                                                   const torch::Device& device) {
+  auto out = std::make_unique<Transformer>(model.config(), device);
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    const torch::Tensor& t = out->params()[i].tensor;
+    t.copy_(model.params()[i].tensor);
+    t.set_requires_grad(false);
+  }
+  return out;
+}
+
 int64_t Transformer::num_params() const {
   int64_t n = 0;
   for (const auto& p : params_) n += p.tensor.numel();
   return n;
 }
 
-torch::Tensor Transformer::block_forward(const BlockWeights& b, const torch::Tensor& x,
-                                         std::vector<RouterStats>* routers) const {
+torch::Tensor Transformer::block_forward_plain(const BlockWeights& b, const torch::Tensor& x,
+                                               RouterStats* stats) const {
   torch::Tensor h = x + attention_forward(b, rms_norm(x, b.attn_norm, cfg_.layer_norm_eps), cfg_,
                                           rope_cos_, rope_sin_);
   torch::Tensor hn = rms_norm(h, b.mlp_norm, cfg_.layer_norm_eps);
   const auto shape = hn.sizes().vec();
   torch::Tensor flat = hn.reshape({-1, cfg_.d_model});
   torch::Tensor y;
-  if (cfg_.is_moe()) {
-    RouterStats stats;
-    y = moe_forward(flat, b.router, b.experts, cfg_.moe_top_k, cfg_.moe_norm_topk_prob,
-                    routers ? &stats : nullptr);
-    if (routers) routers->push_back(std::move(stats));
+  if (cfg_.is_moe() && b.stack.defined()) {
+    y = moe_forward_grouped(flat, b.router, b.experts, b.stack, cfg_.moe_top_k,
+                            cfg_.moe_norm_topk_prob, stats);
+  } else if (cfg_.is_moe()) {
+    y = moe_forward(flat, b.router, b.experts, cfg_.moe_top_k, cfg_.moe_norm_topk_prob, stats);
   } else {
     y = expert_forward(b.experts[0], flat);
   }
   return h + y.view(shape);
+}
+
+torch::Tensor Transformer::block_forward(int64_t layer, const torch::Tensor& x,
+                                         std::vector<RouterStats>* routers) const {
+  const BlockWeights& b = blocks_[layer];
+  const bool checkpoint = runtime_.checkpoint_every > 0 &&
+                          layer % runtime_.checkpoint_every == 0 && torch::GradMode::is_enabled() &&
+                          x.requires_grad();
+  if (!checkpoint) {
+    RouterStats stats;
+    torch::Tensor y = block_forward_plain(b, x, cfg_.is_moe() ? &stats : nullptr);
+    if (cfg_.is_moe() && routers) routers->push_back(std::move(stats));
+    return y;
+  }
+  // Keeps x only; the block (router statistics included) is recomputed in backward. The
+  // router logits are an output so that the auxiliary losses' gradients reach the router.
+  const bool moe = cfg_.is_moe();
+  auto outs = checkpoint_apply(
+      [this, &b, moe](const torch::Tensor& in) -> std::vector<torch::Tensor> {
+        RouterStats st;
+        torch::Tensor y = block_forward_plain(b, in, moe ? &st : nullptr);
+        if (!moe) return {y};
+        return {y, st.logits, st.counts};
+      },
+      x, moe ? std::vector<int64_t>{2} : std::vector<int64_t>{});
+  if (moe && routers) routers->push_back({outs[1], torch::softmax(outs[1], -1), outs[2]});
+  return outs[0];
 }
 
 ForwardResult Transformer::forward(const torch::Tensor& tokens) const {
@@ -195,7 +251,11 @@ ForwardResult Transformer::forward(const torch::Tensor& tokens) const {
   ForwardResult r;
   torch::Tensor x = embed_.index_select(0, tokens.reshape({-1}).to(device_))
                         .view({tokens.size(0), tokens.size(1), cfg_.d_model});
-  for (const auto& b : blocks_) x = block_forward(b, x, &r.routers);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    r.block_inputs.push_back(x);
+    x = block_forward(l, x, &r.routers);
+  }
+  r.block_inputs.push_back(x);
   r.hidden = rms_norm(x, final_norm_, cfg_.layer_norm_eps);
   return r;
 }

@@ -6,10 +6,12 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "spes/io/config.h"
+#include "spes/model/expert_stack.h"
 
 namespace spes {
 
@@ -35,6 +37,25 @@ struct BlockWeights {
   torch::Tensor attn_norm, q, k, v, o, q_norm, k_norm, mlp_norm;
   torch::Tensor router;               // [E, D] (MoE only)
   std::vector<ExpertWeights> experts; // E entries (MoE) or 1 entry (dense MLP)
+  ExpertStack stack;                  // defined when the experts run as grouped GEMMs
+};
+
+// How a model stores and runs its weights beyond the architecture. The default is the fp32
+// layout with one tensor per expert (the fused CPU kernels); the trainer derives the rest from
+// `precision`, `activation_checkpointing` and what this node trains (train/device.h).
+struct ModelRuntime {
+  // Experts of each MoE layer stacked in this dtype for grouped GEMMs (expert_stack.h);
+  // kUndefined: one tensor per expert.
+  torch::ScalarType grouped_dtype = torch::ScalarType::Undefined;
+  // [layer][expert]: trained on this node (empty: every expert). Frozen experts are stored in
+  // frozen_dtype (bf16 under amp_bf16: they get no update, so they need no fp32 master).
+  std::vector<std::vector<bool>> trainable_experts;
+  torch::ScalarType frozen_dtype = torch::kFloat32;
+  // Activation checkpointing: blocks l with l % checkpoint_every == 0 keep only their input and
+  // recompute the rest in backward (0: off).
+  int64_t checkpoint_every = 0;
+
+  bool grouped() const { return grouped_dtype != torch::ScalarType::Undefined; }
 };
 
 // What one MoE layer's router did in a forward pass (for the auxiliary losses and metrics).
@@ -47,11 +68,16 @@ struct RouterStats {
 struct ForwardResult {
   torch::Tensor hidden;              // [B, T, D] final normed hidden state
   std::vector<RouterStats> routers;  // one per MoE layer
+  // The residual stream entering each block, then the one entering the final norm: once the
+  // gradient of entry l has been computed, every parameter of block l (of the final norm and
+  // head for the last entry) has its gradient (distributed gradient buckets hook on them).
+  std::vector<torch::Tensor> block_inputs;
 };
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& cfg, torch::Device device = torch::kCPU);
+  Transformer(const ModelConfig& cfg, torch::Device device = torch::kCPU,
+              ModelRuntime runtime = {});
 
   // Truncated-normal init (std, cut at +-cutoff*std) of every matrix; norm weights 1. With
   // model.init_checkpoint set, copies that checkpoint's weights instead (seed unused; read by
@@ -71,24 +97,34 @@ class Transformer {
   Transformer replica_sharing_weights() const;
 
   const ModelConfig& config() const { return cfg_; }
+  const ModelRuntime& runtime() const { return runtime_; }
   torch::Device device() const { return device_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   const torch::Tensor& lm_head() const { return lm_head_; }
   int64_t num_params() const;
 
  private:
-  torch::Tensor block_forward(const BlockWeights& b, const torch::Tensor& x,
+  // One block; checkpointed when the runtime says so (and a graph is being built).
+  torch::Tensor block_forward(int64_t layer, const torch::Tensor& x,
                               std::vector<RouterStats>* routers) const;
+  torch::Tensor block_forward_plain(const BlockWeights& b, const torch::Tensor& x,
+                                    RouterStats* stats) const;
   void add_param(const std::string& name, torch::Tensor t, ParamRole role = ParamRole::Shared,
                  int64_t layer = -1, int64_t expert = -1);
 
   ModelConfig cfg_;
   torch::Device device_;
+  ModelRuntime runtime_;
   torch::Tensor embed_, final_norm_, lm_head_;
   std::vector<BlockWeights> blocks_;
   torch::Tensor rope_cos_, rope_sin_;  // [max_seq, head_dim]
   std::vector<ParamInfo> params_;
 };
+
+// A copy of `model` (same weights, no grad) on `device`, in the default layout: for evaluation
+// and sampling on a GPU.
+std::unique_ptr<Transformer> transformer_on_device(const Transformer& model,
+                                                   const torch::Device& device);
 
 // Hugging Face name of an expert tensor: proj is gate_proj | up_proj | down_proj.
 std::string expert_param_name(int64_t layer, int64_t expert, const std::string& proj);

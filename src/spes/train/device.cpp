@@ -10,25 +10,49 @@
 
 namespace spes {
 
-torch::Device select_device(const Config& cfg) {
-  if (cfg.device == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
-  if (cfg.device == "cpu") return torch::kCPU;
-  SPES_CHECK(cfg.device.rfind("cuda", 0) == 0,
-             "config: device must be auto, cpu, cuda or cuda:N, found '{}'", cfg.device);
+torch::Device device_from_name(const std::string& name) {
+  if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  if (name == "cpu") return torch::kCPU;
+  SPES_CHECK(name.rfind("cuda", 0) == 0, "device must be auto, cpu, cuda or cuda:N, found '{}'",
+             name);
   SPES_CHECK(torch::cuda::is_available(),
-             "config: device '{}' requested but this libtorch sees no CUDA GPU (build against a "
-             "CUDA-enabled libtorch, or set device: cpu)", cfg.device);
-  return torch::Device(cfg.device);
+             "device '{}' requested but this libtorch sees no CUDA GPU (build against a "
+             "CUDA-enabled libtorch, or use cpu)", name);
+  torch::Device d(name);
+  SPES_CHECK(!d.has_index() || d.index() < torch::cuda::device_count(),
+             "device '{}' requested but only {} GPU(s) are visible", name,
+             torch::cuda::device_count());
+  return d;
+}
+
+torch::Device select_device(const Config& cfg) {
+  try {
+    return device_from_name(cfg.device);
+  } catch (const Error& e) {
+    fail("config: {}", e.what());
+  }
 }
 
 bool use_bf16_autocast(const Config& cfg, const torch::Device& device) {
   if (cfg.precision == "fp32") return false;
-  if (cfg.precision == "amp_bf16") {
-    SPES_CHECK(device.is_cuda(), "config: precision amp_bf16 needs a CUDA device; on CPU use "
-               "precision: fp32 (or auto)");
-    return true;
-  }
+  if (cfg.precision == "amp_bf16") return true;  // on CPU too (slow without bf16 units)
   return device.is_cuda();  // auto
+}
+
+ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
+                               const std::vector<std::vector<bool>>& trainable) {
+  ModelRuntime rt;
+  rt.checkpoint_every = cfg.checkpoint_every();
+  const ModelConfig& m = cfg.model;
+  const bool bf16 = use_bf16_autocast(cfg, device);
+  const bool shapes_ok = m.d_model % 8 == 0 && m.mlp_hidden_size % 8 == 0;
+  if (!m.is_moe() || !shapes_ok || !(device.is_cuda() || bf16)) return rt;
+  rt.grouped_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+  rt.trainable_experts = trainable;
+  const bool synced = cfg.spes_config.mode != "centralized";
+  const bool exact_fp32_weights = synced && cfg.spes_config.transfer_dtype == "fp32";
+  rt.frozen_dtype = bf16 && !exact_fp32_weights ? torch::kBFloat16 : torch::kFloat32;
+  return rt;
 }
 
 void configure_threads(const Config& cfg) {
@@ -50,17 +74,18 @@ std::string torch_build_summary() {
   return s + fmt::format(", GPUs visible: {}", n);
 }
 
-AutocastScope::AutocastScope(bool enabled) : enabled_(enabled) {
+AutocastScope::AutocastScope(bool enabled, torch::DeviceType device)
+    : enabled_(enabled), device_(device) {
   if (!enabled_) return;
-  at::autocast::set_autocast_enabled(at::kCUDA, true);
-  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::set_autocast_dtype(device_, at::kBFloat16);
   at::autocast::increment_nesting();
 }
 
 AutocastScope::~AutocastScope() {
   if (!enabled_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::set_autocast_enabled(device_, false);
 }
 
 }  // namespace spes

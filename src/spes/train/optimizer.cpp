@@ -53,6 +53,10 @@ void AdamW::mark_zeroed(size_t i) {
   zeroed_[i] = {g.unsafeGetTensorImpl(), g._version()};
 }
 
+bool AdamW::stepped(size_t i) const {
+  return presence_.empty() ? has_grad(i) : static_cast<bool>(presence_.at(i));
+}
+
 bool AdamW::has_grad(size_t i) const {
   const torch::Tensor& g = params_[i].tensor.grad();
   if (!g.defined()) return false;
@@ -97,11 +101,14 @@ double sum_squares(const torch::Tensor& g) {
 double AdamW::grad_norm() const {
   double s = 0;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (has_grad(i)) s += sum_squares(params_[i].tensor.grad());
+    if (stepped(i)) s += sum_squares(params_[i].tensor.grad());
   return std::sqrt(s);
 }
 
-double AdamW::step(double lr, double max_grad_norm) {
+double AdamW::step(double lr, double max_grad_norm, torch::Tensor* to_host) {
+  if (!params_.empty() && !params_[0].tensor.device().is_cpu())
+    return step_device(lr, max_grad_norm, to_host);
+  if (to_host) *to_host = to_host->to(torch::kCPU);
   torch::NoGradGuard ng;
   const double norm = grad_norm();
   SPES_CHECK(std::isfinite(norm), "gradient norm is {} at optimizer step {}: the loss diverged "
@@ -112,7 +119,7 @@ double AdamW::step(double lr, double max_grad_norm) {
   const double b1 = cfg_.betas[0], b2 = cfg_.betas[1], eps = cfg_.eps, wd = cfg_.weight_decay;
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor p = params_[i].tensor;
-    if (!has_grad(i)) continue;
+    if (!stepped(i)) continue;
     torch::Tensor g = p.grad();
     const double t = static_cast<double>(++tensor_steps_[i]);
     const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
@@ -147,10 +154,94 @@ double AdamW::step(double lr, double max_grad_norm) {
       p.addcdiv_(m, denom, -step_size);
     }
   }
+  presence_.clear();
   return norm;
 }
 
+double AdamW::step_device(double lr, double max_grad_norm, torch::Tensor* to_host) {
+  torch::NoGradGuard ng;
+  const torch::Device dev = params_[0].tensor.device();
+  if (device_steps_.size() != params_.size()) {  // first step, or moments loaded since
+    device_steps_.clear();
+    for (size_t i = 0; i < params_.size(); ++i)
+      device_steps_.push_back(torch::full({}, static_cast<float>(tensor_steps_[i]),
+                                          torch::TensorOptions().device(dev)));
+  }
+  std::vector<size_t> idx;
+  std::vector<torch::Tensor> grads;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!stepped(i)) continue;
+    idx.push_back(i);
+    grads.push_back(params_[i].tensor.grad());
+  }
+  presence_.clear();
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  torch::Tensor norm = grads.empty()
+                           ? torch::zeros({}, f32)
+                           : at::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2)
+                                 .to(torch::kFloat32);
+  torch::Tensor clip = max_grad_norm > 0
+                           ? torch::where(norm > max_grad_norm, max_grad_norm / (norm + 1e-6),
+                                          torch::ones({}, f32))
+                           : torch::ones({}, f32);
+  torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32).view({1});
+  torch::Tensor grad_scale = (1.0 / clip).view({1});  // the kernel divides gradients by it
+  ++step_;
+  std::vector<torch::Tensor> fp, fg, fm, fv, fs;  // torch's fused kernel: same dtype and strides
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const size_t i = idx[j];
+    ++tensor_steps_[i];
+    const torch::Tensor& p = params_[i].tensor;
+    const torch::Tensor& g = grads[j];
+    if (p.is_non_overlapping_and_dense() && g.strides() == p.strides() &&
+        exp_avg_[i].strides() == p.strides() && g.scalar_type() == p.scalar_type()) {
+      fp.push_back(p);
+      fg.push_back(g);
+      fm.push_back(exp_avg_[i]);
+      fv.push_back(exp_avg_sq_[i]);
+      fs.push_back(device_steps_[i]);
+      continue;
+    }
+    // Anything else (a gradient assigned from outside): the same update in tensor ops, skipped
+    // on a non-finite norm as the fused kernel does.
+    const double t = static_cast<double>(tensor_steps_[i]);
+    const double b1 = cfg_.betas[0], b2 = cfg_.betas[1];
+    torch::Tensor keep = found_inf.view({});
+    torch::Tensor gc = g * clip;
+    torch::Tensor m = exp_avg_[i] * b1 + gc * (1.0 - b1);
+    torch::Tensor v = exp_avg_sq_[i] * b2 + gc * gc * (1.0 - b2);
+    torch::Tensor denom = (v.sqrt() / std::sqrt(1.0 - std::pow(b2, t))).add_(cfg_.eps);
+    torch::Tensor np = p * (1.0 - lr * cfg_.weight_decay) -
+                       m / denom * (lr / (1.0 - std::pow(b1, t)));
+    exp_avg_[i].copy_(torch::where(keep > 0, exp_avg_[i], m));
+    exp_avg_sq_[i].copy_(torch::where(keep > 0, exp_avg_sq_[i], v));
+    device_steps_[i].add_(1);
+    params_[i].tensor.copy_(torch::where(keep > 0, p, np));
+  }
+  if (!fp.empty()) {
+    at::_foreach_add_(fs, 1);
+    at::_fused_adamw_(fp, fg, fm, fv, {}, fs, lr, cfg_.betas[0], cfg_.betas[1],
+                      cfg_.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                      grad_scale, found_inf);
+  }
+  // The one wait of the step: the norm (and what the caller wants with it) to the host.
+  torch::Tensor host;
+  if (to_host) {
+    host = torch::cat({norm.view({1}).to(torch::kFloat64),
+                       to_host->reshape({-1}).to(dev, torch::kFloat64)})
+               .to(torch::kCPU);
+    *to_host = host.narrow(0, 1, host.size(0) - 1).view(to_host->sizes());
+  } else {
+    host = norm.view({1}).to(torch::kFloat64).to(torch::kCPU);
+  }
+  const double n = host[0].item<double>();
+  SPES_CHECK(std::isfinite(n), "gradient norm is {} at optimizer step {}: the loss diverged "
+             "(lower optimizer.learning_rate or check the data); the update was skipped", n, step_);
+  return n;
+}
+
 void AdamW::zero_grad() {
+  presence_.clear();
   if (!persistent_) {
     for (auto& p : params_) p.tensor.mutable_grad().reset();
     return;
@@ -213,6 +304,7 @@ void AdamW::load_state(const NamedTensors& tensors, int64_t step_count,
     exp_avg_sq_[i].copy_(by_name.at("exp_avg_sq/" + params_[i].name));
     tensor_steps_[i] = by_name.at("step/" + params_[i].name).item<int64_t>();
   }
+  device_steps_.clear();  // rebuilt from tensor_steps_ at the next step
   step_ = step_count;
 }
 

@@ -1,8 +1,11 @@
 // AdamW over the trainable tensors only (frozen tensors get no moment tensors at all), with
 // global-norm gradient clipping folded into the update, and the LR schedule (linear warm-up
 // from warmup_start x peak, then cosine to alpha_f x peak). On CPU the update is one fused pass
-// over (param, grad, m, v) per tensor; on other devices it uses tensor ops. Matches
-// torch.optim.AdamW (decoupled decay: p -= lr*wd*p; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)).
+// over (param, grad, m, v) per tensor. On a GPU the norm, the clipping factor and the update stay
+// on the device: one multi-tensor norm, then torch's fused AdamW kernel (_fused_adamw_, with the
+// clip as its gradient scale and a non-finite norm as its skip flag), so a step waits for the
+// device once, to read the norm. Matches torch.optim.AdamW (decoupled decay: p -= lr*wd*p;
+// p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)).
 #pragma once
 #include <torch/torch.h>
 
@@ -25,7 +28,14 @@ class AdamW {
   double grad_norm() const;
   // Clips to max_norm (<= 0: no clipping) and applies one AdamW step with learning rate lr.
   // Returns the pre-clip gradient norm. Tensors without a gradient are skipped (as PyTorch).
-  double step(double lr, double max_grad_norm);
+  // `to_host`, when given, is copied to the CPU together with the norm (one transfer on a GPU)
+  // and replaced by that copy. A non-finite norm throws (after skipping the update).
+  double step(double lr, double max_grad_norm, torch::Tensor* to_host = nullptr);
+  // For the next step() only: which tensors have a gradient (by params() index), instead of
+  // what this process saw (data-parallel ranks agree on it; train/distributed.h).
+  void set_grad_presence(std::vector<bool> present) { presence_ = std::move(present); }
+  // Whether params()[i] received a gradient since the last zero_grad on this process.
+  bool has_grad(size_t i) const;
   // Drops every gradient (set to undefined, freeing its memory until the next backward), or,
   // with persistent gradients, zeroes the buffers that received a gradient.
   void zero_grad();
@@ -61,8 +71,11 @@ class AdamW {
   // Persistent gradients: each buffer and its version counter as zero_grad left them.
   bool persistent_ = false;
   std::vector<std::pair<const void*, uint32_t>> zeroed_;
-  bool has_grad(size_t i) const;
+  std::vector<bool> presence_;             // set_grad_presence (empty: none given)
+  std::vector<torch::Tensor> device_steps_;  // fp32 step counts for _fused_adamw_ (GPU)
+  bool stepped(size_t i) const;  // has_grad, or presence_ when given
   void mark_zeroed(size_t i);
+  double step_device(double lr, double max_grad_norm, torch::Tensor* to_host);
 };
 
 }  // namespace spes

@@ -4,10 +4,13 @@
 #include <array>
 #include <filesystem>
 
+#include <spdlog/spdlog.h>
+
 #include "spes/common/error.h"
 #include "spes/common/sysinfo.h"
 #include "spes/model/losses.h"
 #include "spes/train/device.h"
+#include "spes/train/memory_meter.h"
 
 namespace spes {
 namespace fs = std::filesystem;
@@ -19,9 +22,17 @@ int64_t data_nodes(const Config& cfg) {
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions opts)
-    : cfg_(cfg), out_dir_(out_dir), opts_(std::move(opts)), device_(select_device(cfg)),
+    : cfg_(cfg), out_dir_(out_dir), opts_(std::move(opts)),
+      device_(opts_.dist ? opts_.dist->device() : select_device(cfg)),
       autocast_(use_bf16_autocast(cfg, device_)) {
   configure_threads(cfg_);
+  if (opts_.dist) {
+    const int64_t per_rank = cfg_.device_train_microbatch_size * opts_.dist->size();
+    SPES_CHECK(cfg_.global_train_batch_size % per_rank == 0, "global_train_batch_size ({}) must "
+               "be a multiple of device_train_microbatch_size ({}) x the node's {} ranks",
+               cfg_.global_train_batch_size, cfg_.device_train_microbatch_size,
+               opts_.dist->size());
+  }
   SPES_CHECK(!cfg_.data.paths.empty(), "config: data.paths is empty; prepare token shards with "
              "`spes prepare` and set data.paths to the output directory");
   fs::create_directories(out_dir_);
@@ -36,20 +47,28 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   if (cfg_.data.validation_fraction > 0 || !cfg_.data.validation_paths.empty())
     val_loader_ = std::make_unique<BatchLoader>(cfg_.data, seq, cfg_.seed, 0, 1, Split::Validation);
 
-  model_ = std::make_unique<Transformer>(cfg_.model, device_);
+  ownership_ = std::make_unique<Ownership>(Ownership::from_config(cfg_));
+  // The layout (grouped experts, bf16 frozen experts, checkpointing) follows the precision and
+  // what this node trains.
+  model_ = std::make_unique<Transformer>(
+      cfg_.model, device_,
+      model_runtime_for(cfg_, device_,
+                        trainable_expert_table(cfg_, *ownership_, opts_.node_id)));
   // Nodes may use different seeds for data; the init seed is the run seed (a SPES node
   // replaces these weights with the server's initial model anyway).
   model_->init_weights(static_cast<uint64_t>(cfg_.seed));
-  ownership_ = std::make_unique<Ownership>(Ownership::from_config(cfg_));
   registry_ = std::make_unique<ParamRegistry>(*model_, cfg_, *ownership_, opts_.node_id);
   optimizer_ = std::make_unique<AdamW>(registry_->trainable(), cfg_.optimizer);
   // One gradient buffer per trainable tensor for the whole run: peak memory is weights +
   // gradients + moments + activations, so frozen experts save their gradient bytes too.
   optimizer_->use_persistent_grads();
-  // The micro-batches of a step run one per core at once when there are several (CPU).
+  // The micro-batches of a step run one per core at once when there are several (CPU); the
+  // ranks of a data-parallel node each run theirs one after the other.
   workers_ = std::make_unique<MicroBatchWorkers>(
       *model_, registry_->trainable(),
-      MicroBatchWorkers::workers_for(cfg_.grad_accum_steps(), device_));
+      opts_.dist ? 1 : MicroBatchWorkers::workers_for(cfg_.grad_accum_steps(), device_));
+  if (opts_.dist)
+    reducer_ = std::make_unique<GradientAllReduce>(*opts_.dist, *model_, *optimizer_);
 
   std::string resume = opts_.resume_from;
   if (resume == "auto") resume = fs::exists(out_dir_ + "/checkpoint/state.json")
@@ -58,37 +77,51 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
     state_ = checkpoint_load(resume, *registry_, optimizer_.get());
     train_loader_->restore(state_.loader);
   }
-  metrics_ = std::make_unique<MetricsLog>(out_dir_ + "/metrics.jsonl", !resume.empty());
+  if (opts_.dist) {  // every rank starts from rank 0's weights
+    std::vector<torch::Tensor> all;
+    for (const auto& e : registry_->entries()) all.push_back(e.tensor);
+    broadcast_from_rank0(*opts_.dist, all);
+  }
+  if (is_rank0())
+    metrics_ = std::make_unique<MetricsLog>(out_dir_ + "/metrics.jsonl", !resume.empty());
 }
 
 Trainer::~Trainer() = default;
 
 nlohmann::json Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t accum = cfg_.grad_accum_steps();
+  const int64_t accum = cfg_.grad_accum_steps();  // micro-batches of the step, all ranks
+  const int64_t ranks = opts_.dist ? opts_.dist->size() : 1;
+  const int64_t rank = opts_.dist ? opts_.dist->rank() : 0;
+  const int64_t local = accum / ranks;  // this rank's: [rank * local, (rank + 1) * local)
   const double lr = lr_at_step(cfg_, state_.step);
   std::vector<Batch> batches;  // read in order first: the data position does not depend on threads
-  for (int64_t i = 0; i < accum; ++i)
-    batches.push_back(train_loader_->next(cfg_.device_train_microbatch_size));
-  std::vector<std::array<double, 5>> terms(accum);  // total, ce, lb, router_z, z
-  workers_->run(accum, [&](const Transformer& model, int64_t i) {
+  for (int64_t i = 0; i < accum; ++i) {  // (every rank reads all: the same data position)
+    Batch b = train_loader_->next(cfg_.device_train_microbatch_size);
+    if (i / local != rank) continue;
+    if (device_.is_cuda()) {  // copied from pinned memory without waiting for the device
+      b.tokens = b.tokens.pin_memory().to(device_, /*non_blocking=*/true);
+      b.targets = b.targets.pin_memory().to(device_, /*non_blocking=*/true);
+    }
+    batches.push_back(std::move(b));
+  }
+  // Loss terms stay on the device (total, ce, lb, router_z, z per micro-batch) and reach the
+  // host with the gradient norm, in the step's one wait for the device.
+  std::vector<torch::Tensor> terms(local);
+  workers_->run(local, [&](const Transformer& model, int64_t i) {
     LossTerms t;
     {
-      AutocastScope ac(autocast_);
+      AutocastScope ac(autocast_, device_.type());
       t = compute_losses(model, batches[i].tokens.to(device_), batches[i].targets.to(device_));
     }
+    // The last micro-batch's backward reduces gradients over the ranks as it goes.
+    if (reducer_ && i == local - 1) reducer_->arm(t.block_inputs);
     (t.total / static_cast<double>(accum)).backward();
-    terms[i] = {t.total.item<double>(), t.ce.item<double>(), t.lb.item<double>(),
-                t.router_z.item<double>(), t.z.item<double>()};
+    terms[i] = torch::stack({t.total, t.ce, t.lb, t.router_z, t.z}).detach().to(torch::kFloat64);
   });
-  double loss = 0, ce = 0, lb = 0, rz = 0, z = 0;
-  for (const auto& t : terms) {
-    loss += t[0] / accum;
-    ce += t[1] / accum;
-    lb += t[2] / accum;
-    rz += t[3] / accum;
-    z += t[4] / accum;
-  }
+  torch::Tensor term_sums = torch::stack(terms).to(device_);  // [local, 5]
+  if (reducer_)  // summed over every rank's micro-batches: [1, 5]
+    term_sums = reducer_->finish(term_sums.sum(0, true));
   nlohmann::json memory;
   if (!memory_logged_) {
     // What this node really holds for training, measured on the tensors (the SPES saving).
@@ -101,7 +134,16 @@ nlohmann::json Trainer::train_step() {
               // gradient buffers of the threads that run micro-batches in parallel
               {"worker_grad_bytes", workers_->replica_grad_bytes()}};
   }
-  const double grad_norm = optimizer_->step(lr, cfg_.max_grad_norm);
+  const double grad_norm = optimizer_->step(lr, cfg_.max_grad_norm, &term_sums);
+  double loss = 0, ce = 0, lb = 0, rz = 0, z = 0;
+  for (int64_t i = 0; i < term_sums.size(0); ++i) {  // in micro-batch order, as before
+    auto row = term_sums[i];
+    loss += row[0].item<double>() / accum;
+    ce += row[1].item<double>() / accum;
+    lb += row[2].item<double>() / accum;
+    rz += row[3].item<double>() / accum;
+    z += row[4].item<double>() / accum;
+  }
   if (!memory_logged_) {
     memory["optimizer_state_bytes"] = optimizer_->state_bytes();
     memory_logged_ = true;
@@ -116,6 +158,8 @@ nlohmann::json Trainer::train_step() {
           {"tokens", state_.tokens},
           {"tokens_per_s", static_cast<double>(cfg_.tokens_per_step()) / secs},
           {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()}};
+  if (device_.is_cuda())  // tensor bytes at the peak on this GPU, since the process started
+    rec["gpu_peak_allocated_mb"] = gpu_memory_stats(device_).peak_allocated / double(1 << 20);
   if (!memory.is_null()) rec["memory"] = memory;
   last_record_ = rec;
   return rec;
@@ -130,16 +174,28 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
   int64_t batches = (val_loader_->num_windows() + mb - 1) / mb;
   if (max_batches > 0) batches = std::min(batches, max_batches);
   double sum = 0;
+  const int64_t ranks = opts_.dist ? opts_.dist->size() : 1;
+  const int64_t rank = opts_.dist ? opts_.dist->rank() : 0;
   for (int64_t i = 0; i < batches; ++i) {
     const int64_t n = std::min(mb, val_loader_->num_windows() - i * mb);
     Batch b = val_loader_->next(std::max<int64_t>(n, 1));
+    if (i % ranks != rank) continue;  // the ranks share the batches
     LossTerms t;
     {
-      AutocastScope ac(autocast_);
+      AutocastScope ac(autocast_, device_.type());
       t = compute_losses(*model_, b.tokens.to(device_), b.targets.to(device_));
     }
-    sum += t.ce.item<double>() * static_cast<double>(t.n_targets);
-    r.tokens += t.n_targets;
+    const int64_t targets = t.n_targets.item<int64_t>();
+    sum += t.ce.item<double>() * static_cast<double>(targets);
+    r.tokens += targets;
+  }
+  if (opts_.dist) {
+    torch::Tensor both =
+        torch::tensor({sum, static_cast<double>(r.tokens)}, torch::kFloat64).to(device_);
+    opts_.dist->all_reduce_sum({both});
+    both = both.to(torch::kCPU);
+    sum = both[0].item<double>();
+    r.tokens = static_cast<int64_t>(both[1].item<double>());
   }
   r.loss = r.tokens > 0 ? sum / static_cast<double>(r.tokens) : 0;
   r.perplexity = std::exp(r.loss);
@@ -147,13 +203,15 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
 }
 
 void Trainer::save_checkpoint(const std::string& dir) const {
+  if (!is_rank0()) return;  // the ranks hold the same weights and moments
   checkpoint_save(dir, cfg_, *registry_, optimizer_.get(), state_);
 }
 
 EvalResult Trainer::run() {
   const int64_t total = cfg_.total_steps();
   if (opts_.observer) opts_.observer->on_start(*this);
-  ProgressDisplay progress(state_.step, total, opts_.progress, opts_.progress_prefix);
+  ProgressDisplay progress(state_.step, total, is_rank0() ? opts_.progress : ProgressMode::None,
+                           opts_.progress_prefix);
   EvalResult last;
   bool evaluated_last = false;
   while (state_.step < total) {
@@ -175,7 +233,7 @@ EvalResult Trainer::run() {
       }
       evaluated_last = true;
     }
-    metrics_->write(rec);
+    if (metrics_) metrics_->write(rec);
     progress.update(state_.step, rec["loss"].get<double>(), rec["tokens_per_s"].get<double>(), val);
     if (cfg_.save_interval > 0 && state_.step % cfg_.save_interval == 0 && !final_step)
       save_checkpoint(out_dir_ + "/checkpoint");
@@ -184,7 +242,23 @@ EvalResult Trainer::run() {
   if (!evaluated_last) last = evaluate(cfg_.eval_batches);
   save_checkpoint(out_dir_ + "/checkpoint");
   if (opts_.observer) opts_.observer->on_finish(*this);
+  if (opts_.dist) check_ranks_agree();
   return last;
+}
+
+void Trainer::check_ranks_agree() const {
+  // The ranks must end with the same weights (rank 0's checkpoint stands for all of them).
+  const std::string sha = registry_->weights_sha256();
+  torch::Tensor mine = torch::from_blob(const_cast<char*>(sha.data()),
+                                        {static_cast<int64_t>(sha.size())}, torch::kUInt8)
+                           .clone();
+  torch::Tensor rank0 = mine.to(device_);
+  opts_.dist->broadcast(rank0);
+  const bool same = torch::equal(rank0.to(torch::kCPU), mine);
+  spdlog::info("rank {} of {}: final weights sha256 {}", opts_.dist->rank(), opts_.dist->size(),
+               sha.substr(0, 16));
+  SPES_CHECK(same, "rank {}: its weights differ from rank 0's at the end of the run (sha256 {})",
+             opts_.dist->rank(), sha.substr(0, 16));
 }
 
 }  // namespace spes

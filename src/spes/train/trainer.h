@@ -11,6 +11,8 @@
 #include "spes/model/registry.h"
 #include "spes/model/transformer.h"
 #include "spes/train/checkpoint.h"
+#include "spes/train/distributed.h"
+#include "spes/train/grad_allreduce.h"
 #include "spes/train/metrics.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
@@ -36,6 +38,10 @@ struct TrainerOptions {
   ProgressMode progress = ProgressMode::Auto;
   std::string progress_prefix;      // e.g. "[node 1] "
   StepObserver* observer = nullptr; // not owned
+  // This process is one rank of a node's data-parallel group (not owned; null: one process).
+  // Each rank runs global_train_batch_size / size of the step's sequences on dist->device();
+  // gradients are all-reduced during backward; only rank 0 writes metrics and checkpoints.
+  DistGroup* dist = nullptr;
 };
 
 struct EvalResult {
@@ -67,6 +73,8 @@ class Trainer {
   const std::string& out_dir() const { return out_dir_; }
   BatchLoader& train_loader() { return *train_loader_; }
   bool has_validation() const { return val_loader_ != nullptr; }
+  DistGroup* dist() const { return opts_.dist; }
+  bool is_rank0() const { return !opts_.dist || opts_.dist->rank() == 0; }
 
  private:
   Config cfg_;
@@ -79,9 +87,12 @@ class Trainer {
   std::unique_ptr<ParamRegistry> registry_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<MicroBatchWorkers> workers_;
+  std::unique_ptr<GradientAllReduce> reducer_;  // with opts_.dist
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<MetricsLog> metrics_;
   TrainState state_;
+  // Data-parallel ranks: every rank's final weights hash equal rank 0's (or this throws).
+  void check_ranks_agree() const;
   nlohmann::json last_record_;  // last_step_record()
   bool memory_logged_ = false;  // the first step of this process logs a "memory" record
 };

@@ -1,0 +1,62 @@
+// Rank 0 runs the node's observer, the other ranks receive what it changed (rank0_observer.h).
+#include "spes/train/rank0_observer.h"
+
+namespace spes {
+
+Rank0Observer::Rank0Observer(DistGroup& group, StepObserver* inner)
+    : group_(group), inner_(group.rank() == 0 ? inner : nullptr) {}
+
+std::vector<uint32_t> Rank0Observer::versions(const Trainer& t) const {
+  std::vector<uint32_t> v;
+  for (const auto& e : t.registry().entries()) v.push_back(e.tensor._version());
+  return v;
+}
+
+void Rank0Observer::share(Trainer& t, const std::vector<uint32_t>& before,
+                          const TrainState& sb) {
+  TrainState& s = t.state();
+  const bool changed = group_.rank() == 0 &&
+                       (versions(t) != before || s.step != sb.step || s.tokens != sb.tokens ||
+                        s.sync_round != sb.sync_round || s.loader.epoch != sb.loader.epoch ||
+                        s.loader.position != sb.loader.position);
+  torch::Tensor head = torch::tensor({changed ? int64_t{1} : int64_t{0}, s.step, s.tokens,
+                                      s.sync_round, s.loader.epoch, s.loader.position},
+                                     torch::kInt64)
+                           .to(group_.device());
+  group_.broadcast(head);
+  head = head.to(torch::kCPU);
+  if (head[0].item<int64_t>() == 0) return;
+  if (group_.rank() != 0) {
+    s.step = head[1].item<int64_t>();
+    s.tokens = head[2].item<int64_t>();
+    s.sync_round = head[3].item<int64_t>();
+    s.loader.epoch = head[4].item<int64_t>();
+    s.loader.position = head[5].item<int64_t>();
+    t.train_loader().restore(s.loader);
+  }
+  std::vector<torch::Tensor> all;
+  for (const auto& e : t.registry().entries()) all.push_back(e.tensor);
+  broadcast_from_rank0(group_, all);
+}
+
+void Rank0Observer::on_start(Trainer& t) {
+  const auto before = versions(t);
+  const TrainState sb = t.state();
+  if (inner_) inner_->on_start(t);
+  share(t, before, sb);
+}
+
+nlohmann::json Rank0Observer::after_step(Trainer& t, int64_t step) {
+  const auto before = versions(t);
+  const TrainState sb = t.state();
+  nlohmann::json extra;
+  if (inner_) extra = inner_->after_step(t, step);
+  share(t, before, sb);
+  return extra;
+}
+
+void Rank0Observer::on_finish(Trainer& t) {
+  if (inner_) inner_->on_finish(t);
+}
+
+}  // namespace spes
