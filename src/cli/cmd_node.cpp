@@ -2,13 +2,17 @@
 // everything (fedavg, diloco), syncing with `spes serve` every spes_config.sync_steps steps.
 // Writes OUT/metrics.jsonl (sync records included) and OUT/checkpoint like `spes train`
 // (every save_interval steps too); restarted with the same OUT it resumes from its checkpoint.
-// The node's token comes from --token-file or SPES_NODE_TOKEN.
+// The node's token comes from --token-file or SPES_NODE_TOKEN. With --nproc-per-node N the node
+// is N data-parallel processes (one per GPU, or sharing the cores); rank 0 talks to the server
+// and hands what it receives to the others (train/rank0_observer.h).
 #include <spdlog/spdlog.h>
 
 #include "cli/command.h"
+#include "cli/node_ranks.h"
 #include "spes/io/config.h"
 #include "spes/sync/node/node.h"
 #include "spes/sync/wire/auth.h"
+#include "spes/train/rank0_observer.h"
 #include "spes/train/trainer.h"
 
 namespace {
@@ -18,6 +22,7 @@ struct NodeArgs {
   int64_t node_id = -1;
   double connect_timeout = 120;
   std::vector<std::string> sets;
+  int64_t nproc = 1;
 };
 
 void run_node(const NodeArgs& a) {
@@ -25,19 +30,34 @@ void run_node(const NodeArgs& a) {
   const int64_t id = a.node_id >= 0 ? a.node_id : cfg.spes_config.peer_id;
   SPES_CHECK(id < cfg.spes_config.num_peers, "--node-id {} is outside [0, num_peers={})", id,
              cfg.spes_config.num_peers);
-  spes::sync::NodeOptions no;
-  no.server = a.server.empty() ? cfg.spes_config.server_addr : a.server;
-  no.connect_timeout_s = a.connect_timeout;
-  no.auth_token = spes::sync::node_token(a.token_file);
-  no.faults = spes::sync::node_faults_from_env();
-  spes::sync::SyncNode node(no);
+  if (spes::cli::run_node_ranks(cfg, a.nproc)) return;  // started the ranks, which are done
+  std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();
+  std::unique_ptr<spes::sync::SyncNode> node;  // rank 0 (or the only process) talks to the server
+  if (!dist || dist->rank() == 0) {
+    spes::sync::NodeOptions no;
+    no.server = a.server.empty() ? cfg.spes_config.server_addr : a.server;
+    no.connect_timeout_s = a.connect_timeout;
+    no.auth_token = spes::sync::node_token(a.token_file);
+    no.faults = spes::sync::node_faults_from_env();
+    node = std::make_unique<spes::sync::SyncNode>(no);
+  }
+  std::unique_ptr<spes::Rank0Observer> ranks;
   spes::TrainerOptions opts;
   opts.node_id = id;
   opts.resume_from = a.resume == "none" ? "" : a.resume;
   opts.progress = spes::progress_mode_from_string(a.progress);
-  opts.observer = &node;
+  opts.observer = node.get();
+  opts.dist = dist.get();
+  if (dist) {
+    ranks = std::make_unique<spes::Rank0Observer>(*dist, node.get());
+    opts.observer = ranks.get();
+  }
   const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
   spes::Trainer trainer(cfg, out, opts);
+  if (!trainer.is_rank0()) {
+    trainer.run();
+    return;
+  }
   spdlog::info("node {}: {:.2f}M parameters, {:.2f}M trainable here ({} mode), {} steps, out {}",
                id, trainer.model().num_params() / 1e6, trainer.registry().trainable_numel() / 1e6,
                cfg.spes_config.mode, cfg.total_steps(), out);
@@ -62,6 +82,9 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
                  "Seconds to keep retrying while the server is not up");
   sub.add_option("--token-file", a->token_file, "File holding this node's secret token "
                  "(default: $SPES_NODE_TOKEN; see spes_config.auth_tokens_file)");
+  sub.add_option("--nproc-per-node", a->nproc,
+                 "Processes for this node, data parallel over torch.distributed: one per GPU "
+                 "(NCCL), or on CPU sharing the cores (Gloo); rank 0 syncs with the server");
   sub.callback([a] { run_node(*a); });
 });
 

@@ -4,8 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/command.h"
+#include "cli/node_ranks.h"
 #include "cli/run_summary.h"
-#include "spes/cluster/rank_launcher.h"
 #include "spes/io/config.h"
 #include "spes/train/trainer.h"
 
@@ -25,14 +25,7 @@ void run_train(const TrainArgs& a) {
                  "applies to `spes launch` and `spes node`)", cfg.spes_config.mode);
     cfg.spes_config.mode = "centralized";
   }
-  if (a.nproc > 1 && !spes::running_as_rank()) {  // this process starts the ranks and waits
-    spes::RankLaunchOptions lo;
-    lo.nproc = a.nproc;
-    lo.args = spes::cli::command_line_args();
-    const int code = spes::launch_ranks(cfg, lo);
-    if (code != 0) spes::cli::exit_with(code);
-    return;
-  }
+  if (spes::cli::run_node_ranks(cfg, a.nproc)) return;  // started the ranks, which are done
   std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();
   spes::TrainerOptions opts;
   opts.resume_from = a.resume == "none" ? "" : a.resume;

@@ -95,3 +95,28 @@ TEST(DataParallelGloo, BatchThatDoesNotSplitIsRefused) {
             std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(d.file("x") + "/metrics.jsonl"));
 }
+
+// A SPES cluster whose nodes are 2 processes each: rank 0 of every node syncs with the server
+// and hands the published weights to rank 1; every sync round checks that each node holds the
+// published model, and at the end both ranks of each node hold the same weights.
+TEST(DataParallelGloo, SpesLaunchWithTwoProcessNodesSyncs) {
+  TempDir d;
+  const std::string cfg = write_config(
+      d, spes::test::make_pattern_shard(d.path, 20000, 64),
+      "spes_config:\n  mode: spes\n  num_peers: 2\n  sync_steps: 3\n  merge_interval: 0\n");
+  auto r = run_spes(d, {"launch", "--config", cfg, "--nodes", "2", "--nproc-per-node", "2",
+                        "--out", d.file("run"), "--no-summary"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("every node held the published model after every sync: yes"),
+            std::string::npos) << r.out;
+  for (int node = 0; node < 2; ++node) {
+    auto m = spes::test::read_metrics(d.file("run/node" + std::to_string(node)));
+    ASSERT_EQ(m.size(), 6u) << "node " << node;
+    int syncs = 0;
+    for (const auto& line : m) syncs += line.contains("sync") ? 1 : 0;
+    EXPECT_EQ(syncs, 2) << "node " << node;
+    const std::string rank1 = "[node " + std::to_string(node) + "] [rank 1] ";
+    EXPECT_NE(r.out.find(rank1), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("rank 1 of 2: final weights sha256"), std::string::npos) << r.out;
+}

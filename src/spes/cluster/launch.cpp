@@ -150,14 +150,18 @@ int launch_cluster(const LaunchOptions& o) {
   }
   if (!dashboard.empty()) fmt::print("dashboard: {}\n", dashboard);
   std::fflush(stdout);
-  for (int64_t i = 0; i < N; ++i)
-    start(parts[i + 1], fmt::format("node {}", i), fmt::format("{}/node{}", o.out, i),
-          {exe, "node", "--config", cfg_path, "--node-id", std::to_string(i), "--server",
-           address, "--out", fmt::format("{}/node{}", o.out, i), "--progress", "lines",
-           "--resume", "none"},
+  for (int64_t i = 0; i < N; ++i) {
+    std::vector<std::string> argv = {exe, "node", "--config", cfg_path, "--node-id",
+                                     std::to_string(i), "--server", address, "--out",
+                                     fmt::format("{}/node{}", o.out, i), "--progress", "lines",
+                                     "--resume", "none"};
+    if (o.nproc_per_node > 1)
+      argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
+    start(parts[i + 1], fmt::format("node {}", i), fmt::format("{}/node{}", o.out, i), argv,
           tokens.empty() ? std::vector<std::pair<std::string, std::string>>()
                          : std::vector<std::pair<std::string, std::string>>{
                                {"SPES_NODE_TOKEN", tokens[i]}});
+  }
 
   // Combined view; the first failure stops everything.
   std::string failure;

@@ -20,6 +20,7 @@ struct LaunchOptions {
                                      // every round offline (`spes aggregate`'s code)
   bool overwrite = false;            // replace DIR/server and DIR/node* of an earlier run
   std::string executable;            // default: this executable
+  int64_t nproc_per_node = 1;        // processes per node (`spes node --nproc-per-node`)
 };
 
 // Runs the cluster to completion and prints the summary; returns the process exit code

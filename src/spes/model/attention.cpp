@@ -241,9 +241,12 @@ torch::Tensor attention_forward(const BlockWeights& b, const torch::Tensor& x,
                                 const torch::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1), H = cfg.n_heads, Hkv = cfg.kv_heads();
   const int64_t hd = cfg.head_dim();
-  torch::Tensor q = torch::matmul(x, b.q.t());
-  torch::Tensor k = torch::matmul(x, b.k.t());
-  torch::Tensor v = torch::matmul(x, b.v.t());
+  // Under autocast, cast the normed input once (autocast would cast it for each projection and
+  // each product would keep its own bf16 copy for backward). No-op otherwise.
+  const torch::Tensor xc = x.to(autocast_compute_dtype(x));
+  torch::Tensor q = torch::matmul(xc, b.q.t());
+  torch::Tensor k = torch::matmul(xc, b.k.t());
+  torch::Tensor v = torch::matmul(xc, b.v.t());
   if (cfg.qk_norm == "whole") {
     q = rms_norm(q, b.q_norm, cfg.layer_norm_eps);
     k = rms_norm(k, b.k_norm, cfg.layer_norm_eps);

@@ -108,8 +108,12 @@ torch::Tensor moe_forward_grouped(const torch::Tensor& x, const torch::Tensor& r
   expert_stack_refresh(stack, experts);
   const int64_t N = x.size(0), D = x.size(1), E = static_cast<int64_t>(experts.size());
   const int64_t k = top_k;
+  // The input in the experts' dtype, once: the router product and the experts share it (under
+  // autocast the router product would otherwise keep a bf16 copy of its own).
+  const torch::Tensor xc = x.to(stack.dtype());
   torch::Tensor logits =
-      torch::matmul(x, router.t()).to(at::promote_types(x.scalar_type(), torch::kFloat32));
+      torch::matmul(xc, router.t().to(xc.scalar_type()))
+          .to(at::promote_types(x.scalar_type(), torch::kFloat32));
   torch::Tensor probs = torch::softmax(logits, -1);
   auto [top_w, top_i] = probs.topk(k, -1);  // [N, k]
   if (norm_topk_prob) top_w = top_w / top_w.sum(-1, /*keepdim=*/true);
@@ -124,8 +128,7 @@ torch::Tensor moe_forward_grouped(const torch::Tensor& x, const torch::Tensor& r
   // Row j of the repeated input is token j / k: the gather is a permutation of it, so its
   // backward adds every row once (no atomics over repeated indices), and the k copies of a
   // token are summed by the expand's backward.
-  torch::Tensor xs = x.to(stack.dtype()).unsqueeze(1).expand({N, k, D}).reshape({N * k, D})
-                         .index_select(0, order);
+  torch::Tensor xs = xc.unsqueeze(1).expand({N, k, D}).reshape({N * k, D}).index_select(0, order);
   std::vector<torch::Tensor> leaves;
   for (int64_t slot = 0; slot < stack.n_trainable; ++slot) {
     const ExpertWeights& e = experts[stack.expert_of_slot[slot]];
