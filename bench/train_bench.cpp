@@ -17,6 +17,7 @@
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/model/losses.h"
+#include "spes/train/device.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
 #include "spes/train/registry.h"
@@ -155,7 +156,8 @@ int main(int argc, char** argv) {
       {"tokens_per_step", batch * T}, {"micro_batch", micro_batch},
       {"parallel_micro_batches", workers.workers()}, {"step_s", secs}, {"tokens_per_s", tok_s},
       {"flops_per_token", fpt}, {"achieved_gflops", tok_s * fpt / 1e9},
-      {"gemm_peak_gflops", peak / 1e9}, {"mfu", tok_s * fpt / peak},
+      {"gemm_peak_gflops", peak / 1e9}, {"cpu_gemm", spes::cpu_gemm_library()},
+      {"mfu", tok_s * fpt / peak},
       // The same ratio in CPU time (FLOPs per CPU second of the steps over those of the GEMM
       // peak): less sensitive to a loaded machine; spin-waiting threads count as used time.
       {"step_cpu_s", cpu_secs},
