@@ -139,6 +139,8 @@ def main():
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     ap.add_argument("--theta", type=float, default=500000.0)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    ap.add_argument("--name", default="", help="name in the JSON line (default: pytorch_eager "
+                    "or pytorch_compile)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
@@ -165,7 +167,7 @@ def main():
     for _ in range(a.steps):
         step()
     dt = (time.perf_counter() - t0) / a.steps
-    name = "pytorch_compile" if a.compile else "pytorch_eager"
+    name = a.name or ("pytorch_compile" if a.compile else "pytorch_eager")
     print(json.dumps({"name": name, "torch": torch.__version__, "threads": a.threads,
                       "blas": re.search(r"BLAS_INFO=(\w+)", torch.__config__.show()).group(1),
                       "warmup_s": warmup_s, "step_s": dt, "tokens_per_s": a.batch * a.seq / dt,

@@ -3,8 +3,9 @@
 # prints one JSON line each: the CPU GEMM rate of the wheel's MKL and of Debian's OpenBLAS (the
 # one spes uses, CMake SPES_CPU_BLAS), three model sizes, the d_model 512 model with 3/4 of its
 # experts frozen, and the same d_model 512 model in PyTorch 2.11 (the wheel in .venv/, the
-# same libtorch spes is built against) eager and under torch.compile, run right after the spes
-# run; then the side-by-side ratios and the frozen-expert saving.
+# same libtorch spes is built against, MKL as shipped) eager and under torch.compile, run right
+# after the spes run, and eager again with OpenBLAS preloaded; then the side-by-side ratios and
+# the frozen-expert saving.
 # Prints the load average first: the figures are only comparable on a quiet machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,6 +26,9 @@ run $B --name d512 --steps 5
 run $B --name d512-one-pass --micro-batch 0 --steps 5
 run $PY bench/pytorch_eager_bench.py --steps 5
 run $PY bench/pytorch_eager_bench.py --steps 5 --compile
+if [ -n "$openblas" ]; then  # the same eager model on the BLAS spes uses, for reference
+  run env LD_PRELOAD="$openblas" $PY bench/pytorch_eager_bench.py --steps 5 --name pytorch_eager_openblas
+fi
 run $B --name d512-frozen75 --frozen-fraction 0.75 --steps 5
 run $B --name d768 --d-model 768 --layers 8 --heads 12 --hidden 1536 --seq 256 --batch 8 --steps 3
 $PY - "$out" <<'PY'
