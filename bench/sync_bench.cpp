@@ -19,19 +19,18 @@
 #include <thread>
 #include <vector>
 
+#include "spes/cluster/subprocess.h"
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/io/files.h"
+#include "spes/model/ownership.h"
+#include "spes/model/registry.h"
 #include "spes/model/transformer.h"
-#include "spes/sync/client.h"
-#include "spes/sync/framing.h"
-#include "spes/sync/plan.h"
-#include "spes/sync/run_report.h"
-#include "spes/sync/subprocess.h"
-#include "spes/train/ownership.h"
-#include "spes/train/registry.h"
+#include "spes/sync/node/client.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/wire/framing.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -160,7 +159,7 @@ int main(int argc, char** argv) {
                "transfers, merging every {} rounds\n", P / 1e6, fp32_mib, a.nodes, a.rounds,
                a.dtype, a.merge_interval);
 
-    spes::sync::Subprocess server({exe, "serve", "--config", cfg_path, "--out",
+    spes::Subprocess server({exe, "serve", "--config", cfg_path, "--out",
                                    a.out + "/server", "--listen", "127.0.0.1:0", "--overwrite"});
     std::string address;
     const auto t_start = Clock::now();
@@ -235,7 +234,7 @@ int main(int argc, char** argv) {
     const int code = server.wait();
     SPES_CHECK(code == 0, "the sync server exited with code {}", code);
 
-    const auto rounds = spes::sync::read_jsonl(a.out + "/server/rounds.jsonl");
+    const auto rounds = spes::read_jsonl(a.out + "/server/rounds.jsonl");
     double server_rss = 0;
     for (const auto& r : rounds) server_rss = std::max(server_rss, r.value("peak_rss_mb", 0.0));
     fmt::print("{:>5} {:>6} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>11}\n", "round", "merge",

@@ -17,10 +17,10 @@
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/model/losses.h"
+#include "spes/model/registry.h"
 #include "spes/train/device.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
-#include "spes/train/registry.h"
 
 using Clock = std::chrono::steady_clock;
 

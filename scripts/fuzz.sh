@@ -57,7 +57,8 @@ cxxflags=(-std=gnu++17 -O1 -g "${san[@]}" -D_GLIBCXX_USE_CXX11_ABI=1 -DFMT_SHARE
           -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB -pthread
           -Isrc -Itests -I"$B/proto" -isystem /usr/include/torch/csrc/api/include -w)
 sources=(src/spes/io/safetensors.cpp src/spes/io/config.cpp src/spes/io/files.cpp
-         src/spes/common/strings.cpp src/spes/sync/framing.cpp src/spes/sync/upload_assembly.cpp
+         src/spes/common/strings.cpp src/spes/sync/wire/framing.cpp
+         src/spes/sync/server/upload_assembly.cpp
          tests/fuzz/fuzz_entries.cpp "$B/proto/spes_sync.pb.cc" "$B/gen/default_config.cpp")
 
 # True when $1 (an object) is missing or older than a file its .d lists.

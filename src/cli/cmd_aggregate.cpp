@@ -7,7 +7,7 @@
 
 #include "cli/command.h"
 #include "spes/io/config.h"
-#include "spes/sync/aggregate.h"
+#include "spes/sync/round/aggregate.h"
 #include "spes/train/device.h"
 
 namespace {

@@ -9,9 +9,9 @@
 #include "spes/common/bundled_assets.h"
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
-#include "spes/eval/loaded_model.h"
 #include "spes/eval/multiple_choice.h"
 #include "spes/train/device.h"
+#include "spes/train/loaded_model.h"
 
 namespace {
 namespace fs = std::filesystem;

@@ -4,7 +4,7 @@
 #include "cli/command.h"
 #include "spes/common/error.h"
 #include "spes/eval/generate.h"
-#include "spes/eval/loaded_model.h"
+#include "spes/train/loaded_model.h"
 
 namespace {
 

@@ -5,13 +5,13 @@
 
 #include "cli/command.h"
 #include "cli/run_summary.h"
-#include "spes/sync/launch.h"
+#include "spes/cluster/launch.h"
 
 namespace {
 
 spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and N SPES nodes on localhost",
                                    [](CLI::App& sub) {
-  auto a = std::make_shared<spes::sync::LaunchOptions>();
+  auto a = std::make_shared<spes::LaunchOptions>();
   auto no_summary = std::make_shared<bool>(false);
   sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
   sub.add_option("--nodes", a->nodes, "Number of nodes (0: spes_config.num_peers, or 4)");
@@ -23,7 +23,7 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
   sub.add_flag("--no-summary", *no_summary,
                "Skip the final model's baseline comparison and sample");
   sub.callback([a, no_summary] {
-    const int code = spes::sync::launch_cluster(*a);
+    const int code = spes::launch_cluster(*a);
     if (code != 0) std::exit(code);
     if (!*no_summary) spes::cli::print_cluster_summary(a->out);
   });

@@ -7,8 +7,8 @@
 
 #include "cli/command.h"
 #include "spes/io/config.h"
-#include "spes/sync/auth.h"
-#include "spes/sync/node.h"
+#include "spes/sync/node/node.h"
+#include "spes/sync/wire/auth.h"
 #include "spes/train/trainer.h"
 
 namespace {

@@ -12,7 +12,7 @@
 
 #include "cli/command.h"
 #include "spes/io/config.h"
-#include "spes/sync/server.h"
+#include "spes/sync/server/server.h"
 #include "spes/train/device.h"
 
 namespace {

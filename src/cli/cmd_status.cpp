@@ -8,8 +8,8 @@
 #include <cstdlib>
 
 #include "cli/command.h"
-#include "spes/sync/auth.h"
-#include "spes/sync/client.h"
+#include "spes/sync/node/client.h"
+#include "spes/sync/wire/auth.h"
 
 namespace {
 

@@ -1,5 +1,6 @@
 // Entry point of the `spes` binary: builds the CLI11 app from the registered subcommands and
-// turns library errors into one clear line on stderr and exit code 1.
+// turns library errors into one clear line on stderr and exit code 1. Every model it starts
+// honours model.init_checkpoint (the reader that interop/init_checkpoint.h installs).
 #include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
@@ -8,6 +9,7 @@
 
 #include "cli/command.h"
 #include "spes/common/error.h"
+#include "spes/interop/init_checkpoint.h"
 #include "spes/train/device.h"
 
 namespace spes::cli {

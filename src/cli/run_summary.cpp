@@ -9,10 +9,9 @@
 #include "spes/data/tokenizer.h"
 #include "spes/data/tokenizer_path.h"
 #include "spes/eval/generate.h"
-#include "spes/eval/loaded_model.h"
 #include "spes/eval/unigram_baseline.h"
 #include "spes/io/files.h"
-#include "spes/sync/run_report.h"
+#include "spes/train/loaded_model.h"
 
 namespace spes::cli {
 
@@ -67,7 +66,7 @@ void print_cluster_summary(const std::string& dir) {
   if (n > 0) {
     r.validation.loss = loss / static_cast<double>(n);
     r.validation.perplexity = std::exp(r.validation.loss);
-    for (const auto& line : sync::read_jsonl(dir + "/node0/metrics.jsonl"))
+    for (const auto& line : read_jsonl(dir + "/node0/metrics.jsonl"))
       if (line.contains("val_tokens")) r.validation.tokens = line["val_tokens"].get<int64_t>();
   }
   print_run_result(lm.config, *lm.model, r);

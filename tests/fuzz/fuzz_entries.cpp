@@ -6,9 +6,9 @@
 #include "spes/common/error.h"
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
-#include "spes/sync/framing.h"
-#include "spes/sync/protocol.h"
-#include "spes/sync/upload_assembly.h"
+#include "spes/sync/server/upload_assembly.h"
+#include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/protocol.h"
 #include "spes_sync.pb.h"
 
 namespace spes::fuzz {

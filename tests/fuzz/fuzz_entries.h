@@ -18,7 +18,7 @@ void fuzz_safetensors(const uint8_t* data, size_t size);
 // further NUL-separated piece is one `--set KEY=VALUE` override.
 void fuzz_config(const uint8_t* data, size_t size);
 // The server's handling of an Upload stream: records of [u32 little-endian length][serialized
-// spes.sync.v1.UploadChunk], as the gRPC handler (src/spes/sync/server.cpp) receives them,
+// spes.sync.v1.UploadChunk], as the gRPC handler (src/spes/sync/server/server.cpp) receives them,
 // through the chunk assembly (upload_assembly.cpp) and the stream parser (framing.cpp). A
 // chunk whose `sha256` field is empty gets its correct digest here, so that the fuzzer reaches
 // the parser (it cannot forge SHA-256); chunks with a digest are checked as sent.

@@ -12,10 +12,10 @@
 
 #include "interop/cli_run.h"
 #include "interop/interop_test_util.h"
-#include "spes/eval/loaded_model.h"
 #include "spes/io/files.h"
-#include "spes/train/ownership.h"
-#include "spes/train/registry.h"
+#include "spes/model/ownership.h"
+#include "spes/model/registry.h"
+#include "spes/train/loaded_model.h"
 
 using namespace spes;
 using json = nlohmann::json;

@@ -13,11 +13,11 @@
 #include "interop/interop_test_util.h"
 #include "spes/common/error.h"
 #include "spes/data/tokenizer.h"
-#include "spes/eval/loaded_model.h"
 #include "spes/interop/hf_export.h"
 #include "spes/interop/hf_import.h"
 #include "spes/interop/hf_weights.h"
 #include "spes/io/files.h"
+#include "spes/train/loaded_model.h"
 
 using namespace spes;
 using json = nlohmann::json;

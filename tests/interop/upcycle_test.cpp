@@ -12,11 +12,11 @@
 
 #include "interop/interop_test_util.h"
 #include "spes/common/error.h"
-#include "spes/eval/loaded_model.h"
 #include "spes/interop/hf_export.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/interop/upcycle.h"
-#include "spes/sync/aggregate.h"
+#include "spes/sync/round/aggregate.h"
+#include "spes/train/loaded_model.h"
 #include "spes/train/trainer.h"
 
 using namespace spes;

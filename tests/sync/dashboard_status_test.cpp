@@ -11,9 +11,9 @@
 #include <cmath>
 
 #include "spes/io/files.h"
-#include "spes/sync/client.h"
-#include "spes/sync/dashboard_status.h"
-#include "spes/sync/server.h"
+#include "spes/sync/node/client.h"
+#include "spes/sync/server/dashboard_status.h"
+#include "spes/sync/server/server.h"
 #include "sync/sync_test_util.h"
 
 using namespace spes;

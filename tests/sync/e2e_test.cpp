@@ -15,10 +15,10 @@
 #include <random>
 #include <thread>
 
+#include "spes/cluster/run_report.h"
+#include "spes/cluster/subprocess.h"
 #include "spes/io/files.h"
-#include "spes/sync/aggregate.h"
-#include "spes/sync/run_report.h"
-#include "spes/sync/subprocess.h"
+#include "spes/sync/round/aggregate.h"
 
 using namespace spes;
 using namespace spes::sync;

@@ -10,12 +10,12 @@
 #include <map>
 #include <random>
 
+#include "spes/cluster/run_report.h"
 #include "spes/common/error.h"
 #include "spes/io/files.h"
-#include "spes/sync/plan.h"
-#include "spes/sync/round_state.h"
-#include "spes/sync/run_report.h"
-#include "spes/train/ownership.h"
+#include "spes/model/ownership.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/server/round_state.h"
 #include "sync/sync_test_util.h"
 
 using namespace spes;

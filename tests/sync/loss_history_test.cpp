@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "spes/common/error.h"
-#include "spes/sync/loss_history.h"
+#include "spes/sync/server/loss_history.h"
 
 using namespace spes;
 using namespace spes::sync;

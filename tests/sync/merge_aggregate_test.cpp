@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "spes/common/error.h"
-#include "spes/sync/aggregate.h"
-#include "spes/sync/merge.h"
+#include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/merge.h"
 #include "sync/sync_test_util.h"
 
 using namespace spes;

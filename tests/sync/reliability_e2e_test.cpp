@@ -1,7 +1,7 @@
 // Faults with real processes over loopback (`spes serve` and `spes node` started and killed
 // like in production): a node killed with SIGKILL while a round is open and restarted from its
 // checkpoint; the server killed with SIGKILL while a round is open and restarted on the same
-// DIR; and one run with misbehaving nodes (SPES_SYNC_FAULTS, see src/spes/sync/faults.h): a
+// DIR; and one run with misbehaving nodes (SPES_SYNC_FAULTS, see src/spes/sync/node/faults.h): a
 // corrupt chunk, a NaN upload, an upload of another node's expert, an update far above
 // max_update_norm_ratio, a straggler past the deadline, a replay of an old round, plus a node
 // with the wrong token, an oversized gRPC message and `spes status`; an upload stream that
@@ -19,11 +19,10 @@
 #include <random>
 #include <thread>
 
+#include "spes/cluster/subprocess.h"
 #include "spes/io/files.h"
 #include "spes/io/safetensors.h"
-#include "spes/sync/run_report.h"
-#include "spes/sync/server.h"
-#include "spes/sync/subprocess.h"
+#include "spes/sync/server/server.h"
 #include "spes_sync.grpc.pb.h"
 
 using namespace spes;

@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "spes/io/config.h"
+#include "spes/model/ownership.h"
+#include "spes/model/registry.h"
 #include "spes/model/transformer.h"
-#include "spes/sync/aggregate.h"
-#include "spes/sync/framing.h"
-#include "spes/sync/plan.h"
-#include "spes/sync/protocol.h"
-#include "spes/sync/round_state.h"
-#include "spes/train/ownership.h"
-#include "spes/train/registry.h"
+#include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/server/round_state.h"
+#include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/protocol.h"
 
 namespace spes::sync::testing {
 

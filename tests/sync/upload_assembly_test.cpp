@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "spes/io/files.h"
-#include "spes/sync/framing.h"
-#include "spes/sync/protocol.h"
-#include "spes/sync/upload_assembly.h"
+#include "spes/sync/server/upload_assembly.h"
+#include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/protocol.h"
 #include "sync/sync_test_util.h"
 
 using namespace spes;

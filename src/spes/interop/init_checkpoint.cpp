@@ -1,52 +1,22 @@
 // model.init_checkpoint (see init_checkpoint.h).
 #include "spes/interop/init_checkpoint.h"
 
-#include <spdlog/spdlog.h>
-
-#include "spes/common/error.h"
 #include "spes/interop/model_source.h"
 
 namespace spes {
 
-void check_same_architecture(const ModelConfig& run, const ModelConfig& src,
-                             const std::string& origin) {
-  auto same = [&](const char* key, const auto& a, const auto& b) {
-    SPES_CHECK(a == b, "{}: model.{} is {} in this run's config but {} in the initial weights; "
-               "the architecture must match (set model.{} to {})", origin, key, a, b, key, b);
-  };
-  same("block_type", run.block_type, src.block_type);
-  same("d_model", run.d_model, src.d_model);
-  same("n_layers", run.n_layers, src.n_layers);
-  same("n_heads", run.n_heads, src.n_heads);
-  same("n_kv_heads", run.kv_heads(), src.kv_heads());
-  same("mlp_hidden_size", run.mlp_hidden_size, src.mlp_hidden_size);
-  same("vocab_size", run.vocab_size, src.vocab_size);
-  same("qk_norm", run.qk_norm, src.qk_norm);
-  same("rope_theta", run.rope_theta, src.rope_theta);
-  same("layer_norm_eps", run.layer_norm_eps, src.layer_norm_eps);
-  if (run.is_moe()) {
-    same("moe_num_experts", run.moe_num_experts, src.moe_num_experts);
-    same("moe_top_k", run.moe_top_k, src.moe_top_k);
-    same("moe_norm_topk_prob", run.moe_norm_topk_prob, src.moe_norm_topk_prob);
-  }
+InitialWeights init_checkpoint_read(const std::string& dir) {
+  SourceModel src = source_model_load(dir);
+  InitialWeights w;
+  w.architecture = src.config.model;
+  w.origin = "model.init_checkpoint " + dir;
+  for (const auto& p : src.model->params()) w.tensors.emplace_back(p.name, p.tensor);
+  return w;
 }
 
-void model_load_init_checkpoint(const Transformer& model, const std::string& dir) {
-  const std::string origin = "model.init_checkpoint " + dir;
-  SourceModel src = source_model_load(dir);
-  check_same_architecture(model.config(), src.config.model, origin);
-  const auto& dst = model.params();
-  const auto& from = src.model->params();
-  SPES_CHECK(dst.size() == from.size(), "{}: {} tensors, the model has {}", origin, from.size(),
-             dst.size());
-  torch::NoGradGuard ng;
-  for (size_t i = 0; i < dst.size(); ++i) {
-    SPES_CHECK(dst[i].name == from[i].name && dst[i].tensor.sizes() == from[i].tensor.sizes(),
-               "{}: tensor {} is '{}', the model expects '{}'", origin, i, from[i].name,
-               dst[i].name);
-    dst[i].tensor.copy_(from[i].tensor);
-  }
-  spdlog::info("model initialised from {} ({} tensors)", dir, dst.size());
+bool install_init_checkpoint_reader() {
+  install_initial_weights_reader(init_checkpoint_read);
+  return true;
 }
 
 }  // namespace spes

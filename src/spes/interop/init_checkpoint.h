@@ -1,21 +1,21 @@
 // model.init_checkpoint: a fresh run (spes train, the sync server's initial model, every node)
 // starts from the weights of a checkpoint or Hugging Face directory instead of a random init.
-// Called from Transformer::init_weights, so every place that initialises a model honours it.
-// The architecture of the directory must equal the run's model section (every field that
-// changes the function the model computes); the run's other settings are its own.
+// This file reads such a directory into InitialWeights (model/initial_weights.h), which
+// Transformer::init_weights checks and copies in; including this header installs the reader, so
+// every program that includes it (the `spes` binary does, in cli/main.cpp) honours the key
+// wherever a model is initialised. Leaves out: the architecture check and the copy (the model's).
 #pragma once
 #include <string>
 
-#include "spes/io/config.h"
-#include "spes/model/transformer.h"
+#include "spes/model/initial_weights.h"
 
 namespace spes {
 
-// Throws naming the first field where `run` and `source` differ in architecture.
-void check_same_architecture(const ModelConfig& run, const ModelConfig& source,
-                             const std::string& origin);
+// The weights of `dir` (a checkpoint or a Hugging Face directory) with their architecture.
+InitialWeights init_checkpoint_read(const std::string& dir);
 
-// Copies the weights of `dir` into `model` (same names and shapes, checked).
-void model_load_init_checkpoint(const Transformer& model, const std::string& dir);
+// Installs init_checkpoint_read as the reader of model.init_checkpoint; returns true.
+bool install_init_checkpoint_reader();
+inline const bool kInitCheckpointReaderInstalled = install_init_checkpoint_reader();
 
 }  // namespace spes

@@ -4,10 +4,10 @@
 #include <filesystem>
 
 #include "spes/common/error.h"
+#include "spes/model/ownership.h"
+#include "spes/model/registry.h"
 #include "spes/train/checkpoint.h"
 #include "spes/train/optimizer.h"
-#include "spes/train/ownership.h"
-#include "spes/train/registry.h"
 
 namespace spes {
 

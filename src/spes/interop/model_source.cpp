@@ -5,10 +5,10 @@
 
 #include "spes/common/error.h"
 #include "spes/data/tokenizer_path.h"
-#include "spes/eval/loaded_model.h"
 #include "spes/interop/hf_import.h"
 #include "spes/interop/hf_tokenizer.h"
 #include "spes/interop/model_build.h"
+#include "spes/train/loaded_model.h"
 
 namespace spes {
 namespace fs = std::filesystem;

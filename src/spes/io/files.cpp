@@ -23,6 +23,21 @@ std::string file_read(const std::string& path) {
   return ss.str();
 }
 
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception&) {
+      // A line being written when the run stopped: ignore it.
+    }
+  }
+  return out;
+}
+
 static void fsync_fd_path(const std::string& path, int flags) {
   int fd = ::open(path.c_str(), flags);
   if (fd < 0) return;

@@ -1,12 +1,18 @@
-// File helpers: whole-file read, atomic write (temporary name, fsync, rename), directory fsync,
-// and SHA-256 digests.
+// File helpers: whole-file read, JSON lines, atomic write (temporary name, fsync, rename),
+// directory fsync, and SHA-256 digests.
 #pragma once
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spes {
 
 std::string file_read(const std::string& path);
+// The records of a JSONL file (missing file: none). A line that does not parse (one being
+// written when the run stopped) is skipped.
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
 // Writes `data` to path atomically: path.tmp.<pid>, fsync, rename, fsync of the directory.
 void file_write_atomic(const std::string& path, const std::string& data);
 // fsyncs a directory so that a rename inside it is durable.

@@ -2,11 +2,12 @@
 #include "spes/model/transformer.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <unordered_map>
 
 #include "spes/common/error.h"
-#include "spes/interop/init_checkpoint.h"
+#include "spes/model/initial_weights.h"
 #include "spes/model/layers.h"
 
 namespace spes {
@@ -86,8 +87,9 @@ Transformer::Transformer(const ModelConfig& cfg, torch::Device device)
 }
 
 void Transformer::init_weights(uint64_t seed) {
-  if (!cfg_.init_checkpoint.empty()) {  // start from given weights (interop/init_checkpoint.h)
-    model_load_init_checkpoint(*this, cfg_.init_checkpoint);
+  if (!cfg_.init_checkpoint.empty()) {  // start from given weights (model/initial_weights.h)
+    load_initial_weights(read_initial_weights(cfg_.init_checkpoint));
+    spdlog::info("model initialised from {} ({} tensors)", cfg_.init_checkpoint, params_.size());
     return;
   }
   torch::NoGradGuard ng;
@@ -108,6 +110,20 @@ void Transformer::init_weights(uint64_t seed) {
       t = torch::where(bad, fresh, t);
     }
     p.tensor.copy_(t.clamp(-cut, cut));
+  }
+}
+
+void Transformer::load_initial_weights(const InitialWeights& w) {
+  check_same_architecture(cfg_, w.architecture, w.origin);
+  SPES_CHECK(params_.size() == w.tensors.size(), "{}: {} tensors, the model has {}", w.origin,
+             w.tensors.size(), params_.size());
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, t] = w.tensors[i];
+    SPES_CHECK(params_[i].name == name && params_[i].tensor.sizes() == t.sizes(),
+               "{}: tensor {} is '{}', the model expects '{}'", w.origin, i, name,
+               params_[i].name);
+    params_[i].tensor.copy_(t);
   }
 }
 

@@ -2,7 +2,7 @@
 // h = x + Attn(RMSNorm(x)), y = h + MoE(RMSNorm(h)), final RMSNorm, untied LM head; no biases.
 // A dense-FFN variant (one SwiGLU MLP per block) is the source model for upcycling.
 // Weights are plain tensors named after the Hugging Face OLMoE convention; every tensor is
-// listed once in params(), which the parameter registry (train/registry.h) builds on.
+// listed once in params(), which the parameter registry (model/registry.h) builds on.
 #pragma once
 #include <torch/torch.h>
 
@@ -12,6 +12,8 @@
 #include "spes/io/config.h"
 
 namespace spes {
+
+struct InitialWeights;  // model/initial_weights.h
 
 enum class ParamRole { Shared, Expert };
 
@@ -52,8 +54,11 @@ class Transformer {
   Transformer(const ModelConfig& cfg, torch::Device device = torch::kCPU);
 
   // Truncated-normal init (std, cut at +-cutoff*std) of every matrix; norm weights 1. With
-  // model.init_checkpoint set, copies that checkpoint's weights instead (seed unused).
+  // model.init_checkpoint set, copies that checkpoint's weights instead (seed unused; read by
+  // the reader installed in model/initial_weights.h).
   void init_weights(uint64_t seed);
+  // Copies given starting weights in: same architecture, same names and shapes (checked).
+  void load_initial_weights(const InitialWeights& weights);
   // Final hidden states for token ids [B, T] (no LM head: the loss applies it in chunks).
   ForwardResult forward(const torch::Tensor& tokens) const;
   // Logits [B, T, V] (forward + LM head), for evaluation and generation.

@@ -9,7 +9,7 @@
 #include <map>
 
 #include "spes/common/error.h"
-#include "spes/sync/run_report.h"
+#include "spes/io/files.h"
 
 namespace spes::report {
 namespace fs = std::filesystem;
@@ -22,11 +22,11 @@ RunData load_run(const std::string& dir, const std::string& label) {
   if (fs::exists(dir + "/node0/metrics.jsonl")) {
     run.cluster = true;
     for (int64_t i = 0; fs::exists(fmt::format("{}/node{}/metrics.jsonl", dir, i)); ++i)
-      run.nodes.push_back(sync::read_jsonl(fmt::format("{}/node{}/metrics.jsonl", dir, i)));
-    run.rounds = sync::read_jsonl(dir + "/server/rounds.jsonl");
+      run.nodes.push_back(read_jsonl(fmt::format("{}/node{}/metrics.jsonl", dir, i)));
+    run.rounds = read_jsonl(dir + "/server/rounds.jsonl");
     if (fs::exists(dir + "/config.yaml")) run.config = config_load(dir + "/config.yaml");
   } else if (fs::exists(dir + "/metrics.jsonl")) {
-    run.nodes.push_back(sync::read_jsonl(dir + "/metrics.jsonl"));
+    run.nodes.push_back(read_jsonl(dir + "/metrics.jsonl"));
     if (fs::exists(dir + "/checkpoint/config.yaml"))
       run.config = config_load(dir + "/checkpoint/config.yaml");
   } else {

@@ -1,9 +1,9 @@
 // SPES memory and communication formulas (see transfer_formula.h).
 #include "spes/report/transfer_formula.h"
 
+#include "spes/model/ownership.h"
+#include "spes/model/registry.h"
 #include "spes/model/transformer.h"
-#include "spes/train/ownership.h"
-#include "spes/train/registry.h"
 
 namespace spes::report {
 

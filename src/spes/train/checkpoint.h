@@ -9,8 +9,8 @@
 #include <string>
 
 #include "spes/data/loader.h"
+#include "spes/model/registry.h"
 #include "spes/train/optimizer.h"
-#include "spes/train/registry.h"
 
 namespace spes {
 

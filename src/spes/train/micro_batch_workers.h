@@ -15,8 +15,8 @@
 #include <memory>
 #include <vector>
 
+#include "spes/model/registry.h"
 #include "spes/model/transformer.h"
-#include "spes/train/registry.h"
 
 namespace spes {
 

@@ -11,7 +11,7 @@
 
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
-#include "spes/train/registry.h"
+#include "spes/model/registry.h"
 
 namespace spes {
 

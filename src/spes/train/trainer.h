@@ -8,12 +8,12 @@
 #include <string>
 
 #include "spes/data/loader.h"
+#include "spes/model/registry.h"
 #include "spes/model/transformer.h"
 #include "spes/train/checkpoint.h"
 #include "spes/train/metrics.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
-#include "spes/train/registry.h"
 
 namespace spes {
 

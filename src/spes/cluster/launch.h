@@ -1,0 +1,29 @@
+// A local SPES cluster: `spes serve` and N `spes node` processes on localhost (fork/exec of
+// this executable, the server on a free loopback port; its status page's URL is printed as
+// "dashboard: http://..." once the server is up), one combined progress view (every
+// child line prefixed "[server]" or "[node i]", also kept in DIR/<part>/log.txt), failure
+// handling (any part failing stops the rest; the exit code says so) and the end-of-run summary
+// (run_report.h). Leaves out: remote machines, restarting failed parts.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spes {
+
+struct LaunchOptions {
+  std::string config;                // YAML config (empty: built-in defaults)
+  std::vector<std::string> sets;     // --set overrides, applied to every part
+  int64_t nodes = 0;                 // 0: spes_config.num_peers if > 1, else 4
+  std::string out = "runs/launch";
+  bool keep_uploads = false;         // server keeps every upload; the summary then re-checks
+                                     // every round offline (`spes aggregate`'s code)
+  bool overwrite = false;            // replace DIR/server and DIR/node* of an earlier run
+  std::string executable;            // default: this executable
+};
+
+// Runs the cluster to completion and prints the summary; returns the process exit code
+// (0 only when every part succeeded and every check passed).
+int launch_cluster(const LaunchOptions& opts);
+
+}  // namespace spes

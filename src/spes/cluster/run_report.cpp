@@ -1,0 +1,167 @@
+// Cluster run report and offline verification (see run_report.h).
+#include "spes/cluster/run_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "spes/common/error.h"
+#include "spes/common/strings.h"
+#include "spes/io/files.h"
+#include "spes/io/safetensors.h"
+#include "spes/sync/round/aggregate.h"
+
+namespace spes {
+namespace fs = std::filesystem;
+
+namespace {
+double mean(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+}  // namespace
+
+nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
+  nlohmann::json rep;
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  std::map<int64_t, std::string> server_sha;
+  std::vector<double> round_s, download_s, bytes_in, bytes_out;
+  double server_rss = 0;
+  for (const auto& r : rounds) {
+    server_sha[r.at("round").get<int64_t>()] = r.at("model_sha256").get<std::string>();
+    round_s.push_back(r.value("seconds", 0.0));
+    download_s.push_back(r.value("download_s", 0.0));
+    bytes_in.push_back(r.value("bytes_in", 0.0));
+    bytes_out.push_back(r.value("bytes_out", 0.0));
+    server_rss = std::max(server_rss, r.value("peak_rss_mb", 0.0));
+  }
+  rep["server"] = {{"rounds", rounds.size()},
+                   {"round_seconds_mean", mean(round_s)},
+                   {"round_seconds_max", round_s.empty() ? 0.0
+                                                         : *std::max_element(round_s.begin(),
+                                                                             round_s.end())},
+                   {"download_seconds_mean", mean(download_s)},
+                   {"bytes_in_per_round", mean(bytes_in)},
+                   {"bytes_out_per_round", mean(bytes_out)},
+                   {"peak_rss_mb", server_rss}};
+  // round -> node -> digest the node reported after loading it
+  std::map<int64_t, std::map<int64_t, std::string>> node_sha;
+  std::set<std::string> join_sha;
+  rep["nodes"] = nlohmann::json::array();
+  for (int64_t i = 0; i < nodes; ++i) {
+    const auto lines = read_jsonl(fmt::format("{}/node{}/metrics.jsonl", dir, i));
+    nlohmann::json n = {{"node", i}};
+    double rss = 0;
+    std::vector<double> up, down, sync_s;
+    for (const auto& l : lines) {
+      if (l.contains("val_loss")) n["final_val_loss"] = l["val_loss"];
+      if (l.contains("step")) n["steps"] = l["step"];
+      rss = std::max(rss, l.value("peak_rss_mb", 0.0));
+      if (l.contains("sync_join")) {
+        join_sha.insert(l["sync_join"].value("model_sha256", ""));
+        n["join"] = l["sync_join"];
+      }
+      if (l.contains("sync")) {
+        const auto& s = l["sync"];
+        node_sha[s.at("round").get<int64_t>()][i] = s.value("model_sha256", "");
+        up.push_back(s.value("bytes_up", 0.0));
+        down.push_back(s.value("bytes_down", 0.0));
+        sync_s.push_back(s.value("seconds", 0.0));
+      }
+    }
+    n["peak_rss_mb"] = rss;
+    n["syncs"] = up.size();
+    n["bytes_up_per_round"] = mean(up);
+    n["bytes_down_per_round"] = mean(down);
+    n["sync_seconds_mean"] = mean(sync_s);
+    rep["nodes"].push_back(n);
+  }
+  // Every node must report, after every round the server published, exactly its digest.
+  bool consistent = !server_sha.empty() && join_sha.size() == 1;
+  nlohmann::json per_round = nlohmann::json::array();
+  for (const auto& [round, sha] : server_sha) {
+    bool ok = static_cast<int64_t>(node_sha[round].size()) == nodes;
+    for (const auto& [node, s] : node_sha[round]) ok = ok && s == sha;
+    per_round.push_back({{"round", round}, {"model_sha256", sha}, {"nodes_agree", ok}});
+    consistent = consistent && ok;
+  }
+  for (const auto& [round, m] : node_sha)
+    if (!server_sha.count(round)) consistent = false;  // a node synced a round never logged
+  rep["rounds"] = per_round;
+  rep["join_same_model"] = join_sha.size() == 1;
+  rep["all_nodes_same_model_after_every_sync"] = consistent;
+  return rep;
+}
+
+std::string format_cluster_report(const nlohmann::json& rep) {
+  std::string s;
+  const auto& srv = rep["server"];
+  s += fmt::format("rounds: {} | round latency at the server {:.2f} s mean, {:.2f} s max "
+                   "(first upload -> published) | downloads {:.2f} s | server peak RSS {:.0f} "
+                   "MiB\n", srv["rounds"].get<int64_t>(), srv["round_seconds_mean"].get<double>(),
+                   srv["round_seconds_max"].get<double>(),
+                   srv["download_seconds_mean"].get<double>(), srv["peak_rss_mb"].get<double>());
+  s += fmt::format("{:>6} {:>10} {:>7} {:>12} {:>12} {:>10} {:>9}\n", "node", "val_loss", "syncs",
+                   "up/round", "down/round", "sync_s", "peak_RSS");
+  for (const auto& n : rep["nodes"]) {
+    const std::string loss = n.contains("final_val_loss")
+                                 ? fmt::format("{:.4f}", n["final_val_loss"].get<double>())
+                                 : std::string("-");
+    s += fmt::format("{:>6} {:>10} {:>7} {:>12} {:>12} {:>10.2f} {:>6.0f} MiB\n",
+                     n["node"].get<int64_t>(), loss, n["syncs"].get<int64_t>(),
+                     human_bytes(n["bytes_up_per_round"].get<double>()),
+                     human_bytes(n["bytes_down_per_round"].get<double>()),
+                     n["sync_seconds_mean"].get<double>(), n["peak_rss_mb"].get<double>());
+  }
+  s += fmt::format("initial model identical on every node: {} | every node held the published "
+                   "model after every sync: {}\n",
+                   rep["join_same_model"].get<bool>() ? "yes" : "NO",
+                   rep["all_nodes_same_model_after_every_sync"].get<bool>() ? "yes" : "NO");
+  if (rep.contains("verify")) {
+    const auto& v = rep["verify"];
+    s += fmt::format("published model == `spes aggregate` of the kept uploads: {}/{} rounds\n",
+                     v["equal"].get<int64_t>(), v["checked"].get<int64_t>());
+  }
+  return s;
+}
+
+nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_dir) {
+  nlohmann::json out = {{"checked", 0}, {"equal", 0}, {"mismatched", nlohmann::json::array()}};
+  sync::SyncModel model(cfg);
+  const bool diloco = cfg.spes_config.mode == "diloco";
+  for (int64_t r = 1;; ++r) {
+    const std::string rdir = fmt::format("{}/rounds/{}", server_dir, r);
+    const std::string published = rdir + "/published.safetensors";
+    if (!fs::exists(published)) break;
+    std::vector<std::string> uploads;
+    for (const auto& e : fs::directory_iterator(rdir)) {
+      const std::string name = e.path().filename().string();
+      if (starts_with(name, "node") && ends_with(name, ".safetensors"))
+        uploads.push_back(e.path().string());
+    }
+    const std::string prev = fmt::format("{}/rounds/{}/published.safetensors", server_dir, r - 1);
+    if (fs::exists(prev)) model.load(safetensors_load(prev), prev);
+    if (diloco) {
+      for (auto& m : model.momentum()) m = torch::Tensor();
+      const std::string mom = fmt::format("{}/rounds/{}/momentum.safetensors", server_dir, r - 1);
+      if (fs::exists(mom)) model.load_momentum(safetensors_load(mom), mom);
+    }
+    const sync::RoundOutcome o = sync::aggregate_offline(model, uploads, r * cfg.spes_config.sync_steps);
+    const bool same = sync::stream_equals_file(
+        sync::published_writer(model, o.round, o.step, model.weights_sha256()), published);
+    out["checked"] = out["checked"].get<int64_t>() + 1;
+    if (same) {
+      out["equal"] = out["equal"].get<int64_t>() + 1;
+    } else {
+      out["mismatched"].push_back(r);
+    }
+  }
+  return out;
+}
+
+}  // namespace spes

@@ -1,0 +1,48 @@
+// Starting weights as data (see initial_weights.h).
+#include "spes/model/initial_weights.h"
+
+#include "spes/common/error.h"
+
+namespace spes {
+namespace {
+InitialWeightsReader& installed_reader() {
+  static InitialWeightsReader reader;
+  return reader;
+}
+}  // namespace
+
+void install_initial_weights_reader(InitialWeightsReader reader) {
+  installed_reader() = std::move(reader);
+}
+
+InitialWeights read_initial_weights(const std::string& dir) {
+  SPES_CHECK(installed_reader(), "model.init_checkpoint is '{}' but this program has no reader "
+             "of model directories: include spes/interop/init_checkpoint.h (it installs one)",
+             dir);
+  return installed_reader()(dir);
+}
+
+void check_same_architecture(const ModelConfig& run, const ModelConfig& src,
+                             const std::string& origin) {
+  auto same = [&](const char* key, const auto& a, const auto& b) {
+    SPES_CHECK(a == b, "{}: model.{} is {} in this run's config but {} in the initial weights; "
+               "the architecture must match (set model.{} to {})", origin, key, a, b, key, b);
+  };
+  same("block_type", run.block_type, src.block_type);
+  same("d_model", run.d_model, src.d_model);
+  same("n_layers", run.n_layers, src.n_layers);
+  same("n_heads", run.n_heads, src.n_heads);
+  same("n_kv_heads", run.kv_heads(), src.kv_heads());
+  same("mlp_hidden_size", run.mlp_hidden_size, src.mlp_hidden_size);
+  same("vocab_size", run.vocab_size, src.vocab_size);
+  same("qk_norm", run.qk_norm, src.qk_norm);
+  same("rope_theta", run.rope_theta, src.rope_theta);
+  same("layer_norm_eps", run.layer_norm_eps, src.layer_norm_eps);
+  if (run.is_moe()) {
+    same("moe_num_experts", run.moe_num_experts, src.moe_num_experts);
+    same("moe_top_k", run.moe_top_k, src.moe_top_k);
+    same("moe_norm_topk_prob", run.moe_norm_topk_prob, src.moe_norm_topk_prob);
+  }
+}
+
+}  // namespace spes

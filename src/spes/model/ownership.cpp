@@ -1,0 +1,74 @@
+// Expert ownership map (see ownership.h).
+#include "spes/model/ownership.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "spes/common/error.h"
+#include "spes/io/files.h"
+
+namespace spes {
+
+Ownership::Ownership(int64_t num_nodes, std::vector<std::vector<int64_t>> owner)
+    : num_nodes_(num_nodes), owner_(std::move(owner)) {
+  SPES_CHECK(num_nodes_ >= 1, "ownership: number of nodes must be >= 1, found {}", num_nodes_);
+  for (size_t l = 0; l < owner_.size(); ++l) {
+    SPES_CHECK(owner_[l].size() == owner_[0].size(),
+               "ownership: layer {} lists {} experts but layer 0 lists {}", l, owner_[l].size(),
+               owner_[0].size());
+    for (size_t e = 0; e < owner_[l].size(); ++e)
+      SPES_CHECK(owner_[l][e] >= 0 && owner_[l][e] < num_nodes_,
+                 "ownership: expert {} of layer {} is owned by node {}, outside [0, {})", e, l,
+                 owner_[l][e], num_nodes_);
+  }
+}
+
+Ownership Ownership::from_config(const Config& cfg) {
+  const auto& s = cfg.spes_config;
+  const int64_t L = cfg.model.n_layers, E = cfg.model.is_moe() ? cfg.model.moe_num_experts : 0;
+  const int64_t N = s.num_peers;
+  std::vector<std::vector<int64_t>> owner;
+  if (!s.expert_owners.empty()) {
+    SPES_CHECK(s.expert_owners.size() == 1 || static_cast<int64_t>(s.expert_owners.size()) == L,
+               "spes_config.expert_owners: expected 1 row (all layers) or {} rows (one per "
+               "layer), found {}", L, s.expert_owners.size());
+    for (int64_t l = 0; l < L; ++l) {
+      const auto& row = s.expert_owners[s.expert_owners.size() == 1 ? 0 : l];
+      SPES_CHECK(static_cast<int64_t>(row.size()) == E,
+                 "spes_config.expert_owners: row for layer {} has {} entries, expected one "
+                 "owner per expert ({})", l, row.size(), E);
+      owner.push_back(row);
+    }
+    return Ownership(N, owner);
+  }
+  if (E == 0) return Ownership(N, std::vector<std::vector<int64_t>>(L));
+  int64_t m = s.num_train_experts_per_node > 0 ? s.num_train_experts_per_node : E / N;
+  if (s.mode == "spes" || s.num_train_experts_per_node > 0) {
+    SPES_CHECK(E % N == 0 || s.mode != "spes" || s.num_train_experts_per_node > 0,
+               "spes_config: {} experts cannot be split evenly over num_peers={} nodes; set "
+               "spes_config.expert_owners to give an explicit (uneven) map", E, N);
+    SPES_CHECK(m * N == E,
+               "spes_config.num_train_experts_per_node={} x num_peers={} = {} but the model has "
+               "moe_num_experts={}; each expert needs exactly one owner", m, N, m * N, E);
+  }
+  if (m <= 0) m = 1;
+  std::vector<int64_t> row(E);
+  for (int64_t e = 0; e < E; ++e) row[e] = std::min<int64_t>(e / m, N - 1);
+  owner.assign(L, row);
+  return Ownership(N, owner);
+}
+
+std::vector<int64_t> Ownership::experts_of(int64_t node, int64_t layer) const {
+  std::vector<int64_t> out;
+  for (int64_t e = 0; e < num_experts(); ++e)
+    if (owner_.at(layer)[e] == node) out.push_back(e);
+  return out;
+}
+
+std::string Ownership::fingerprint() const {
+  std::string s = fmt::format("nodes={};", num_nodes_);
+  for (const auto& row : owner_) s += fmt::format("{};", fmt::join(row, ","));
+  return sha256_hex(s).substr(0, 16);
+}
+
+}  // namespace spes

@@ -1,0 +1,341 @@
+// gRPC client of the sync protocol (see client.h).
+#include "spes/sync/node/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "spes/io/files.h"
+#include "spes_sync.grpc.pb.h"
+
+namespace spes::sync {
+namespace pb = ::spes::sync::v1;
+
+namespace {
+
+SyncErrc errc_of(grpc::StatusCode c) {
+  switch (c) {
+    case grpc::StatusCode::INVALID_ARGUMENT: return SyncErrc::InvalidArgument;
+    case grpc::StatusCode::FAILED_PRECONDITION: return SyncErrc::FailedPrecondition;
+    case grpc::StatusCode::DATA_LOSS: return SyncErrc::DataLoss;
+    case grpc::StatusCode::ABORTED: return SyncErrc::Aborted;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return SyncErrc::ResourceExhausted;
+    case grpc::StatusCode::UNAVAILABLE: return SyncErrc::Unavailable;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return SyncErrc::DeadlineExceeded;
+    case grpc::StatusCode::OUT_OF_RANGE: return SyncErrc::OutOfRange;
+    case grpc::StatusCode::NOT_FOUND: return SyncErrc::NotJoined;
+    case grpc::StatusCode::PERMISSION_DENIED: return SyncErrc::PermissionDenied;
+    case grpc::StatusCode::UNAUTHENTICATED: return SyncErrc::PermissionDenied;
+    default: return SyncErrc::Internal;
+  }
+}
+
+void check(const grpc::Status& s, const char* rpc, const std::string& address) {
+  if (s.ok()) return;
+  throw SyncError(errc_of(s.error_code()),
+                  fmt::format("{} to sync server {}: {}", rpc, address, s.error_message()));
+}
+
+void set_deadline(grpc::ClientContext& ctx, double seconds) {
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+}
+
+}  // namespace
+
+struct SyncClient::Impl {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::SpesSync::Stub> stub;
+};
+
+SyncClient::SyncClient(const std::string& address, NodeId id, const ClientTls& tls)
+    : impl_(std::make_unique<Impl>()), id_(std::move(id)) {
+  impl_->address = address;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!tls.root_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = tls.root_pem;
+    ssl.pem_cert_chain = tls.cert_pem;
+    ssl.pem_private_key = tls.key_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  impl_->channel = grpc::CreateCustomChannel(address, creds, args);
+  impl_->stub = pb::SpesSync::NewStub(impl_->channel);
+}
+
+SyncClient::~SyncClient() = default;
+
+bool SyncClient::wait_connected(double timeout_s) {
+  return impl_->channel->WaitForConnected(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+}
+
+static void fill(pb::NodeIdentity* n, const NodeId& id) {
+  n->set_node_id(id.node_id);
+  n->set_incarnation(id.incarnation);
+  n->set_auth_token(id.auth_token);
+}
+
+// The fields every chunk of an upload stream (and a resume query) carries.
+static pb::UploadChunk upload_chunk(const NodeId& id, int64_t round, int64_t step,
+                                    uint64_t total_bytes) {
+  pb::UploadChunk c;
+  fill(c.mutable_node(), id);
+  c.set_round(round);
+  c.set_step(step);
+  c.set_total_bytes(total_bytes);
+  return c;
+}
+
+JoinResult SyncClient::join(const JoinInfo& info) {
+  pb::JoinRequest req;
+  fill(req.mutable_node(), info.node);
+  req.set_protocol_version(info.protocol_version);
+  req.set_model_fingerprint(info.model_fingerprint);
+  req.set_ownership_fingerprint(info.ownership_fingerprint);
+  req.set_model_config_sha256(info.model_config_sha256);
+  req.set_mode(info.mode);
+  req.set_num_peers(info.num_peers);
+  req.set_sync_steps(info.sync_steps);
+  req.set_transfer_dtype(info.transfer_dtype);
+  req.set_step(info.step);
+  pb::JoinReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 60);
+  check(impl_->stub->Join(&ctx, req, &rep), "Join", impl_->address);
+  JoinResult r;
+  r.server_incarnation = rep.server_incarnation();
+  r.published_round = rep.published_round();
+  r.published_step = rep.published_step();
+  r.model_sha256 = rep.model_sha256();
+  r.max_chunk_bytes = rep.max_chunk_bytes();
+  r.heartbeat_interval_ms = rep.heartbeat_interval_ms();
+  r.published_nodes.assign(rep.published_nodes().begin(), rep.published_nodes().end());
+  return r;
+}
+
+uint64_t SyncClient::resume_offset(int64_t round, int64_t step, uint64_t total_bytes) {
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 60);
+  pb::UploadReply rep;
+  std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
+  pb::UploadChunk c = upload_chunk(id_, round, step, total_bytes);
+  c.set_resume_query(true);
+  w->Write(c);
+  w->WritesDone();
+  check(w->Finish(), "Upload (resume query)", impl_->address);
+  if (rep.resume_offset() > total_bytes)
+    sync_fail(SyncErrc::DataLoss, "sync server {} says it holds {} bytes of a {} byte upload",
+              impl_->address, rep.resume_offset(), total_bytes);
+  return rep.resume_offset();
+}
+
+UploadResult SyncClient::upload(int64_t round, int64_t step,
+                                const SafetensorsStreamWriter& payload) {
+  const uint64_t total = payload.total_bytes();
+  const bool retry = attempted_.round == round && attempted_.step == step &&
+                     attempted_.total == total;
+  if (!retry) attempted_ = {round, step, total, 0};
+  // A retry resumes where an interrupted stream stopped, if the server kept its bytes.
+  const uint64_t start = retry ? resume_offset(round, step, total) : 0;
+  if (start > 0)
+    spdlog::info("node {}: resuming the round {} upload at byte {} of {}", id_.node_id, round,
+                 start, total);
+  // The whole stream's digest goes with the last chunk; the part not sent again is hashed here.
+  Sha256 whole;
+  std::string data;
+  for (uint64_t off = 0; off < start; off += chunk_bytes_) {
+    data.clear();
+    payload.read(off, std::min(chunk_bytes_, start - off), &data);
+    whole.update(data.data(), data.size());
+  }
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 3600);
+  pb::UploadReply rep;
+  std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
+  pb::UploadChunk c = upload_chunk(id_, round, step, total);
+  const int cut_after = std::exchange(cut_after_, -1);
+  const int repeat = std::exchange(repeat_chunk_, -1);
+  std::string repeated;  // the chunk to send twice
+  uint64_t repeated_off = 0;
+  int index = 0;
+  for (uint64_t off = start; off < total; off += chunk_bytes_, ++index) {
+    if (index == cut_after) {
+      // Fault injection: the stream ends early, as if the connection broke here; the server
+      // answers DATA_LOSS ("upload ended after ...") and the node retries.
+      spdlog::warn("node {}: fault injection: ending the round {} upload stream after {} of {} "
+                   "bytes", id_.node_id, round, off, total);
+      break;
+    }
+    data.clear();
+    payload.read(off, chunk_bytes_, &data);
+    whole.update(data.data(), data.size());
+    c.set_offset(off);
+    c.set_sha256(chunk_sha256(data));
+    if (off + data.size() >= total) c.set_upload_sha256(whole.hex_digest());
+    if (index == repeat) {
+      repeated = data;
+      repeated_off = off;
+    }
+    if (corrupt_next_ && !data.empty()) {
+      corrupt_next_ = false;
+      data[0] = static_cast<char>(data[0] ^ 0x5a);  // the checksum no longer matches
+    }
+    const size_t n = data.size();
+    c.set_data(std::move(data));
+    if (!w->Write(c)) break;  // the server ended the stream: Finish() says why
+    attempted_.sent += n;
+    data = std::move(*c.mutable_data());
+    if (index == repeat + 1 && !repeated.empty()) {
+      // The same chunk again, after the server already took it (faults.h: dup).
+      pb::UploadChunk again = c;
+      again.set_offset(repeated_off);
+      again.set_sha256(chunk_sha256(repeated));
+      again.set_data(repeated);
+      again.clear_upload_sha256();
+      if (!w->Write(again)) break;
+      attempted_.sent += repeated.size();
+    }
+  }
+  w->WritesDone();
+  check(w->Finish(), "Upload", impl_->address);
+  UploadResult r;
+  r.accepted = rep.accepted();
+  r.duplicate = rep.duplicate();
+  r.bytes = rep.bytes_received();
+  r.sha256 = rep.upload_sha256();
+  r.resumed_from = start;
+  r.bytes_sent = attempted_.sent;
+  return r;
+}
+
+RoundStatus SyncClient::wait_round(int64_t round, uint32_t max_wait_ms) {
+  pb::WaitRoundRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_round(round);
+  req.set_max_wait_ms(max_wait_ms);
+  pb::RoundInfo rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, max_wait_ms / 1000.0 + 30);
+  check(impl_->stub->WaitRound(&ctx, req, &rep), "WaitRound", impl_->address);
+  RoundStatus r;
+  r.round = rep.round();
+  r.published = rep.published();
+  r.step = rep.step();
+  r.model_sha256 = rep.model_sha256();
+  r.alpha = rep.alpha();
+  r.download_bytes = rep.download_bytes();
+  r.waiting_for.assign(rep.waiting_for().begin(), rep.waiting_for().end());
+  r.published_round = rep.published_round();
+  r.published_step = rep.published_step();
+  r.nodes.assign(rep.nodes().begin(), rep.nodes().end());
+  return r;
+}
+
+uint64_t SyncClient::download(int64_t round, Selection selection,
+                              const std::function<void(uint64_t)>& on_begin,
+                              const std::function<void(const char*, size_t)>& on_data,
+                              uint64_t offset) {
+  pb::DownloadRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_round(round);
+  req.set_offset(offset);
+  req.set_selection(selection == Selection::All ? pb::SELECTION_ALL : pb::SELECTION_FOR_NODE);
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 3600);
+  std::unique_ptr<grpc::ClientReader<pb::DownloadChunk>> rd(impl_->stub->Download(&ctx, req));
+  pb::DownloadChunk c;
+  uint64_t received = offset, total = 0;
+  bool begun = false;
+  try {
+    while (rd->Read(&c)) {
+      if (!begun) {
+        total = c.total_bytes();
+        on_begin(total);
+        begun = true;
+      }
+      if (c.round() != round || c.total_bytes() != total || c.offset() != received)
+        sync_fail(SyncErrc::DataLoss, "download of round {}: chunk for round {} at offset {} "
+                  "(expected offset {} of {})", round, c.round(), c.offset(), received, total);
+      if (c.data().size() > kMaxChunkBytes)
+        sync_fail(SyncErrc::ResourceExhausted, "download chunk of {} bytes exceeds {}",
+                  c.data().size(), kMaxChunkBytes);
+      if (chunk_sha256(c.data()) != c.sha256())
+        sync_fail(SyncErrc::DataLoss, "download of round {}: checksum mismatch in the chunk at "
+                  "offset {}", round, c.offset());
+      on_data(c.data().data(), c.data().size());
+      received += c.data().size();
+    }
+  } catch (...) {
+    ctx.TryCancel();
+    rd->Finish();
+    throw;
+  }
+  check(rd->Finish(), "Download", impl_->address);
+  if (!begun || received != total)
+    sync_fail(SyncErrc::DataLoss, "download of round {} ended after {} of {} bytes", round,
+              received, total);
+  return received - offset;
+}
+
+int64_t SyncClient::heartbeat(int64_t step, const NodeMetrics& metrics) {
+  pb::HeartbeatRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_step(step);
+  if (std::isfinite(metrics.loss)) req.set_loss(metrics.loss);
+  if (std::isfinite(metrics.tokens_per_s)) req.set_tokens_per_s(metrics.tokens_per_s);
+  for (const LossPoint& p : metrics.losses) {
+    pb::LossPoint* q = req.add_losses();
+    q->set_step(p.step);
+    q->set_loss(p.loss);
+  }
+  pb::HeartbeatReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 10);
+  check(impl_->stub->Heartbeat(&ctx, req, &rep), "Heartbeat", impl_->address);
+  return rep.published_round();
+}
+
+ServerStatus SyncClient::status() {
+  pb::StatusRequest req;
+  pb::StatusReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 10);
+  check(impl_->stub->Status(&ctx, req, &rep), "Status", impl_->address);
+  ServerStatus s;
+  s.published_round = rep.published_round();
+  s.published_step = rep.published_step();
+  s.collecting_round = rep.collecting_round();
+  s.model_sha256 = rep.model_sha256();
+  s.round_open_s = rep.round_open_s();
+  s.protocol_version = rep.protocol_version();
+  for (const auto& n : rep.nodes())
+    s.nodes.push_back({n.node_id(), n.state(), n.step(), n.last_seen_s(), n.detail(),
+                       n.has_loss() ? n.loss() : NAN,
+                       n.has_tokens_per_s() ? n.tokens_per_s() : NAN});
+  return s;
+}
+
+void SyncClient::leave(int64_t step, const std::string& reason) {
+  pb::LeaveRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_step(step);
+  req.set_reason(reason);
+  pb::LeaveReply rep;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, 30);
+  check(impl_->stub->Leave(&ctx, req, &rep), "Leave", impl_->address);
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,572 @@
+// SPES node sync observer (see node.h).
+#include "spes/sync/node/node.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "spes/common/strings.h"
+#include "spes/io/files.h"
+#include "spes/sync/node/client.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/wire/auth.h"
+#include "spes/sync/wire/framing.h"
+
+namespace spes::sync {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+bool retryable(SyncErrc c) {
+  return c == SyncErrc::Unavailable || c == SyncErrc::DataLoss || c == SyncErrc::Aborted ||
+         c == SyncErrc::DeadlineExceeded;
+}
+
+// A download into the registry's tensors that survives interruptions: each attempt resumes
+// from the bytes already received (the server serves the same persisted bytes again).
+struct Download {
+  const ParamRegistry& reg;
+  int64_t round;
+  Selection sel;
+  WireDtype wire;
+  std::unique_ptr<SafetensorsStreamReader> reader;
+  uint64_t total = 0;
+  std::set<std::string> names;
+
+  bool done() const { return reader && reader->consumed() == total; }
+
+  // One attempt; returns the bytes it received.
+  uint64_t attempt(SyncClient& client) {
+    if (done()) return 0;
+    const std::string origin = fmt::format("download of round {}", round);
+    auto on_header = [this, origin](const StreamHeader& h) {
+      for (const auto& e : h.entries) {
+        const RegistryEntry* r = reg.find(e.name);
+        if (!r) sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not part of this model",
+                          origin, e.name);
+        if (e.shape != r->tensor.sizes().vec())
+          sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has the wrong shape", origin,
+                    e.name);
+        if (e.dtype != wire_scalar_type(wire))
+          sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {}, expected {}", origin,
+                    e.name, safetensors_dtype_name(e.dtype), wire_dtype_name(wire));
+      }
+      if (sel == Selection::All && h.entries.size() != reg.entries().size())
+        sync_fail(SyncErrc::InvalidArgument, "{}: {} tensors, the model has {}", origin,
+                  h.entries.size(), reg.entries().size());
+    };
+    // Values go straight into the model's tensors, piece by piece (memory: one chunk).
+    auto on_run = [this, origin](const StreamEntry& e, int64_t first, const torch::Tensor& run,
+                                 bool last) {
+      if (run.numel() > 0 && !torch::isfinite(run).all().item<bool>())
+        sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' holds NaN or Inf", origin, e.name);
+      torch::NoGradGuard ng;
+      reg.find(e.name)->tensor.view({-1}).slice(0, first, first + run.numel()).copy_(run);
+      if (last) names.insert(e.name);
+    };
+    const uint64_t offset = reader ? reader->consumed() : 0;
+    return client.download(
+        round, sel,
+        [&](uint64_t t) {
+          if (reader) {
+            if (t != total)
+              sync_fail(SyncErrc::DataLoss, "{}: the stream changed size on resume ({} vs {})",
+                        origin, t, total);
+            return;
+          }
+          total = t;
+          reader = std::make_unique<SafetensorsStreamReader>(t, origin, on_header, nullptr,
+                                                             kMaxHeaderBytes);
+          reader->set_slice_handler(on_run);
+        },
+        [&](const char* p, size_t n) { reader->feed(p, n); }, offset);
+  }
+};
+
+uint64_t random_incarnation() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// The node's upload, or a deliberately bad one (faults.h).
+SafetensorsStreamWriter upload_payload(const ParamRegistry& reg, const UploadMeta& meta,
+                                       WireDtype wire, const NodeFaults& f) {
+  const int64_t r = meta.round;
+  if (r != f.nan_round && r != f.foreign_round && r != f.scaled_round)
+    return node_upload_writer(reg, meta, wire);
+  NamedTensors t;
+  for (const auto& e : reg.entries())
+    if (e.trainable) t.emplace_back(e.name, e.tensor.detach());
+  if (r == f.nan_round || r == f.scaled_round) {
+    torch::Tensor bad = t.front().second.clone();
+    if (r == f.nan_round) bad.view({-1})[0] = std::nan("");
+    else bad.mul_(1e6);
+    t.front().second = bad;
+    spdlog::warn("node {}: fault injection: round {} upload carries {}", meta.node, r,
+                 r == f.nan_round ? "a NaN" : "a tensor scaled by 1e6");
+  }
+  if (r == f.foreign_round) {
+    for (const auto& e : reg.entries())
+      if (!e.trainable && e.role == ParamRole::Expert) {
+        t.emplace_back(e.name, e.tensor.detach());
+        spdlog::warn("node {}: fault injection: round {} upload carries '{}' (not its expert)",
+                     meta.node, r, e.name);
+        break;
+      }
+  }
+  return SafetensorsStreamWriter(std::move(t), wire_scalar_type(wire), upload_metadata(meta));
+}
+
+// At most kMaxHeartbeatLosses points for one heartbeat: when heartbeats failed for a while,
+// keep every other point (the curve stays even).
+void bound_losses(std::vector<LossPoint>* l) {
+  while (l->size() > kMaxHeartbeatLosses) {
+    size_t k = 0;
+    for (size_t i = 0; i < l->size(); i += 2) (*l)[k++] = (*l)[i];
+    l->resize(k);
+  }
+}
+
+}  // namespace
+
+std::string frozen_weights_sha256(const ParamRegistry& registry) {
+  Sha256 h;
+  for (const auto& e : registry.entries()) {
+    if (e.trainable) continue;
+    h.update(e.name.data(), e.name.size());
+    torch::Tensor t = e.tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    h.update(t.data_ptr(), t.numel() * sizeof(float));
+  }
+  return h.hex_digest();
+}
+
+SyncNode::SyncNode(NodeOptions opts) : opts_(std::move(opts)) {}
+SyncNode::~SyncNode() { stop_heartbeats(); }
+
+void SyncNode::stop_heartbeats() {
+  {
+    std::lock_guard<std::mutex> lk(hb_mu_);
+    hb_stop_ = true;
+  }
+  hb_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+JoinResult SyncNode::join_once() {
+  Trainer& t = *trainer_;
+  const JoinInfo info = node_join_info(t.config(), t.registry(), client_->id(), t.state().step);
+  return client_->join(info);
+}
+
+template <class F>
+auto SyncNode::call(const char* what, double limit_s, F&& f) -> decltype(f()) {
+  const auto start = Clock::now();
+  double backoff = 0.2;
+  const double max_backoff = trainer_->config().spes_config.retry_backoff_max_s;
+  int rejoins = 0;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return f();
+    } catch (const SyncError& e) {
+      if (e.code() == SyncErrc::NotJoined && rejoins < 5) {
+        // The server restarted (or forgot us): join again with the same incarnation, then
+        // repeat the call; the round logic (round ids) decides what still applies.
+        ++rejoins;
+        spdlog::warn("node {}: {}: the server does not know this node (restarted?); joining "
+                     "again", client_->id().node_id, what);
+        rejoin(limit_s);
+        continue;
+      }
+      if (!retryable(e.code()) || since(start) + backoff > limit_s) throw;
+      spdlog::warn("{} failed (attempt {}): {}; retrying in {:.1f} s", what, attempt, e.what(),
+                   backoff);
+      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
+      backoff = std::min(max_backoff, backoff * 2);
+    }
+  }
+}
+
+void SyncNode::rejoin(double limit_s) {
+  const auto start = Clock::now();
+  double backoff = 0.2;
+  for (;;) {
+    try {
+      join_once();
+      return;
+    } catch (const SyncError& e) {
+      if (!retryable(e.code()) || since(start) + backoff > limit_s) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
+      backoff = std::min(trainer_->config().spes_config.retry_backoff_max_s, backoff * 2);
+    }
+  }
+}
+
+void SyncNode::on_start(Trainer& t) {
+  trainer_ = &t;
+  const Config& cfg = t.config();
+  const ParamRegistry& reg = t.registry();
+  SPES_CHECK(cfg.spes_config.mode != "centralized", "spes node: spes_config.mode is centralized; "
+             "set it to spes, fedavg or diloco (the server uses the same config)");
+  const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
+  const int64_t H = cfg.spes_config.sync_steps;
+  NodeId id{reg.node_id(), random_incarnation(), opts_.auth_token};
+  ClientTls tls;
+  tls.root_pem = read_pem(cfg.spes_config.tls_ca, "tls_ca");
+  tls.cert_pem = read_pem(cfg.spes_config.tls_client_cert, "tls_client_cert");
+  tls.key_pem = read_pem(cfg.spes_config.tls_client_key, "tls_client_key");
+  client_ = std::make_unique<SyncClient>(opts_.server, id, tls);
+  if (opts_.faults.any()) spdlog::warn("node {}: SPES_SYNC_FAULTS is set: this node misbehaves "
+                                       "on purpose (reliability tests)", id.node_id);
+  const auto t0 = Clock::now();
+  spdlog::info("node {}: joining sync server {} (incarnation {:x})", id.node_id, opts_.server,
+               id.incarnation);
+  const JoinResult jr = call("join", opts_.connect_timeout_s, [&] {
+    if (!client_->wait_connected(std::min(5.0, opts_.connect_timeout_s)))
+      sync_fail(SyncErrc::Unavailable, "cannot connect to sync server {} within {:.0f} s (is "
+                "`spes serve` running there? --connect-timeout sets how long to keep trying)",
+                opts_.server, opts_.connect_timeout_s);
+    return join_once();
+  });
+  heartbeat_ms_ = jr.heartbeat_interval_ms;
+  // Keep the checkpoint's weights only when they continue the latest published round;
+  // otherwise take the published model and its step (a fresh node, or others moved on).
+  const int64_t step = t.state().step;
+  const bool keep = t.state().sync_round == jr.published_round && step > jr.published_step &&
+                    step < jr.published_step + H;
+  uint64_t down = 0;
+  std::string sha;
+  if (keep) {
+    sha = reg.weights_sha256();
+    spdlog::info("node {}: continuing from its checkpoint at step {} (after round {})",
+                 id.node_id, step, jr.published_round);
+  } else {
+    Download d{reg, jr.published_round, Selection::All, wire};
+    down = call("initial download", cfg.spes_config.retry_max_s, [&] {
+      return d.attempt(*client_);
+    });
+    sha = reg.weights_sha256();
+    SPES_CHECK(sha == jr.model_sha256, "node {}: after loading round {} its weights hash to {} "
+               "but the server published {}", id.node_id, jr.published_round, sha,
+               jr.model_sha256);
+    if (step != jr.published_step)
+      spdlog::warn("node {}: its checkpoint is at step {} (round {}); the others published "
+                   "round {} (step {}): taking that model and joining from there", id.node_id,
+                   step, t.state().sync_round, jr.published_round, jr.published_step);
+    t.state().step = jr.published_step;
+    t.state().sync_round = jr.published_round;
+  }
+  step_ = t.state().step;
+  frozen_sha_ = frozen_weights_sha256(reg);
+  tokens_at_sync_ = t.state().tokens;
+  int64_t grad_numel = 0;
+  for (const auto& e : reg.entries())
+    if (e.tensor.requires_grad()) grad_numel += e.tensor.numel();
+  const UploadMeta probe{id.node_id, 0, 0, 0, id.incarnation, reg.fingerprint()};
+  join_record_ = {{"round", jr.published_round},
+                  {"step", t.state().step},
+                  {"resumed_from_checkpoint", keep},
+                  {"model_sha256", sha},
+                  {"frozen_sha256", frozen_sha_},
+                  {"bytes_down", down},
+                  {"seconds", since(t0)},
+                  {"trainable_numel", reg.trainable_numel()},
+                  {"frozen_numel", reg.frozen_numel()},
+                  {"grad_numel", grad_numel},
+                  {"optimizer_state_bytes", t.optimizer().state_bytes()},
+                  {"upload_data_bytes", node_upload_writer(reg, probe, wire).data_bytes()}};
+  spdlog::info("node {}: joined at round {} (step {}), loaded {} ({}), model sha256 {}",
+               id.node_id, jr.published_round, t.state().step, human_bytes(down),
+               wire_dtype_name(wire), sha.substr(0, 16));
+  // Heartbeats between syncs, so that the server can tell a slow node from a dead one.
+  if (heartbeat_ms_ > 0)
+    heartbeat_ = std::thread([this] {
+      std::unique_lock<std::mutex> lk(hb_mu_);
+      while (!hb_cv_.wait_for(lk, std::chrono::milliseconds(heartbeat_ms_),
+                              [&] { return hb_stop_; })) {
+        lk.unlock();
+        NodeMetrics m;
+        {
+          std::lock_guard<std::mutex> ml(metrics_mu_);
+          m = metrics_;
+          metrics_.losses.clear();
+        }
+        try {
+          client_->heartbeat(step_.load(), m);
+        } catch (const std::exception& e) {
+          spdlog::debug("heartbeat failed: {}", e.what());
+          std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
+          metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
+          bound_losses(&metrics_.losses);
+        }
+        lk.lock();
+      }
+    });
+}
+
+nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
+  nlohmann::json out = nlohmann::json::object();
+  step_ = step;
+  record_metrics(t.last_step_record(), step);
+  if (!join_record_.is_null()) {
+    out["sync_join"] = join_record_;
+    join_record_ = nullptr;
+  }
+  if (step % t.config().spes_config.sync_steps == 0) out["sync"] = sync_round(t, step);
+  step_ = t.state().step;
+  return out;
+}
+
+void SyncNode::record_metrics(const nlohmann::json& rec, int64_t step) {
+  const auto value = [&](const char* key) {
+    return rec.is_object() && rec.contains(key) && rec[key].is_number() ? rec[key].get<double>()
+                                                                         : NAN;
+  };
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  metrics_.loss = value("loss");
+  metrics_.tokens_per_s = value("tokens_per_s");
+  if (!std::isfinite(metrics_.loss)) return;
+  metrics_.losses.push_back({step, metrics_.loss});
+  bound_losses(&metrics_.losses);
+}
+
+nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
+  const Config& cfg = t.config();
+  const ParamRegistry& reg = t.registry();
+  const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
+  const int64_t node = reg.node_id();
+  const double retry = cfg.spes_config.retry_max_s;
+  const auto t0 = Clock::now();
+  spdlog::warn("node {}: {}; taking the published model", node, why);
+  for (int tries = 0;; ++tries) {
+    // Wait until the round this node missed is published, then take the latest one.
+    RoundStatus st;
+    const auto tw = Clock::now();
+    for (;;) {
+      const auto tc = Clock::now();
+      st = call("wait for round", retry, [&] { return client_->wait_round(min_round, kMaxWaitMs); });
+      if (st.published) break;
+      // The server answers at once when it holds no upload of ours (e.g. it restarted): this
+      // node has none to give for this round, so poll gently.
+      if (since(tc) < 1.0) std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (since(tw) > std::max(600.0, 2 * cfg.spes_config.round_timeout))
+        fail("node {}: round {} was not published within {:.0f} s", node, min_round, since(tw));
+    }
+    const int64_t round = st.published_round;
+    const RoundStatus cur = round == min_round && !st.model_sha256.empty()
+                                ? st
+                                : call("wait for round", retry,
+                                       [&] { return client_->wait_round(round, 0); });
+    if (cur.model_sha256.empty() && tries < 5) continue;  // a newer round meanwhile: again
+    Download d{reg, round, Selection::All, wire};
+    uint64_t down = 0;
+    try {
+      down = call("download", retry, [&] { return d.attempt(*client_); });
+    } catch (const SyncError& e) {
+      if (e.code() == SyncErrc::OutOfRange && tries < 5) continue;  // a newer round: again
+      throw;
+    }
+    const std::string sha = reg.weights_sha256();
+    SPES_CHECK(sha == cur.model_sha256, "node {}: after loading round {} its weights hash to {} "
+               "but the server published {}", node, round, sha, cur.model_sha256);
+    const int64_t from = t.state().step;
+    t.state().step = cur.published_step > 0 ? cur.published_step
+                                            : round * cfg.spes_config.sync_steps;
+    t.state().sync_round = round;
+    frozen_sha_ = frozen_weights_sha256(reg);
+    tokens_at_sync_ = t.state().tokens;
+    spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
+                 round, from, t.state().step, human_bytes(static_cast<double>(down)),
+                 sha.substr(0, 16));
+    return {{"round", round},
+            {"step", t.state().step},
+            {"caught_up", true},
+            {"reason", why},
+            {"bytes_up", 0},
+            {"bytes_down", down},
+            {"model_sha256", sha},
+            {"alpha", cur.alpha},
+            {"seconds", since(t0)},
+            {"frozen_sha256_after", frozen_sha_}};
+  }
+}
+
+nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
+  const Config& cfg = t.config();
+  const ParamRegistry& reg = t.registry();
+  const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
+  const int64_t node = reg.node_id();
+  const int64_t round = step / cfg.spes_config.sync_steps;
+  const double retry = cfg.spes_config.retry_max_s;
+  const auto t0 = Clock::now();
+  const std::string frozen_before = frozen_weights_sha256(reg);
+  SPES_CHECK(frozen_before == frozen_sha_, "node {}: frozen experts changed between syncs "
+             "(they must only change through a sync)", node);
+
+  if (round == opts_.faults.stall_round) {
+    spdlog::warn("node {}: fault injection: stalling {:.1f} s before round {}", node,
+                 opts_.faults.stall_s, round);
+    std::this_thread::sleep_for(std::chrono::duration<double>(opts_.faults.stall_s));
+  }
+  // 1. Upload the trainable tensors.
+  UploadMeta meta{node, round, step, t.state().tokens - tokens_at_sync_,
+                  client_->id().incarnation, reg.fingerprint()};
+  const SafetensorsStreamWriter payload = upload_payload(reg, meta, wire, opts_.faults);
+  if (round == opts_.faults.corrupt_round) {
+    spdlog::warn("node {}: fault injection: corrupting a chunk of round {}'s upload", node, round);
+    client_->corrupt_next_upload();
+  }
+  const bool small_chunks = round == opts_.faults.cut_round || round == opts_.faults.dup_round;
+  client_->set_upload_chunk_bytes(small_chunks ? (payload.total_bytes() + 7) / 8 : 0);
+  if (round == opts_.faults.cut_round) {
+    spdlog::warn("node {}: fault injection: cutting round {}'s upload after 4 of 8 chunks", node,
+                 round);
+    client_->cut_next_upload_after(4);
+  }
+  if (round == opts_.faults.dup_round) {
+    spdlog::warn("node {}: fault injection: sending chunk 1 of round {}'s upload twice", node,
+                 round);
+    client_->repeat_chunk_in_next_upload(1);
+  }
+  // Returns a catch-up record when the round can no longer take this node's upload.
+  UploadResult up;
+  auto upload = [&]() -> nlohmann::json {
+    try {
+      up = call("upload", retry, [&] { return client_->upload(round, step, payload); });
+    } catch (const SyncError& e) {
+      if (e.code() == SyncErrc::OutOfRange)
+        return catch_up(t, round, fmt::format("round {} closed without this node", round));
+      if (e.code() == SyncErrc::InvalidArgument || e.code() == SyncErrc::ResourceExhausted)
+        return catch_up(t, round, fmt::format("the server rejected its round {} upload: {}",
+                                              round, e.what()));
+      throw;
+    }
+    return nullptr;
+  };
+  if (nlohmann::json r = upload(); !r.is_null()) return r;
+  const double upload_s = since(t0);
+
+  // 2. Long-poll until the round is published.
+  const auto t1 = Clock::now();
+  const double limit = opts_.round_wait_s > 0
+                           ? opts_.round_wait_s
+                           : std::max(600.0, 2 * cfg.spes_config.round_timeout);
+  RoundStatus st;
+  double last_log = 0;
+  for (;;) {
+    st = call("wait for round", retry, [&] { return client_->wait_round(round, kMaxWaitMs); });
+    if (st.published) break;
+    if (std::find(st.waiting_for.begin(), st.waiting_for.end(), node) != st.waiting_for.end()) {
+      // The server lacks this node's upload although it was accepted: the server restarted
+      // and lost the round in progress. Send it again.
+      spdlog::warn("node {}: the server no longer holds its round {} upload (restarted?); "
+                   "sending it again", node, round);
+      if (nlohmann::json r = upload(); !r.is_null()) return r;
+      continue;
+    }
+    if (since(t1) > limit)
+      fail("node {}: round {} was not published within {:.0f} s (waiting for node(s) [{}])",
+           node, round, limit, fmt::join(st.waiting_for, ", "));
+    if (since(t1) - last_log >= 30) {
+      last_log = since(t1);
+      spdlog::info("node {}: round {} waits for node(s) [{}] ({:.0f} s)", node, round,
+                   fmt::join(st.waiting_for, ", "), since(t1));
+    }
+  }
+  if (st.published_round != round)
+    return catch_up(t, round, fmt::format("the server moved on to round {} while this node "
+                                          "waited for round {}", st.published_round, round));
+  const bool used = std::find(st.nodes.begin(), st.nodes.end(), node) != st.nodes.end();
+  if (!used || !up.accepted)
+    return catch_up(t, round, !up.accepted
+                                  ? fmt::format("round {} already held an earlier upload of "
+                                                "this node (restarted node)", round)
+                                  : fmt::format("round {} was published without this node's "
+                                                "upload", round));
+  if (opts_.faults.replay_round == round && round > 1) {
+    // An old round sent again must be refused (round ids), whatever the payload.
+    try {
+      client_->upload(round - 1, step - cfg.spes_config.sync_steps, payload);
+      fail("node {}: fault injection: the server accepted a replay of round {}", node,
+           round - 1);
+    } catch (const SyncError& e) {
+      SPES_CHECK(e.code() == SyncErrc::OutOfRange || e.code() == SyncErrc::FailedPrecondition,
+                 "node {}: replay of round {} refused with an unexpected error: {}", node,
+                 round, e.what());
+      spdlog::warn("node {}: fault injection: replay of round {} refused as expected: {}", node,
+                   round - 1, e.what());
+    }
+  }
+  const double wait_s = since(t1);
+
+  // 3. Download what the node lacks (resuming after interruptions); tensors it uploaded and
+  // does not get back already hold the published value up to rounding to the transfer dtype,
+  // which we apply here.
+  const auto t2 = Clock::now();
+  Download d{reg, round, Selection::ForNode, wire};
+  uint64_t down = 0;
+  try {
+    down = call("download", retry, [&] { return d.attempt(*client_); });
+  } catch (const SyncError& e) {
+    if (e.code() == SyncErrc::OutOfRange)
+      return catch_up(t, round, fmt::format("round {} was superseded during the download",
+                                            round));
+    throw;
+  }
+  for (const auto& e : reg.entries())
+    if (e.trainable && !d.names.count(e.name)) wire_round_(e.tensor, wire);
+  const double download_s = since(t2);
+
+  const std::string sha = reg.weights_sha256();
+  SPES_CHECK(sha == st.model_sha256, "node {}: after loading round {} its weights hash to {} but "
+             "the server published {} (the node and server disagree about the model)", node,
+             round, sha, st.model_sha256);
+  const std::string frozen_after = frozen_weights_sha256(reg);
+  frozen_sha_ = frozen_after;
+  tokens_at_sync_ = t.state().tokens;
+  t.state().sync_round = round;
+  spdlog::info("node {}: round {} (step {}): up {}, down {}, upload {:.2f} s, wait {:.2f} s, "
+               "download {:.2f} s{}, sha256 {}", node, round, step,
+               human_bytes(static_cast<double>(up.bytes)), human_bytes(static_cast<double>(down)),
+               upload_s, wait_s, download_s,
+               st.alpha > 0 ? fmt::format(", merged (alpha {:.4g})", st.alpha) : "",
+               sha.substr(0, 16));
+  return {{"round", round},
+          {"step", step},
+          {"bytes_up", up.bytes},
+          {"bytes_up_sent", up.bytes_sent},
+          {"upload_resumed_from", up.resumed_from},
+          {"bytes_down", down},
+          {"model_sha256", sha},
+          {"alpha", st.alpha},
+          {"tokens", meta.tokens},
+          {"upload_s", upload_s},
+          {"wait_s", wait_s},
+          {"download_s", download_s},
+          {"seconds", since(t0)},
+          {"frozen_sha256_before", frozen_before},
+          {"frozen_sha256_after", frozen_after}};
+}
+
+void SyncNode::on_finish(Trainer& t) {
+  stop_heartbeats();
+  if (!client_) return;
+  try {
+    call("leave", 30, [&] {
+      client_->leave(t.state().step, "finished");
+      return 0;
+    });
+  } catch (const std::exception& e) {
+    spdlog::warn("node {}: leave failed: {}", client_->id().node_id, e.what());
+  }
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,85 @@
+// A SPES node's sync client as a Trainer StepObserver. on_start: connect and join (retrying with
+// bounded backoff while the server is unreachable), then either keep the weights of its own
+// checkpoint (taken after the latest published round) or load the server's latest published
+// model and move to its step (fresh node, or a restarted node whose checkpoint is older than
+// what the others have published). A background thread sends heartbeats with the node's last
+// loss and throughput and the losses of the steps since the previous one. Every sync_steps
+// steps, after the optimizer step: upload the trainable tensors, long-poll until the round is
+// published, download what the node lacks (resuming from the offset reached after an
+// interruption), check that its weights hash to the published digest, and report
+// {"sync": {round, bytes_up, bytes_down, model_sha256, ...}} for the metrics line. When the
+// round closed without this node (it was late, its upload was rejected, or the server moved
+// on), the node catches up: it takes the latest published model and its step. Any call that
+// finds the server restarted (unknown incarnation) joins again and carries on. Optimizer
+// moments are kept (reference behaviour). on_finish: leave.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "spes/sync/node/faults.h"
+#include "spes/sync/wire/protocol.h"
+#include "spes/train/trainer.h"
+
+namespace spes::sync {
+
+class SyncClient;
+
+struct NodeOptions {
+  std::string server = "127.0.0.1:50551";  // host:port of `spes serve`
+  double connect_timeout_s = 120;          // keep retrying this long while the server is down
+                                           // at start (later: spes_config.retry_max_s)
+  double round_wait_s = 0;                 // give up waiting for a round (0: max(600, 2 x
+                                           // spes_config.round_timeout))
+  std::string auth_token;                  // this node's secret (never logged)
+  NodeFaults faults;                       // test fault injection (faults.h)
+};
+
+class SyncNode : public StepObserver {
+ public:
+  explicit SyncNode(NodeOptions opts);
+  ~SyncNode() override;
+  void on_start(Trainer& t) override;
+  nlohmann::json after_step(Trainer& t, int64_t step) override;
+  void on_finish(Trainer& t) override;
+
+ private:
+  nlohmann::json sync_round(Trainer& t, int64_t step);
+  // Takes the latest published round (at least `min_round`) whole and moves the trainer to its
+  // step. Returns the sync record.
+  nlohmann::json catch_up(Trainer& t, int64_t min_round, const std::string& why);
+  // Runs f, retrying transient failures with bounded backoff and joining again when the
+  // server no longer knows this node.
+  template <class F>
+  auto call(const char* what, double limit_s, F&& f) -> decltype(f());
+  JoinResult join_once();
+  void rejoin(double limit_s);  // join again (same incarnation), retrying transient failures
+  void stop_heartbeats();
+  // Keeps the step's loss and throughput (the trainer's metrics record) for the next heartbeat.
+  void record_metrics(const nlohmann::json& record, int64_t step);
+
+  NodeOptions opts_;
+  Trainer* trainer_ = nullptr;
+  std::unique_ptr<SyncClient> client_;
+  nlohmann::json join_record_;
+  int64_t tokens_at_sync_ = 0;
+  std::string frozen_sha_;
+  std::atomic<int64_t> step_{0};
+  std::mutex metrics_mu_;
+  NodeMetrics metrics_;  // for the next heartbeat: last loss and throughput, losses since
+  std::thread heartbeat_;
+  std::mutex hb_mu_;
+  std::condition_variable hb_cv_;
+  bool hb_stop_ = false;
+  uint32_t heartbeat_ms_ = 0;
+};
+
+// SHA-256 over the names and fp32 bytes of the registry's frozen (non-trainable) tensors.
+std::string frozen_weights_sha256(const ParamRegistry& registry);
+
+}  // namespace spes::sync

@@ -1,0 +1,299 @@
+// One round's arithmetic (see aggregate.h).
+#include "spes/sync/round/aggregate.h"
+
+#include <filesystem>
+#include <unordered_map>
+
+#include "spes/common/error.h"
+#include "spes/model/ownership.h"
+#include "spes/sync/wire/protocol.h"
+#include "spes/train/checkpoint.h"
+
+namespace spes::sync {
+namespace fs = std::filesystem;
+
+SyncModel::SyncModel(const Config& cfg) : cfg_(cfg) {
+  model_ = std::make_unique<Transformer>(cfg_.model, torch::kCPU);
+  model_->init_weights(static_cast<uint64_t>(cfg_.seed));
+  const Ownership ownership = Ownership::from_config(cfg_);
+  ownership_fingerprint_ = ownership.fingerprint();
+  registry_ = std::make_unique<ParamRegistry>(*model_, cfg_, ownership, /*node_id=*/-1);
+  plan_ = std::make_unique<RoundPlan>(cfg_, *model_);  // also clears requires_grad
+  for (const auto& p : model_->params()) tensors_.push_back(p.tensor);
+  momentum_.resize(tensors_.size());
+  // The published model is what nodes receive: values representable in the transfer dtype.
+  for (const auto& t : tensors_) wire_round_(t, plan_->wire());
+}
+
+SyncModel::~SyncModel() = default;
+
+NamedTensors SyncModel::named() const {
+  NamedTensors out;
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    out.emplace_back(plan_->tensors()[i].name, tensors_[i]);
+  return out;
+}
+
+void SyncModel::load(const NamedTensors& tensors, const std::string& origin) {
+  registry_load_tensors(*registry_, tensors, /*require_all=*/true, origin);
+}
+
+std::string SyncModel::weights_sha256() const { return registry_->weights_sha256(); }
+std::string SyncModel::model_fingerprint() const { return registry_->fingerprint(); }
+
+NamedTensors SyncModel::momentum_named() const {
+  NamedTensors out;
+  for (size_t i = 0; i < momentum_.size(); ++i)
+    if (momentum_[i].defined()) out.emplace_back(plan_->tensors()[i].name, momentum_[i]);
+  return out;
+}
+
+void SyncModel::load_momentum(const NamedTensors& tensors, const std::string& origin) {
+  for (const auto& [name, t] : tensors) {
+    const int64_t i = plan_->index(name);
+    SPES_CHECK(i >= 0, "{}: momentum tensor '{}' is not part of the model", origin, name);
+    SPES_CHECK(t.sizes() == tensors_[i].sizes(), "{}: momentum tensor '{}' has the wrong shape",
+               origin, name);
+    SPES_CHECK(torch::isfinite(t).all().item<bool>(), "{}: momentum tensor '{}' is not finite",
+               origin, name);
+    momentum_[i] = t.to(torch::kFloat32).clone();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+RoundAggregator::RoundAggregator(SyncModel& model)
+    : model_(model), schedule_(MergeSchedule::from_config(model.config())) {}
+
+void RoundAggregator::begin(int64_t round, int64_t step) {
+  SPES_CHECK(!active_, "aggregator: round {} is still open", round_);
+  active_ = true;
+  round_ = round;
+  step_ = step;
+  node_ = last_node_ = -1;
+  acc_.assign(model_.tensors().size(), torch::Tensor());
+  wsum_.assign(model_.tensors().size(), 0.0);
+  first_node_.assign(model_.tensors().size(), -1);
+  owner_files_.clear();
+  out_ = RoundOutcome();
+  out_.round = round;
+  out_.step = step;
+}
+
+void RoundAggregator::abort() {
+  active_ = false;
+  acc_.clear();
+  wsum_.clear();
+  owner_files_.clear();
+  node_ = -1;
+}
+
+void RoundAggregator::begin_node(int64_t node, int64_t tokens, const std::string& source_file) {
+  const RoundPlan& plan = model_.plan();
+  SPES_CHECK(active_, "aggregator: no round open");
+  SPES_CHECK(node_ < 0, "aggregator: node {} is still being folded", node_);
+  SPES_CHECK(node >= 0 && node < plan.num_nodes(), "aggregator: node {} outside [0, {})", node,
+             plan.num_nodes());
+  SPES_CHECK(node > last_node_, "aggregator: node {} folded after node {} (uploads are folded "
+             "once each, in ascending node order)", node, last_node_);
+  const bool by_tokens = model_.config().spes_config.weighting == "tokens";
+  SPES_CHECK(!by_tokens || tokens > 0, "aggregator: node {} reports {} tokens; weighting=tokens "
+             "needs a positive count", node, tokens);
+  node_ = node;
+  weight_ = by_tokens ? static_cast<double>(tokens) : 1.0;
+  source_ = source_file;
+  expect_ = plan.upload_of(node);
+  got_ = 0;
+  filled_ = 0;
+  out_.nodes.push_back(node);
+  out_.tokens.push_back(tokens);
+  out_.weights.push_back(weight_);
+}
+
+void RoundAggregator::add(const std::string& name, const torch::Tensor& value) {
+  add_run(name, 0, value.reshape({-1}), true);
+}
+
+void RoundAggregator::add_run(const std::string& name, int64_t first, const torch::Tensor& run,
+                              bool last) {
+  const RoundPlan& plan = model_.plan();
+  SPES_CHECK(node_ >= 0, "aggregator: add('{}') outside a node's upload", name);
+  const int64_t i = plan.index(name);
+  SPES_CHECK(i >= 0, "aggregator: '{}' is not part of the model", name);
+  SPES_CHECK(got_ < expect_.size() && expect_[got_] == static_cast<size_t>(i),
+             "aggregator: node {} sent '{}' out of order or not in its upload set", node_, name);
+  const PlanTensor& t = plan.tensors()[i];
+  int64_t numel = 1;
+  for (int64_t d : t.shape) numel *= d;
+  SPES_CHECK(first == filled_ && first + run.numel() <= numel &&
+                 (!last || first + run.numel() == numel),
+             "aggregator: '{}' elements [{}, {}) arrive out of place (tensor has {})", name,
+             first, first + run.numel(), numel);
+  torch::NoGradGuard ng;
+  const bool owner_copy = t.rule == Combine::OwnerCopy;
+  if (!(owner_copy && !source_.empty())) {  // file-backed owner copies are read in finish()
+    torch::Tensor v = run.detach().to(torch::kCPU, torch::kFloat32);
+    if (!acc_[i].defined()) {
+      acc_[i] = torch::empty(t.shape, torch::kFloat32);
+      first_node_[i] = node_;
+    }
+    torch::Tensor dst = acc_[i].view({-1}).slice(0, first, first + run.numel());
+    if (owner_copy || first_node_[i] == node_) {
+      dst.copy_(owner_copy || weight_ == 1.0 ? v : v.mul(weight_));
+    } else {
+      dst.add_(v, weight_);
+    }
+  }
+  filled_ += run.numel();
+  if (last) {
+    if (owner_copy) {
+      wsum_[i] = 1.0;
+    } else {
+      wsum_[i] += weight_;
+    }
+    ++got_;
+    filled_ = 0;
+  }
+}
+
+void RoundAggregator::end_node() {
+  SPES_CHECK(node_ >= 0, "aggregator: end_node without begin_node");
+  SPES_CHECK(got_ == expect_.size(), "aggregator: node {} sent {} of its {} tensors", node_, got_,
+             expect_.size());
+  if (!source_.empty()) owner_files_.emplace_back(node_, source_);
+  last_node_ = node_;
+  node_ = -1;
+}
+
+RoundOutcome RoundAggregator::finish() {
+  SPES_CHECK(active_ && node_ < 0, "aggregator: finish() without a complete round");
+  const RoundPlan& plan = model_.plan();
+  const auto& pub = model_.tensors();
+  const bool diloco = plan.mode() == "diloco";
+  const double lr = model_.config().spes_config.outer_lr;
+  const double mu = model_.config().spes_config.outer_momentum;
+  torch::NoGradGuard ng;
+  // Owner copies straight from the staged uploads into the published tensors.
+  for (const auto& [node, path] : owner_files_) {
+    SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr, kMaxHeaderBytes);
+    reader.set_slice_handler([&, node = node](const StreamEntry& e, int64_t first,
+                                              const torch::Tensor& run, bool) {
+      const int64_t i = plan.index(e.name);
+      const PlanTensor& t = plan.tensors()[i];
+      if (t.rule != Combine::OwnerCopy || t.owner != node) return;
+      pub[i].view({-1}).slice(0, first, first + run.numel()).copy_(run);
+    });
+    stream_file(path, reader);
+  }
+  owner_files_.clear();
+  for (size_t i = 0; i < pub.size(); ++i) {
+    torch::Tensor& acc = acc_[i];
+    if (!acc.defined()) continue;  // nobody uploaded it: keeps the last published value
+    if (plan.tensors()[i].rule == Combine::Mean && wsum_[i] != 1.0) acc.div_(wsum_[i]);
+    if (diloco) {
+      // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m).
+      acc.neg_().add_(pub[i]);
+      torch::Tensor& m = model_.momentum()[i];
+      if (!m.defined()) m = torch::zeros_like(acc);
+      m.mul_(mu).add_(acc);
+      acc.add_(m, mu);
+      pub[i].sub_(acc, lr);
+    } else {
+      pub[i].copy_(acc);
+    }
+    acc = torch::Tensor();
+  }
+  const double alpha = schedule_.alpha(step_);
+  if (alpha > 0) {
+    for (auto& layer : layer_experts(plan, pub)) {
+      if (layer.size() < 2) continue;
+      const auto cos = gate_cosine_matrix(layer);
+      out_.gate_cos_before.push_back(mean_pairwise(cos));
+      experts_merge_layer(layer, merge_donors(cos, schedule_.topk), alpha);
+      out_.merged = true;
+    }
+  }
+  out_.alpha = out_.merged ? alpha : 0.0;
+  for (const auto& t : pub) wire_round_(t, plan.wire());
+  for (const auto& layer : layer_experts(plan, pub))
+    out_.gate_cos.push_back(mean_pairwise(gate_cosine_matrix(layer)));
+  active_ = false;
+  acc_.clear();
+  wsum_.clear();
+  return out_;
+}
+
+// ---------------------------------------------------------------------------------------------
+UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
+                            int64_t expect_node) {
+  UploadMeta meta;
+  SafetensorsStreamReader reader(
+      fs::file_size(path), path,
+      [&](const StreamHeader& h) {
+        meta = check_upload_header(plan, h, expect_node, path);
+        SPES_CHECK(meta.step == agg.step(), "{}: upload is for step {} (round {}) but the round "
+                   "being aggregated is step {} (round {})", path, meta.step, meta.round,
+                   agg.step(), agg.round());
+        agg.begin_node(meta.node, meta.tokens, path);
+      },
+      nullptr, kMaxHeaderBytes);
+  reader.set_slice_handler(
+      [&](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
+        check_upload_run(e, run, path);
+        agg.add_run(e.name, first, run, last);
+      });
+  stream_file(path, reader);
+  agg.end_node();
+  return meta;
+}
+
+RoundOutcome aggregate_offline(SyncModel& model, const std::vector<std::string>& uploads,
+                               int64_t step) {
+  const int64_t H = model.config().spes_config.sync_steps;
+  SPES_CHECK(step > 0 && step % H == 0, "aggregate: step {} is not a sync step (a positive "
+             "multiple of spes_config.sync_steps={})", step, H);
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& path : uploads) {
+    const UploadMeta m = check_upload_header(model.plan(), read_stream_header(path), -1, path);
+    for (const auto& [n, p] : order)
+      SPES_CHECK(n != m.node, "aggregate: '{}' and '{}' are both uploads of node {}", p, path,
+                 m.node);
+    order.emplace_back(m.node, path);
+  }
+  std::sort(order.begin(), order.end());
+  RoundAggregator agg(model);
+  agg.begin(step / H, step);
+  for (const auto& [node, path] : order) fold_upload_file(agg, model.plan(), path, node);
+  return agg.finish();
+}
+
+SafetensorsStreamWriter published_writer(const SyncModel& model, int64_t round, int64_t step,
+                                         const std::string& sha256) {
+  return SafetensorsStreamWriter(model.named(), torch::kFloat32,
+                                 {{"format", "spes-published-v1"},
+                                  {"round", std::to_string(round)},
+                                  {"step", std::to_string(step)},
+                                  {"model_sha256", sha256}});
+}
+
+std::vector<std::vector<ExpertMats>> layer_experts(const RoundPlan& plan,
+                                                   const std::vector<torch::Tensor>& tensors) {
+  int64_t L = 0, E = 0;
+  for (const auto& t : plan.tensors())
+    if (t.role == ParamRole::Expert) {
+      L = std::max(L, t.layer + 1);
+      E = std::max(E, t.expert + 1);
+    }
+  std::vector<std::vector<ExpertMats>> out(L, std::vector<ExpertMats>(E));
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t e = 0; e < E; ++e) {
+      auto get = [&](const char* proj) {
+        const int64_t i = plan.index(expert_param_name(l, e, proj));
+        SPES_CHECK(i >= 0, "merge: model has no tensor '{}'", expert_param_name(l, e, proj));
+        return tensors[i];
+      };
+      out[l][e] = {get("gate_proj"), get("up_proj"), get("down_proj")};
+    }
+  return out;
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,137 @@
+// One SPES round, tensor by tensor by name, in one API that the sync server and
+// `spes aggregate` both run (so an offline round reproduces a published model bit for bit):
+//   shared tensor (and, in fedavg/diloco, every tensor): weighted mean over the nodes present
+//     (weights: 1 each, or the tokens each node reports);
+//   expert tensor in mode spes: its owner's copy (owner absent: the last published value);
+//   diloco: outer Nesterov step on the averaged pseudo-gradient, momentum kept here;
+//   then, in mode spes at a merge point, expert merging (merge.h);
+//   then rounding to the transfer dtype, so the published model is exactly what nodes receive.
+// Memory: the published model plus one running sum per averaged tensor (S, the shared tensors
+// in mode spes), never N uploads: uploads are folded one node at a time, piece by piece, in
+// ascending node order (floating-point sums depend on order; a fixed order makes them
+// reproducible); experts' owner copies are read back from the staged upload files at finish.
+// Leaves out: transport, staging of uploads on disk, persistence (round_state.h).
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spes/io/config.h"
+#include "spes/io/safetensors.h"
+#include "spes/model/registry.h"
+#include "spes/model/transformer.h"
+#include "spes/sync/round/merge.h"
+#include "spes/sync/round/plan.h"
+
+namespace spes::sync {
+
+// The server's model: layout, published weights (initialised from cfg.seed), diloco momentum.
+class SyncModel {
+ public:
+  explicit SyncModel(const Config& cfg);
+  ~SyncModel();
+
+  const Config& config() const { return cfg_; }
+  const RoundPlan& plan() const { return *plan_; }
+  // Published tensors in model order (the order of plan().tensors()).
+  const std::vector<torch::Tensor>& tensors() const { return tensors_; }
+  NamedTensors named() const;
+  // Replaces the published weights (every tensor required; shapes and finiteness checked).
+  void load(const NamedTensors& tensors, const std::string& origin);
+  // Digest of the published weights: equal to ParamRegistry::weights_sha256 on a node
+  // holding the same weights.
+  std::string weights_sha256() const;
+  std::string model_fingerprint() const;
+  std::string ownership_fingerprint() const { return ownership_fingerprint_; }
+
+  // diloco outer momentum, one tensor per model tensor (undefined until first used).
+  std::vector<torch::Tensor>& momentum() { return momentum_; }
+  NamedTensors momentum_named() const;  // defined entries only
+  void load_momentum(const NamedTensors& tensors, const std::string& origin);
+
+ private:
+  Config cfg_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<ParamRegistry> registry_;
+  std::unique_ptr<RoundPlan> plan_;
+  std::vector<torch::Tensor> tensors_;
+  std::vector<torch::Tensor> momentum_;
+  std::string ownership_fingerprint_;
+};
+
+struct RoundOutcome {
+  int64_t round = 0, step = 0;
+  std::vector<int64_t> nodes;      // nodes folded, ascending
+  std::vector<int64_t> tokens;     // tokens each reported
+  std::vector<double> weights;     // weight each got
+  double alpha = 0;                // merge coefficient (0: no merge)
+  bool merged = false;
+  std::vector<double> gate_cos;         // per layer: mean pairwise cosine of gate_proj, published
+  std::vector<double> gate_cos_before;  // per layer, pre-merge (merge rounds only)
+};
+
+class RoundAggregator {
+ public:
+  explicit RoundAggregator(SyncModel& model);
+  void begin(int64_t round, int64_t step);
+  bool active() const { return active_; }
+  int64_t round() const { return round_; }
+  int64_t step() const { return step_; }
+  // Folds one node's upload: begin_node, then its tensors in model order (whole with add(), or
+  // as consecutive runs with add_run()), then end_node(). Nodes come in ascending id order.
+  // `tokens`: what the node trained this round. With `source_file` (the upload as staged on
+  // disk), owner-copied tensors are not held in memory: finish() reads them from the file
+  // again, so the file must exist until then.
+  void begin_node(int64_t node, int64_t tokens, const std::string& source_file = "");
+  void add(const std::string& name, const torch::Tensor& value);
+  void add_run(const std::string& name, int64_t first, const torch::Tensor& run, bool last);
+  void end_node();
+  // Combines, applies the outer step and merging, rounds to the transfer dtype and writes the
+  // result into the model's published tensors. The aggregator is then idle.
+  RoundOutcome finish();
+  // Drops a round in progress (nothing reaches the published model).
+  void abort();
+
+ private:
+  SyncModel& model_;
+  MergeSchedule schedule_;
+  bool active_ = false;
+  int64_t round_ = 0, step_ = 0;
+  int64_t node_ = -1, last_node_ = -1;
+  double weight_ = 0;
+  std::string source_;          // this node's upload file ("" : owner copies in memory)
+  std::vector<size_t> expect_;  // this node's upload indices
+  size_t got_ = 0;              // tensors of this node completed
+  int64_t filled_ = 0;          // elements of the current tensor received
+  std::vector<torch::Tensor> acc_;
+  std::vector<double> wsum_;
+  std::vector<int64_t> first_node_;  // node whose values initialised acc_[i]
+  std::vector<std::pair<int64_t, std::string>> owner_files_;  // read back in finish()
+  RoundOutcome out_;
+};
+
+// Folds one upload file (a stream exactly as the server received it) into `agg`, with the
+// server's checks (header against the plan, finite values), reading it piece by piece; owner
+// copies are read back from the file by finish(). `expect_node` < 0: any node.
+UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
+                            int64_t expect_node = -1);
+
+// One offline round with the server's code: folds the upload files (any order given; folded in
+// ascending node order, as the server does) into `model` (holding the previous published
+// model and, for diloco, its momentum) for the sync at `step`.
+RoundOutcome aggregate_offline(SyncModel& model, const std::vector<std::string>& uploads,
+                               int64_t step);
+
+// The published model as a stream: fp32 safetensors of every tensor in model order, with
+// metadata naming the round, step and digest (no timestamps: identical rounds give identical
+// bytes). `sha256`: model.weights_sha256(), computed once by the caller.
+SafetensorsStreamWriter published_writer(const SyncModel& model, int64_t round, int64_t step,
+                                         const std::string& sha256);
+
+// Per layer: the experts' matrices of a model's tensor list (model order), for merging.
+std::vector<std::vector<ExpertMats>> layer_experts(const RoundPlan& plan,
+                                                   const std::vector<torch::Tensor>& tensors);
+
+}  // namespace spes::sync

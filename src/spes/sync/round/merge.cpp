@@ -1,0 +1,135 @@
+// Expert merging and its schedule (see merge.h).
+#include "spes/sync/round/merge.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "spes/common/error.h"
+
+namespace spes::sync {
+
+MergeSchedule MergeSchedule::from_config(const Config& cfg) {
+  const auto& s = cfg.spes_config;
+  MergeSchedule m;
+  m.interval = s.mode == "spes" ? std::max<int64_t>(0, s.merge_interval) : 0;
+  m.sync_steps = std::max<int64_t>(1, s.sync_steps);
+  m.decay_steps = s.merge_decay_steps;
+  m.alpha_start = s.merge_alpha_start;
+  m.topk = s.merge_topk;
+  return m;
+}
+
+bool MergeSchedule::is_merge_point(int64_t step) const {
+  if (interval <= 0 || step <= 0) return false;
+  const int64_t prev = std::max<int64_t>(0, step - sync_steps);
+  return step / interval > prev / interval;
+}
+
+double MergeSchedule::alpha(int64_t step) const {
+  if (!is_merge_point(step) || topk <= 0) return 0.0;
+  if (decay_steps <= 0) return alpha_start;
+  return alpha_start * std::max(0.0, 1.0 - static_cast<double>(step) /
+                                               static_cast<double>(decay_steps));
+}
+
+namespace {
+
+// Fixed-order fp64 dot product (four interleaved partial sums, then a fixed combination).
+double dot_f64(const float* a, const float* b, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += static_cast<double>(a[i]) * b[i];
+    s1 += static_cast<double>(a[i + 1]) * b[i + 1];
+    s2 += static_cast<double>(a[i + 2]) * b[i + 2];
+    s3 += static_cast<double>(a[i + 3]) * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += static_cast<double>(a[i]) * b[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+}  // namespace
+
+std::vector<std::vector<double>> gate_cosine_matrix(const std::vector<ExpertMats>& experts) {
+  const int64_t E = static_cast<int64_t>(experts.size());
+  std::vector<torch::Tensor> g;
+  for (const auto& e : experts) g.push_back(e.gate.detach().to(torch::kCPU, torch::kFloat32).contiguous());
+  for (int64_t e = 1; e < E; ++e)
+    SPES_CHECK(g[e].numel() == g[0].numel(), "merge: experts of a layer differ in shape");
+  const int64_t n = E > 0 ? g[0].numel() : 0;
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (int64_t a = 0; a < E; ++a)
+    for (int64_t b = a; b < E; ++b) pairs.emplace_back(a, b);
+  std::vector<double> dots(pairs.size());
+  // Each pair is one fixed-order loop on one thread: the result is thread-count independent.
+  at::parallel_for(0, static_cast<int64_t>(pairs.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p)
+      dots[p] = dot_f64(g[pairs[p].first].data_ptr<float>(), g[pairs[p].second].data_ptr<float>(), n);
+  });
+  std::vector<std::vector<double>> gram(E, std::vector<double>(E, 0.0));
+  for (size_t p = 0; p < pairs.size(); ++p)
+    gram[pairs[p].first][pairs[p].second] = gram[pairs[p].second][pairs[p].first] = dots[p];
+  std::vector<std::vector<double>> cos(E, std::vector<double>(E, 0.0));
+  for (int64_t a = 0; a < E; ++a)
+    for (int64_t b = 0; b < E; ++b) {
+      const double na = std::sqrt(gram[a][a]), nb = std::sqrt(gram[b][b]);
+      cos[a][b] = (na > 0 && nb > 0) ? gram[a][b] / (na * nb) : 0.0;
+    }
+  return cos;
+}
+
+double mean_pairwise(const std::vector<std::vector<double>>& cos) {
+  const size_t E = cos.size();
+  if (E < 2) return 0.0;
+  double s = 0;
+  for (size_t a = 0; a < E; ++a)
+    for (size_t b = a + 1; b < E; ++b) s += cos[a][b];
+  return s / static_cast<double>(E * (E - 1) / 2);
+}
+
+std::vector<std::vector<int64_t>> merge_donors(const std::vector<std::vector<double>>& cos,
+                                               int64_t k) {
+  const int64_t E = static_cast<int64_t>(cos.size());
+  k = std::max<int64_t>(0, std::min(k, E - 1));
+  std::vector<std::vector<int64_t>> donors(E);
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> others;
+    for (int64_t d = 0; d < E; ++d)
+      if (d != e) others.push_back(d);
+    std::stable_sort(others.begin(), others.end(), [&](int64_t a, int64_t b) {
+      return cos[e][a] > cos[e][b];  // stable: ties keep the lower index first
+    });
+    others.resize(k);
+    std::sort(others.begin(), others.end());
+    donors[e] = std::move(others);
+  }
+  return donors;
+}
+
+void experts_merge_layer(std::vector<ExpertMats>& experts,
+                         const std::vector<std::vector<int64_t>>& donors, double alpha) {
+  const size_t E = experts.size();
+  SPES_CHECK(donors.size() == E, "merge: {} donor lists for {} experts", donors.size(), E);
+  if (alpha == 0.0) return;
+  torch::NoGradGuard ng;
+  for (auto member : {&ExpertMats::gate, &ExpertMats::up, &ExpertMats::down}) {
+    std::vector<torch::Tensor> merged(E);
+    for (size_t e = 0; e < E; ++e) {
+      const torch::Tensor& pe = experts[e].*member;
+      if (donors[e].empty()) continue;
+      torch::Tensor mean = (experts[donors[e][0]].*member).clone();
+      for (size_t j = 1; j < donors[e].size(); ++j) mean.add_(experts[donors[e][j]].*member);
+      mean.div_(static_cast<double>(donors[e].size()));
+      torch::Tensor out = pe.mul(1.0 - alpha);
+      out.add_(mean, alpha);
+      merged[e] = std::move(out);
+    }
+    // Every new value was computed from pre-merge values; only now write them.
+    for (size_t e = 0; e < E; ++e)
+      if (merged[e].defined()) (experts[e].*member).copy_(merged[e]);
+  }
+}
+
+}  // namespace spes::sync

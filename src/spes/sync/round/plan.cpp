@@ -1,0 +1,203 @@
+// Round plan and upload checks (see plan.h).
+#include "spes/sync/round/plan.h"
+
+#include <fmt/ranges.h>
+
+#include "spes/common/error.h"
+#include "spes/io/files.h"
+#include "spes/model/ownership.h"
+#include "spes/model/registry.h"
+#include "spes/sync/wire/protocol.h"
+
+namespace spes::sync {
+
+RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
+    : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
+      wire_(wire_dtype_from_string(cfg.spes_config.transfer_dtype)) {
+  SPES_CHECK(mode_ == "spes" || mode_ == "fedavg" || mode_ == "diloco",
+             "spes_config.mode is '{}': a sync server needs mode spes, fedavg or diloco "
+             "(centralized training has nothing to synchronise)", mode_);
+  const Ownership ownership = Ownership::from_config(cfg);
+  for (const auto& p : model.params()) {
+    PlanTensor t;
+    t.name = p.name;
+    t.shape = p.tensor.sizes().vec();
+    t.role = p.role;
+    t.layer = p.layer;
+    t.expert = p.expert;
+    if (p.role == ParamRole::Expert) t.owner = ownership.owner(p.layer, p.expert);
+    t.rule = (p.role == ParamRole::Expert && mode_ == "spes") ? Combine::OwnerCopy : Combine::Mean;
+    by_name_[t.name] = tensors_.size();
+    tensors_.push_back(std::move(t));
+  }
+  upload_.resize(num_nodes_);
+  for (int64_t node = 0; node < num_nodes_; ++node) {
+    const ParamRegistry reg(model, cfg, ownership, node);
+    SPES_CHECK(reg.entries().size() == tensors_.size(), "round plan: registry/model mismatch");
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const auto& e = reg.entries()[i];
+      SPES_CHECK(e.name == tensors_[i].name, "round plan: registry order differs from the model");
+      if (!e.trainable) continue;
+      tensors_[i].uploaders.push_back(node);
+      upload_[node].push_back(i);
+    }
+  }
+  for (const auto& t : tensors_)
+    SPES_CHECK(t.rule != Combine::OwnerCopy ||
+                   (t.uploaders.size() <= 1 && (t.uploaders.empty() || t.uploaders[0] == t.owner)),
+               "round plan: expert '{}' would be trained by nodes [{}] but is owned by node {}",
+               t.name, fmt::join(t.uploaders, ","), t.owner);
+  for (const auto& p : model.params()) p.tensor.set_requires_grad(false);
+}
+
+int64_t RoundPlan::index(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : static_cast<int64_t>(it->second);
+}
+
+std::vector<size_t> RoundPlan::download_for(int64_t node, bool merged) const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const auto& t = tensors_[i];
+    const bool merged_here = merged && t.role == ParamRole::Expert;
+    if (t.uploaders.empty() && !merged_here) continue;  // nobody changed it
+    const bool own_copy = t.rule == Combine::OwnerCopy && t.owner == node &&
+                          !t.uploaders.empty() && t.uploaders[0] == node;
+    if (own_copy && !merged_here) continue;  // the node holds the published value already
+    out.push_back(i);
+  }
+  return out;
+}
+
+uint64_t RoundPlan::upload_data_bytes(int64_t node) const {
+  uint64_t n = 0;
+  for (size_t i : upload_.at(node)) {
+    uint64_t numel = 1;
+    for (int64_t d : tensors_[i].shape) numel *= static_cast<uint64_t>(d);
+    n += numel * c10::elementSize(wire_scalar_type(wire_));
+  }
+  return n;
+}
+
+Metadata upload_metadata(const UploadMeta& m) {
+  return {{"format", "spes-upload-v1"},
+          {"node_id", std::to_string(m.node)},
+          {"incarnation", std::to_string(m.incarnation)},
+          {"round", std::to_string(m.round)},
+          {"step", std::to_string(m.step)},
+          {"tokens", std::to_string(m.tokens)},
+          {"model_fingerprint", m.model_fingerprint}};
+}
+
+namespace {
+int64_t meta_int(const Metadata& md, const char* key, const std::string& origin) {
+  auto it = md.find(key);
+  SPES_CHECK(it != md.end(), "{}: upload metadata lacks '{}'", origin, key);
+  try {
+    size_t pos = 0;
+    const long long v = std::stoll(it->second, &pos);
+    if (pos == it->second.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  sync_fail(SyncErrc::InvalidArgument, "{}: upload metadata '{}' = '{}' is not a non-negative "
+            "integer", origin, key, it->second);
+}
+}  // namespace
+
+UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header,
+                               int64_t expect_node, const std::string& origin) {
+  const Metadata& md = header.metadata;
+  auto fmt_it = md.find("format");
+  if (fmt_it == md.end() || fmt_it->second != "spes-upload-v1")
+    sync_fail(SyncErrc::InvalidArgument, "{}: not a SPES upload (metadata format '{}', expected "
+              "'spes-upload-v1')", origin, fmt_it == md.end() ? "" : fmt_it->second);
+  UploadMeta m;
+  m.node = meta_int(md, "node_id", origin);
+  m.round = meta_int(md, "round", origin);
+  m.step = meta_int(md, "step", origin);
+  m.tokens = meta_int(md, "tokens", origin);
+  try {
+    m.incarnation = std::stoull(md.count("incarnation") ? md.at("incarnation") : "0");
+  } catch (const std::exception&) {
+    sync_fail(SyncErrc::InvalidArgument, "{}: upload metadata 'incarnation' is not a number",
+              origin);
+  }
+  if (md.count("model_fingerprint")) m.model_fingerprint = md.at("model_fingerprint");
+  if (expect_node >= 0 && m.node != expect_node)
+    sync_fail(SyncErrc::InvalidArgument, "{}: upload says node {} but was sent by node {}",
+              origin, m.node, expect_node);
+  if (m.node >= plan.num_nodes())
+    sync_fail(SyncErrc::InvalidArgument, "{}: node {} is outside [0, num_peers={})", origin,
+              m.node, plan.num_nodes());
+  const auto& want = plan.upload_of(m.node);
+  const torch::ScalarType dtype = wire_scalar_type(plan.wire());
+  const auto& got = header.entries;
+  for (size_t k = 0; k < got.size(); ++k) {
+    const StreamEntry& e = got[k];
+    const int64_t idx = plan.index(e.name);
+    if (idx < 0)
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not part of the model", origin,
+                e.name);
+    const PlanTensor& t = plan.tensors()[idx];
+    const bool allowed = std::find(t.uploaders.begin(), t.uploaders.end(), m.node) !=
+                         t.uploaders.end();
+    if (!allowed)
+      sync_fail(SyncErrc::InvalidArgument, "{}: node {} may not upload '{}' ({})", origin, m.node,
+                e.name, t.role == ParamRole::Expert
+                            ? fmt::format("expert owned by node {}", t.owner)
+                            : std::string("frozen on every node"));
+    if (k >= want.size() || want[k] != static_cast<size_t>(idx))
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is out of order or duplicated (an "
+                "upload lists the node's tensors once each, in model order)", origin, e.name);
+    if (e.shape != t.shape)
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has shape [{}], the model has [{}]",
+                origin, e.name, fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));
+    if (e.dtype != dtype)
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but transfer_dtype is {}",
+                origin, e.name, safetensors_dtype_name(e.dtype), wire_dtype_name(plan.wire()));
+  }
+  if (got.size() != want.size())
+    sync_fail(SyncErrc::InvalidArgument, "{}: upload holds {} tensors but node {} trains {} "
+              "(first missing: '{}')", origin, got.size(), m.node, want.size(),
+              plan.tensors()[want[got.size()]].name);
+  return m;
+}
+
+void check_upload_run(const StreamEntry& entry, const torch::Tensor& t,
+                      const std::string& origin) {
+  if (t.numel() > 0 && !torch::isfinite(t).all().item<bool>())
+    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' holds NaN or Inf values; the upload "
+              "is rejected", origin, entry.name);
+}
+
+std::string model_config_sha256(const Config& cfg) {
+  Config c;
+  c.model = cfg.model;
+  return sha256_hex(config_to_yaml(c));
+}
+
+JoinInfo node_join_info(const Config& cfg, const ParamRegistry& registry, const NodeId& id,
+                        int64_t step) {
+  JoinInfo j;
+  j.node = id;
+  j.protocol_version = kProtocolVersion;
+  j.model_fingerprint = registry.fingerprint();
+  j.ownership_fingerprint = Ownership::from_config(cfg).fingerprint();
+  j.model_config_sha256 = model_config_sha256(cfg);
+  j.mode = cfg.spes_config.mode;
+  j.transfer_dtype = cfg.spes_config.transfer_dtype;
+  j.num_peers = cfg.spes_config.num_peers;
+  j.sync_steps = cfg.spes_config.sync_steps;
+  j.step = step;
+  return j;
+}
+
+SafetensorsStreamWriter node_upload_writer(const ParamRegistry& registry, const UploadMeta& meta,
+                                           WireDtype wire) {
+  NamedTensors t;
+  for (const auto& e : registry.entries())
+    if (e.trainable) t.emplace_back(e.name, e.tensor.detach());
+  return SafetensorsStreamWriter(std::move(t), wire_scalar_type(wire), upload_metadata(meta));
+}
+
+}  // namespace spes::sync

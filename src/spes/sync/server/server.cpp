@@ -1,0 +1,316 @@
+// gRPC glue of the sync server (see server.h): each RPC maps onto one RoundState call, and
+// SyncError codes map onto gRPC status codes.
+#include "spes/sync/server/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "spes/dashboard/dashboard_server.h"
+#include "spes/io/files.h"
+#include "spes/sync/server/dashboard_status.h"
+#include "spes/sync/wire/auth.h"
+#include "spes_sync.grpc.pb.h"
+
+namespace spes::sync {
+namespace pb = ::spes::sync::v1;
+
+namespace {
+
+grpc::StatusCode grpc_code(SyncErrc c) {
+  switch (c) {
+    case SyncErrc::InvalidArgument: return grpc::StatusCode::INVALID_ARGUMENT;
+    case SyncErrc::FailedPrecondition: return grpc::StatusCode::FAILED_PRECONDITION;
+    case SyncErrc::DataLoss: return grpc::StatusCode::DATA_LOSS;
+    case SyncErrc::Aborted: return grpc::StatusCode::ABORTED;
+    case SyncErrc::ResourceExhausted: return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case SyncErrc::Unavailable: return grpc::StatusCode::UNAVAILABLE;
+    case SyncErrc::DeadlineExceeded: return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case SyncErrc::OutOfRange: return grpc::StatusCode::OUT_OF_RANGE;
+    case SyncErrc::NotJoined: return grpc::StatusCode::NOT_FOUND;
+    case SyncErrc::PermissionDenied: return grpc::StatusCode::PERMISSION_DENIED;
+    case SyncErrc::Internal: return grpc::StatusCode::INTERNAL;
+  }
+  return grpc::StatusCode::INTERNAL;
+}
+
+NodeId from_pb(const pb::NodeIdentity& n) {
+  return NodeId{n.node_id(), n.incarnation(), n.auth_token()};
+}
+
+// Runs `body`, turning exceptions into a status (and logging refusals).
+template <class F>
+grpc::Status guarded(const char* rpc, F&& body) {
+  try {
+    body();
+    return grpc::Status::OK;
+  } catch (const SyncError& e) {
+    // Refusals of old rounds are routine after a deadline; everything else is worth a warning.
+    if (e.code() == SyncErrc::OutOfRange || e.code() == SyncErrc::NotJoined)
+      spdlog::info("{} refused: {}", rpc, e.what());
+    else spdlog::warn("{} refused: {}", rpc, e.what());
+    return grpc::Status(grpc_code(e.code()), e.what());
+  } catch (const std::exception& e) {
+    spdlog::error("{} failed: {}", rpc, e.what());
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
+  }
+}
+
+class Service final : public pb::SpesSync::Service {
+ public:
+  explicit Service(RoundState& st) : st_(st) {}
+
+  grpc::Status Join(grpc::ServerContext*, const pb::JoinRequest* req,
+                    pb::JoinReply* rep) override {
+    return guarded("Join", [&] {
+      JoinInfo j;
+      j.node = from_pb(req->node());
+      j.protocol_version = req->protocol_version();
+      j.model_fingerprint = req->model_fingerprint();
+      j.ownership_fingerprint = req->ownership_fingerprint();
+      j.model_config_sha256 = req->model_config_sha256();
+      j.mode = req->mode();
+      j.num_peers = req->num_peers();
+      j.sync_steps = req->sync_steps();
+      j.transfer_dtype = req->transfer_dtype();
+      j.step = req->step();
+      const JoinResult r = st_.join(j);
+      rep->set_server_incarnation(r.server_incarnation);
+      rep->set_published_round(r.published_round);
+      rep->set_published_step(r.published_step);
+      rep->set_model_sha256(r.model_sha256);
+      rep->set_max_chunk_bytes(r.max_chunk_bytes);
+      rep->set_heartbeat_interval_ms(r.heartbeat_interval_ms);
+      for (int64_t n : r.published_nodes) rep->add_published_nodes(n);
+    });
+  }
+
+  grpc::Status Upload(grpc::ServerContext*, grpc::ServerReader<pb::UploadChunk>* reader,
+                      pb::UploadReply* rep) override {
+    return guarded("Upload", [&] {
+      pb::UploadChunk c;
+      if (!reader->Read(&c)) sync_fail(SyncErrc::InvalidArgument, "empty upload stream");
+      const NodeId node = from_pb(c.node());
+      const int64_t round = c.round(), step = c.step();
+      const uint64_t total = c.total_bytes();
+      if (c.resume_query()) {
+        // "How much of this upload do you hold?": answered at once, no data in this stream.
+        rep->set_resume_offset(st_.upload_resume_offset(node, round, step, total));
+        return;
+      }
+      std::unique_ptr<UploadSession> s = st_.begin_upload(node, round, step, total, c.offset());
+      std::string whole_sha256;
+      do {
+        if (c.node().node_id() != node.node_id || c.round() != round ||
+            c.total_bytes() != total || c.resume_query())
+          sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
+        if (!c.upload_sha256().empty()) whole_sha256 = c.upload_sha256();
+        s->chunk(c.offset(), c.data(), c.sha256());
+      } while (reader->Read(&c));
+      const UploadResult r = s->finish(whole_sha256);
+      rep->set_accepted(r.accepted);
+      rep->set_bytes_received(r.bytes);
+      rep->set_upload_sha256(r.sha256);
+      rep->set_duplicate(r.duplicate);
+    });
+  }
+
+  grpc::Status WaitRound(grpc::ServerContext*, const pb::WaitRoundRequest* req,
+                         pb::RoundInfo* rep) override {
+    return guarded("WaitRound", [&] {
+      const RoundStatus r = st_.wait_round(from_pb(req->node()), req->round(),
+                                           req->max_wait_ms());
+      rep->set_round(r.round);
+      rep->set_published(r.published);
+      rep->set_step(r.step);
+      rep->set_model_sha256(r.model_sha256);
+      rep->set_alpha(r.alpha);
+      rep->set_download_bytes(r.download_bytes);
+      for (int64_t n : r.waiting_for) rep->add_waiting_for(n);
+      rep->set_published_round(r.published_round);
+      rep->set_published_step(r.published_step);
+      for (int64_t n : r.nodes) rep->add_nodes(n);
+    });
+  }
+
+  grpc::Status Download(grpc::ServerContext* ctx, const pb::DownloadRequest* req,
+                        grpc::ServerWriter<pb::DownloadChunk>* writer) override {
+    return guarded("Download", [&] {
+      const Selection sel =
+          req->selection() == pb::SELECTION_ALL ? Selection::All : Selection::ForNode;
+      std::unique_ptr<DownloadSession> s = st_.begin_download(from_pb(req->node()),
+                                                              req->round(), sel, req->offset());
+      pb::DownloadChunk c;
+      std::string data;
+      uint64_t offset = 0;
+      while (s->next(&data, &offset)) {
+        if (ctx->IsCancelled()) sync_fail(SyncErrc::Aborted, "download cancelled by the node");
+        c.set_round(s->round());
+        c.set_offset(offset);
+        c.set_total_bytes(s->total_bytes());
+        c.set_sha256(chunk_sha256(data));
+        c.set_data(std::move(data));
+        if (!writer->Write(c)) sync_fail(SyncErrc::Aborted, "node went away mid-download");
+        data = std::move(*c.mutable_data());
+      }
+    });
+  }
+
+  grpc::Status Leave(grpc::ServerContext*, const pb::LeaveRequest* req,
+                     pb::LeaveReply*) override {
+    return guarded("Leave", [&] { st_.leave(from_pb(req->node()), req->step(), req->reason()); });
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
+                         pb::HeartbeatReply* rep) override {
+    return guarded("Heartbeat", [&] {
+      NodeMetrics m;
+      if (req->has_loss()) m.loss = req->loss();
+      if (req->has_tokens_per_s()) m.tokens_per_s = req->tokens_per_s();
+      const size_t n = std::min<size_t>(req->losses_size(), kMaxHeartbeatLosses);
+      for (size_t i = 0; i < n; ++i)
+        m.losses.push_back({req->losses(i).step(), req->losses(i).loss()});
+      rep->set_published_round(st_.heartbeat(from_pb(req->node()), req->step(), m));
+    });
+  }
+
+  grpc::Status Status(grpc::ServerContext*, const pb::StatusRequest*,
+                      pb::StatusReply* rep) override {
+    return guarded("Status", [&] {
+      const ServerStatus s = st_.status();
+      rep->set_published_round(s.published_round);
+      rep->set_published_step(s.published_step);
+      rep->set_model_sha256(s.model_sha256);
+      rep->set_collecting_round(s.collecting_round);
+      rep->set_round_open_s(s.round_open_s);
+      rep->set_protocol_version(s.protocol_version);
+      for (const auto& n : s.nodes) {
+        pb::NodeStatus* p = rep->add_nodes();
+        p->set_node_id(n.node_id);
+        p->set_state(n.state);
+        p->set_step(n.step);
+        p->set_last_seen_s(n.last_seen_s);
+        p->set_detail(n.detail);
+        if (std::isfinite(n.loss)) p->set_loss(n.loss);
+        if (std::isfinite(n.tokens_per_s)) p->set_tokens_per_s(n.tokens_per_s);
+      }
+    });
+  }
+
+ private:
+  RoundState& st_;
+};
+
+}  // namespace
+
+bool is_loopback_host(const std::string& hp) {
+  std::string host = hp;
+  if (!host.empty() && host[0] == '[') {
+    host = host.substr(1, host.find(']') - 1);
+  } else if (std::count(host.begin(), host.end(), ':') == 1) {
+    host = host.substr(0, host.find(':'));
+  }
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+struct SyncServer::Impl {
+  ServerOptions opts;
+  Config cfg;
+  std::unique_ptr<RoundState> state;
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<dashboard::DashboardServer> dashboard;  // destroyed first: it reads `state`
+  int port = 0;
+  std::string address;
+  std::atomic<bool> stop{false};
+};
+
+SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = std::move(opts);
+  impl_->cfg = cfg;
+  const std::string& listen = impl_->opts.listen;
+  const auto& sc = cfg.spes_config;
+  // Secure by default: without node tokens anyone who reaches the port could upload as any
+  // node, so only loopback is allowed.
+  SPES_CHECK(!sc.auth_tokens_file.empty() || is_loopback_host(listen),
+             "refusing to listen on '{}' without node tokens: anyone reaching the port could "
+             "upload as any node. Write a YAML map of node id -> secret (e.g. `0: $(openssl "
+             "rand -hex 16)`), set spes_config.auth_tokens_file to it, and give each node its "
+             "token with --token-file or SPES_NODE_TOKEN (TLS: spes_config.tls_cert/tls_key)",
+             listen);
+  impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
+  // The status page (spes_config.dashboard_port, -1: off) starts before the sync port is
+  // bound, so that a dashboard port in use stops the server before any node can join.
+  if (sc.dashboard_port >= 0) {
+    const auto started = std::chrono::steady_clock::now();
+    Impl* impl = impl_.get();
+    impl_->dashboard = std::make_unique<dashboard::DashboardServer>(
+        sc.dashboard_host, static_cast<int>(sc.dashboard_port), [impl, started] {
+          const double up =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+          return dashboard_status(impl->cfg, *impl->state, up);
+        });
+  }
+  impl_->service = std::make_unique<Service>(*impl_->state);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!sc.tls_cert.empty()) {
+    grpc::SslServerCredentialsOptions ssl(
+        sc.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = read_pem(sc.tls_client_ca, "tls_client_ca");
+    ssl.pem_key_cert_pairs.push_back(
+        {read_pem(sc.tls_key, "tls_key"), read_pem(sc.tls_cert, "tls_cert")});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  if (sc.auth_tokens_file.empty())
+    spdlog::warn("sync server: no spes_config.auth_tokens_file: any local process may act as a "
+                 "node; listening on loopback only");
+  grpc::ServerBuilder b;
+  b.AddListeningPort(listen, creds, &impl_->port);
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.SetMaxSendMessageSize(kMaxMessageBytes);
+  b.RegisterService(impl_->service.get());
+  impl_->server = b.BuildAndStart();
+  SPES_CHECK(impl_->server && impl_->port > 0, "sync server: cannot listen on '{}' (address in "
+             "use or invalid?)", listen);
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  impl_->address = host + ":" + std::to_string(impl_->port);
+  nlohmann::json info = {{"address", impl_->address}, {"pid", ::getpid()}};
+  if (impl_->dashboard) info["dashboard"] = impl_->dashboard->url();
+  file_write_atomic(impl_->opts.state.out_dir + "/server.json", info.dump() + "\n");
+  spdlog::info("sync server listening on {}", impl_->address);
+}
+
+SyncServer::~SyncServer() {
+  if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() +
+                                             std::chrono::seconds(2));
+  impl_->state->close();
+}
+
+int SyncServer::port() const { return impl_->port; }
+std::string SyncServer::address() const { return impl_->address; }
+std::string SyncServer::dashboard_url() const {
+  return impl_->dashboard ? impl_->dashboard->url() : std::string();
+}
+RoundState& SyncServer::state() { return *impl_->state; }
+void SyncServer::stop() { impl_->stop = true; }
+
+void SyncServer::run(const std::atomic<bool>* stop_flag) {
+  for (;;) {
+    if (impl_->stop || (stop_flag && *stop_flag)) break;
+    if (impl_->opts.exit_when_done && impl_->state->all_left()) {
+      spdlog::info("every node has left; the sync server stops");
+      break;
+    }
+    impl_->state->tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  impl_->state->close();  // wakes long-polls so that Shutdown does not wait for them
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  impl_->server.reset();
+}
+
+}  // namespace spes::sync
