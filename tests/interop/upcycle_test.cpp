@@ -78,7 +78,7 @@ TEST(InteropUpcycle, RawTopKWeightsDoNotSumToOneSoTheLogitsDiffer) {
 TEST(InteropUpcycle, NoiseTouchesTheRequestedFractionWithTheRequestedStd) {
   ModelConfig m = dense_config();
   m.d_model = 64;
-  m.mlp_hidden_size = 96;
+  m.mlp_hidden_size = 192;  // F = 96
   auto dense = interop_test::random_model(m, 3);
   UpcycleOptions o;
   o.experts = 3;
