@@ -120,9 +120,11 @@ TEST(ReferenceConfig, ModelsAreTheReferenceModels) {
   }
   // Expert e belongs to node e / 2: nodes 4-7 own none.
   const Ownership own = Ownership::from_config(b9);
-  for (int64_t node = 0; node < 8; ++node)
-    EXPECT_EQ(own.experts_of(node, 27),
-              node < 4 ? std::vector<int64_t>{2 * node, 2 * node + 1} : std::vector<int64_t>{});
+  for (int64_t node = 0; node < 8; ++node) {
+    const std::vector<int64_t> want =
+        node < 4 ? std::vector<int64_t>{2 * node, 2 * node + 1} : std::vector<int64_t>{};
+    EXPECT_EQ(own.experts_of(node, 27), want) << "node " << node;
+  }
 }
 
 TEST(ReferenceConfig, OperationalKeysAreNamedInOneWarning) {

@@ -48,11 +48,17 @@ TEST(SvgChart, RefusesAChartWithNothingToDraw) {
   EXPECT_THROW(render_line_chart({bad}, ChartOptions{}), Error);
 }
 
-TEST(TransferFormula, MatchesCountsFromTheDimensions) {
+// The tiny model (d 16, 2 layers, 4 experts top-2, F 12, V 32) as a SPES run of 2 nodes.
+Config tiny_spes_config() {
   Config cfg;
-  cfg.model = spes::testing::tiny_model_config();  // d 16, 2 layers, 4 experts, F 12, V 32
+  cfg.model = spes::testing::tiny_model_config();
   cfg.spes_config.mode = "spes";
   cfg.spes_config.num_peers = 2;
+  return cfg;
+}
+
+TEST(TransferFormula, MatchesCountsFromTheDimensions) {
+  Config cfg = tiny_spes_config();
   const int64_t d = 16, L = 2, E = 4, F = 12, V = 32;
   const int64_t expert = 3 * d * F;                         // gate, up, down
   const int64_t X = L * E * expert;
@@ -77,10 +83,7 @@ TEST(TransferFormula, MatchesCountsFromTheDimensions) {
 }
 
 TEST(ParamCounts, MatchCountsFromTheDimensions) {
-  Config cfg;
-  cfg.model = spes::testing::tiny_model_config();  // d 16, 2 layers, 4 experts top-2, F 12, V 32
-  cfg.spes_config.mode = "spes";
-  cfg.spes_config.num_peers = 2;
+  Config cfg = tiny_spes_config();
   const int64_t d = 16, L = 2, E = 4, F = 12, V = 32;
   const int64_t expert = 3 * d * F, X = L * E * expert;
   const int64_t S = 2 * V * d + d + L * (4 * d * d + 2 * d + 2 * d + E * d);
@@ -98,10 +101,7 @@ TEST(ParamCounts, MatchCountsFromTheDimensions) {
 }
 
 TEST(MemoryFormula, FrozenExpertsHaveNoGradientsOrMoments) {
-  Config cfg;
-  cfg.model = spes::testing::tiny_model_config();
-  cfg.spes_config.mode = "spes";
-  cfg.spes_config.num_peers = 2;
+  Config cfg = tiny_spes_config();
   cfg.precision = "fp32";
   const ParamCounts node = param_counts(cfg, 0);
   NodeMemory m = node_memory(cfg, node);
