@@ -57,7 +57,7 @@ static double measure_gemm_peak(int64_t n, int reps, double* per_cpu_s) {
 }
 
 static double flops_per_token(const spes::ModelConfig& m) {
-  const double D = m.d_model, F = m.mlp_hidden_size, kv = m.kv_heads() * m.head_dim();
+  const double D = m.d_model, F = m.ffn_hidden_size(), kv = m.kv_heads() * m.head_dim();
   double per_layer = D * D * 2 + D * kv * 2;  // q, o, k, v
   if (m.is_moe()) per_layer += m.moe_num_experts * D + m.moe_top_k * 3 * D * F;
   else per_layer += 3 * D * F;
@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   cfg.model.n_heads = 8;
   cfg.model.moe_num_experts = 8;
   cfg.model.moe_top_k = 2;
-  cfg.model.mlp_hidden_size = 1024;
+  int64_t hidden = 1024;  // F, each expert's hidden size (model.mlp_hidden_size = 2F)
   cfg.model.vocab_size = 8192;
   cfg.model.max_sequence_length = 256;
   int64_t batch = 8, steps = 5, warmup = 2, threads = 0, micro_batch = -1;
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", cfg.model.n_heads);
   app.add_option("--experts", cfg.model.moe_num_experts);
   app.add_option("--top-k", cfg.model.moe_top_k);
-  app.add_option("--hidden", cfg.model.mlp_hidden_size, "Expert hidden size");
+  app.add_option("--hidden", hidden, "Expert hidden size F");
   app.add_option("--vocab", cfg.model.vocab_size);
   app.add_option("--seq", cfg.model.max_sequence_length);
   app.add_option("--batch", batch, "Sequences per step");
@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   app.add_option("--profile", profile,
                  "Write a chrome trace of one extra step (after the timed ones) to this file");
   CLI11_PARSE(app, argc, argv);
+  cfg.model.set_ffn_hidden_size(hidden);
 
   at::set_num_threads(threads > 0 ? static_cast<int>(threads) : spes::cpu_cores());
   const int64_t E = cfg.model.moe_num_experts;

@@ -23,7 +23,7 @@ void Transformer::add_param(const std::string& name, torch::Tensor t, ParamRole 
 
 Transformer::Transformer(const ModelConfig& cfg, torch::Device device)
     : cfg_(cfg), device_(device) {
-  const int64_t D = cfg.d_model, V = cfg.vocab_size, F = cfg.mlp_hidden_size;
+  const int64_t D = cfg.d_model, V = cfg.embedding_rows(), F = cfg.ffn_hidden_size();
   const int64_t kv_dim = cfg.kv_heads() * cfg.head_dim();
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto mat = [&](int64_t r, int64_t c) { return torch::zeros({r, c}, opts); };
