@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""The same MoE model, loss terms and AdamW as spes, written in PyTorch eager, timed the same
-way as bench/train_bench.cpp (random tokens, full optimizer steps). Prints one JSON line.
---compile runs the same model under torch.compile (inductor). --moe grouped runs the experts
-of a layer as torch._grouped_mm over stacked weights (no host synchronisation, no graph break
-under torch.compile) instead of one product per expert (--moe loop, what a first PyTorch
-version would do: the expert sizes go to the host each layer). On a GPU (--device cuda) the
-attention is scaled_dot_product_attention (flash), AdamW is torch's fused kernel, and
---precision amp_bf16 runs under torch.autocast(bfloat16) with fp32 master weights; frozen
-experts (--frozen-fraction, as spes) get no gradient and are stored in bf16 under amp_bf16.
-MFU uses train_bench's FLOP count (frozen experts 4 FLOPs per parameter and token instead of
-6) against --peak-tflops or a matrix-product peak measured here.
-Run with the project's interpreter: .venv/bin/python (PyTorch 2.11)."""
-import argparse, json, math, time, resource
+"""The same MoE model, loss terms and AdamW as spes, written in PyTorch, timed the same way as
+bench/train_bench.cpp (random tokens, full optimizer steps). Prints one JSON line.
+--moe grouped runs the experts of a layer as torch._grouped_mm over stacked weights (no host
+synchronisation) instead of one product per expert (--moe loop, what a first PyTorch version
+would do: the expert sizes go to the host each layer).
+--compile runs the model under torch.compile (inductor): with --moe grouped the whole forward;
+with --moe loop each region (attention, router, expert, head + loss) on its own, the experts
+with dynamic token counts, because compiling the whole forward makes dynamo give up on the layer
+loop at the host read of the expert sizes and run it all in eager. The optimizer step and
+clipping stay eager in both, as a user writes them.
+On a GPU (--device cuda) attention is scaled_dot_product_attention (flash), AdamW is torch's
+fused kernel, and --precision amp_bf16 runs under torch.autocast(bfloat16) with fp32 master
+weights; frozen experts (--frozen-fraction, as spes) get no gradient and are stored in bf16
+under amp_bf16. MFU uses train_bench's FLOP count (frozen experts 4 FLOPs per parameter and
+token instead of 6) against --peak-tflops or a matrix-product peak measured here.
+Run with the project's PyTorch (the same 2.11 wheel spes is built against): .venv/bin/python."""
+import argparse, json, math, re, resource, time
 import torch
 import torch.nn.functional as F
 
@@ -63,34 +67,19 @@ class Model(torch.nn.Module):
         s.register_buffer("cos", emb.cos().float().to(dev))
         s.register_buffer("sin", emb.sin().float().to(dev))
 
-    def rope(s, x):
-        h = x.shape[-1] // 2
-        return x * s.cos.to(x.dtype) + torch.cat([-x[..., h:], x[..., :h]], -1) * s.sin.to(x.dtype)
-
     def forward(s, tok, tgt):
         a = s.a
         B, T = tok.shape
-        D, H = a.d_model, a.heads
+        D = a.d_model
         x = s.embed[tok]
         lb = 0.0
         rz = 0.0
-        mask = None if tok.is_cuda else torch.ones(T, T, dtype=torch.bool).triu(1)
+        cos, sin = s.cos[:T], s.sin[:T]
         for l in s.layers:
-            h = rms_norm(x, l.attn_norm)
-            q = rms_norm(h @ l.q.t(), l.q_norm).view(B, T, H, -1).transpose(1, 2)
-            k = rms_norm(h @ l.k.t(), l.k_norm).view(B, T, H, -1).transpose(1, 2)
-            v = (h @ l.v.t()).view(B, T, H, -1).transpose(1, 2)
-            q, k = s.rope(q), s.rope(k)
-            if mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                sc = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)
-                y = torch.softmax(sc.masked_fill(mask, float("-inf")), -1) @ v
-            x = x + y.transpose(1, 2).reshape(B, T, D) @ l.o.t()
-            hn = rms_norm(x, l.mlp_norm).reshape(-1, D)
-            logits = (hn @ l.router.t()).float()
-            p = torch.softmax(logits, -1)
-            w, idx = p.topk(a.top_k, -1)
+            x = x + KERNELS["attention"](x, l.attn_norm, l.q, l.k, l.v, l.o, l.q_norm, l.k_norm,
+                                         cos, sin, a.heads)
+            hn, logits, p, w, idx = KERNELS["router"](x.reshape(-1, D), l.mlp_norm, l.router,
+                                                      a.top_k)
             flat = idx.reshape(-1)
             order = torch.sort(flat, stable=True)[1]
             tok_of = order // a.top_k
@@ -98,35 +87,85 @@ class Model(torch.nn.Module):
             counts = torch.bincount(flat, minlength=a.experts)
             xs = hn[tok_of]
             if a.moe == "grouped":
-                cd = torch.bfloat16 if torch.is_autocast_enabled() else xs.dtype
-                offs = counts.cumsum(0).to(torch.int32)
-                w1 = torch.stack([w.to(cd) for w in l.w1])      # [E, F, D]
-                v1 = torch.stack([w.to(cd) for w in l.v1])
-                w2 = torch.stack([w.to(cd) for w in l.w2])      # [E, D, F]
-                xc = xs.to(cd)
-                g = torch._grouped_mm(xc, w1.transpose(1, 2), offs)
-                u = torch._grouped_mm(xc, v1.transpose(1, 2), offs)
-                ys = torch._grouped_mm(F.silu(g) * u, w2.transpose(1, 2), offs)
-                ys = ys * sw.unsqueeze(1)
+                ys = grouped_experts(xs, counts, l.w1, l.v1, l.w2)
             else:
                 outs, start = [], 0
                 for e, c in enumerate(counts.tolist()):
                     if c == 0:
                         continue
-                    xe = xs[start:start + c]
-                    outs.append((F.silu(xe @ l.w1[e].t()) * (xe @ l.v1[e].t())) @ l.w2[e].t())
+                    outs.append(KERNELS["expert"](xs[start:start + c], l.w1[e], l.v1[e], l.w2[e]))
                     start += c
-                ys = torch.cat(outs) * sw.unsqueeze(1)
+                ys = torch.cat(outs)
+            ys = ys * sw.unsqueeze(1).to(ys.dtype)
             x = x + torch.zeros_like(hn, dtype=ys.dtype).index_add(0, tok_of, ys).view(B, T, D)
             lb = lb + (counts.float() * p.mean(0)).sum()
             rz = rz + torch.logsumexp(logits, -1).pow(2).mean()
-        hn = rms_norm(x, s.norm).reshape(-1, D)
-        lg = (hn @ s.head.t()).float()
-        lse = torch.logsumexp(lg, -1)
-        ce = (lse - lg.gather(-1, tgt.reshape(-1, 1)).squeeze(-1)).mean()
-        n = B * T
-        lb = lb * a.experts / (a.layers * n * a.top_k)
-        return ce + 1e-4 * lse.pow(2).mean() + 0.01 * lb + 0.001 * rz
+        lb = lb * a.experts / (a.layers * B * T * a.top_k)
+        return KERNELS["head_loss"](x.reshape(-1, D), s.norm, s.head, tgt.reshape(-1)) + \
+            0.01 * lb + 0.001 * rz
+
+
+def rope(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos.to(x.dtype) + torch.cat([-x[..., h:], x[..., :h]], -1) * sin.to(x.dtype)
+
+
+def attention(x, attn_norm, wq, wk, wv, wo, q_norm, k_norm, cos, sin, heads):
+    B, T, D = x.shape
+    h = rms_norm(x, attn_norm)
+    q = rms_norm(h @ wq.t(), q_norm).view(B, T, heads, -1).transpose(1, 2)
+    k = rms_norm(h @ wk.t(), k_norm).view(B, T, heads, -1).transpose(1, 2)
+    v = (h @ wv.t()).view(B, T, heads, -1).transpose(1, 2)
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    if x.is_cuda:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        sc = (q @ k.transpose(-2, -1)) / math.sqrt(D // heads)
+        y = torch.softmax(sc.masked_fill(mask, float("-inf")), -1) @ v
+    return y.transpose(1, 2).reshape(B, T, D) @ wo.t()
+
+
+def router(x, mlp_norm, w_router, top_k):
+    hn = rms_norm(x, mlp_norm)
+    logits = (hn @ w_router.t()).float()
+    p = torch.softmax(logits, -1)
+    w, idx = p.topk(top_k, -1)
+    return hn, logits, p, w, idx
+
+
+def expert(xe, w1, v1, w2):  # (autocast casts these products to bf16 under amp_bf16)
+    return (F.silu(xe @ w1.t()) * (xe @ v1.t())) @ w2.t()
+
+
+def grouped_experts(xs, counts, w1s, v1s, w2s):
+    """All experts of a layer over tokens sorted by expert, three grouped products."""
+    cd = torch.bfloat16 if torch.is_autocast_enabled(xs.device.type) else xs.dtype
+    offs = counts.cumsum(0).to(torch.int32)
+    w1 = torch.stack([w.to(cd) for w in w1s])      # [E, F, D]
+    v1 = torch.stack([w.to(cd) for w in v1s])
+    w2 = torch.stack([w.to(cd) for w in w2s])      # [E, D, F]
+    xc = xs.to(cd)
+    g = torch._grouped_mm(xc, w1.transpose(1, 2), offs)
+    u = torch._grouped_mm(xc, v1.transpose(1, 2), offs)
+    return torch._grouped_mm(F.silu(g) * u, w2.transpose(1, 2), offs)
+
+
+def head_loss(x, norm, head, tgt):
+    lg = (rms_norm(x, norm) @ head.t()).float()
+    lse = torch.logsumexp(lg, -1)
+    ce = (lse - lg.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)).mean()
+    return ce + 1e-4 * lse.pow(2).mean()
+
+
+# The model's regions; compile_regions() replaces them with torch.compile'd versions.
+KERNELS = {"attention": attention, "router": router, "expert": expert, "head_loss": head_loss}
+
+
+def compile_regions():
+    for name in ("attention", "router", "head_loss"):
+        KERNELS[name] = torch.compile(KERNELS[name])
+    KERNELS["expert"] = torch.compile(KERNELS["expert"], dynamic=True)
 
 
 def flops_per_token(a):
@@ -159,7 +198,7 @@ def gpu_matmul_peak(dev, dtype, n=8192, reps=5):
 def main():
     ap = argparse.ArgumentParser()
     for k, v in dict(d_model=512, layers=8, heads=8, experts=8, top_k=2, hidden=1024, vocab=8192,
-                     seq=256, batch=8, steps=5, warmup=2, threads=2).items():
+                     seq=256, batch=8, steps=5, warmup=0, threads=2).items():
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     ap.add_argument("--theta", type=float, default=500000.0)
     ap.add_argument("--device", default="cpu")
@@ -179,7 +218,12 @@ def main():
     trainable = [p for p in m.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                             fused=cuda or None)
-    run = torch.compile(m) if a.compile else m
+    run = m
+    if a.compile and a.moe == "grouped":
+        run = torch.compile(m)
+    elif a.compile:
+        compile_regions()
+    a.warmup = a.warmup or (3 if a.compile else 2)  # untimed steps (compilation happens here)
 
     def step():
         tok = torch.randint(a.vocab, (a.batch, a.seq), device=dev)
@@ -207,6 +251,7 @@ def main():
     out = {"name": a.name or ("pytorch_compile" if a.compile else "pytorch_eager"),
            "torch": torch.__version__, "device": str(dev), "precision": a.precision,
            "compile": a.compile, "moe": a.moe, "threads": a.threads, "layers": a.layers,
+           "blas": re.search(r"BLAS_INFO=(\w+)", torch.__config__.show()).group(1),
            "frozen_experts_per_layer": int(a.frozen_fraction * a.experts + 0.5),
            "step_s": dt, "tokens_per_s": tok_s, "warmup_s": warmup_s,
            "flops_per_token": flops_per_token(a),

@@ -84,7 +84,7 @@ spes::Config bench_config(const Args& a) {
   c.model.n_heads = a.n_heads;
   c.model.moe_num_experts = a.experts;
   c.model.moe_top_k = a.top_k;
-  c.model.mlp_hidden_size = a.hidden;
+  c.model.set_ffn_hidden_size(a.hidden);
   c.model.vocab_size = a.vocab;
   c.model.max_sequence_length = a.seq;
   c.data.paths = {"unused-by-the-server"};

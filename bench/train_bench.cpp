@@ -83,7 +83,7 @@ static double measure_gpu_matmul_peak(const torch::Device& dev, torch::ScalarTyp
 // frozen_share: fraction of each layer's experts that are frozen (4 FLOPs per parameter and
 // token instead of 6: no weight gradient), under balanced routing.
 static double flops_per_token(const spes::ModelConfig& m, double frozen_share) {
-  const double D = m.d_model, F = m.mlp_hidden_size, kv = m.kv_heads() * m.head_dim();
+  const double D = m.d_model, F = m.ffn_hidden_size(), kv = m.kv_heads() * m.head_dim();
   double shared = D * D * 2 + D * kv * 2;  // q, o, k, v
   double expert = 0;
   if (m.is_moe()) {
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   cfg.model.n_heads = 8;
   cfg.model.moe_num_experts = 8;
   cfg.model.moe_top_k = 2;
-  cfg.model.mlp_hidden_size = 1024;
+  int64_t hidden = 1024;  // F, each expert's hidden size (model.mlp_hidden_size = 2F)
   cfg.model.vocab_size = 8192;
   cfg.model.max_sequence_length = 256;
   int64_t batch = 8, steps = 5, warmup = 2, threads = 0, micro_batch = -1;
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", cfg.model.n_heads);
   app.add_option("--experts", cfg.model.moe_num_experts);
   app.add_option("--top-k", cfg.model.moe_top_k);
-  app.add_option("--hidden", cfg.model.mlp_hidden_size, "Expert hidden size");
+  app.add_option("--hidden", hidden, "Expert hidden size F");
   app.add_option("--vocab", cfg.model.vocab_size);
   app.add_option("--seq", cfg.model.max_sequence_length);
   app.add_option("--batch", batch, "Sequences per step");
@@ -144,6 +144,7 @@ int main(int argc, char** argv) {
                "Fill weights with N(0, 0.02) on the device instead of the truncated-normal init on "
                "the CPU (large models: the step's speed does not depend on it)");
   CLI11_PARSE(app, argc, argv);
+  cfg.model.set_ffn_hidden_size(hidden);
 
   at::set_num_threads(threads > 0 ? static_cast<int>(threads) : spes::cpu_cores());
   const torch::Device dev = spes::select_device(cfg);
@@ -230,7 +231,8 @@ int main(int argc, char** argv) {
       {"tokens_per_step", batch * T}, {"micro_batch", micro_batch},
       {"parallel_micro_batches", workers.workers()}, {"step_s", secs}, {"tokens_per_s", tok_s},
       {"flops_per_token", fpt}, {"achieved_gflops", tok_s * fpt / 1e9},
-      {"gemm_peak_gflops", peak / 1e9}, {"mfu", tok_s * fpt / peak},
+      {"gemm_peak_gflops", peak / 1e9}, {"cpu_gemm", spes::cpu_gemm_library()},
+      {"mfu", tok_s * fpt / peak},
       {"peak_source", peak_tflops > 0 ? "given" : dev.is_cuda() ? (bf16 ? "bf16 8192^3" : "fp32 8192^3") : "fp32 1024^3"},
       // The same ratio in CPU time (FLOPs per CPU second of the steps over those of the GEMM
       // peak): less sensitive to a loaded machine; spin-waiting threads count as used time.

@@ -9,9 +9,9 @@
 # same VAL_WINDOWS validation windows every EVAL steps. Then it draws the curves (`spes plot`),
 # tabulates loss, memory and bytes next to the SPES.md formulas (`spes compare`) and writes
 # docs/RESULTS.md. Arms already finished in OUT are kept (RERUN=1 runs them again).
-# The model is the default config's at half width (MODEL="d_model=128 mlp_hidden_size=256": 5.5M
-# parameters, 8 experts per layer), so that the five arms fit in well under an hour on 2 cores;
-# MODEL="" runs the default width.
+# The model is the default config's at half width (MODEL="d_model=128 mlp_hidden_size=512",
+# experts of hidden size F 256: 5.5M parameters, 8 experts per layer), so that the five arms fit
+# in well under an hour on 2 cores; MODEL="" runs the default width.
 #   bash scripts/experiment_baselines.sh
 #   STEPS=20 EVAL=10 SYNC=10 MERGE_INTERVAL=10 OUT=/tmp/x DOC=/tmp/x/RESULTS.md \
 #     bash scripts/experiment_baselines.sh   # a quick smoke run
@@ -28,7 +28,7 @@ MERGE_INTERVAL=${MERGE_INTERVAL:-40}
 MERGE_ALPHA=${MERGE_ALPHA:-0.05}
 MERGE_DECAY=${MERGE_DECAY:-$((2 * STEPS))}
 MERGE_TOPK=${MERGE_TOPK:-4}
-MODEL=${MODEL-d_model=128 mlp_hidden_size=256}
+MODEL=${MODEL-d_model=128 mlp_hidden_size=512}
 THREADS=${THREADS:-1}        # intra-op threads per process (cluster arms: NODES processes)
 OUT=${OUT:-runs/experiment}
 DOC=${DOC:-docs/RESULTS.md}

@@ -49,7 +49,7 @@ done > "$tmp/corpus.txt"
   > "$tmp/prepare.log" 2>&1 || { cat "$tmp/prepare.log"; fail "spes prepare"; }
 cat > "$tmp/config.yaml" <<EOF
 run_name: dashboard_check
-model: {d_model: 32, n_layers: 2, n_heads: 2, mlp_hidden_size: 32, moe_num_experts: 4,
+model: {d_model: 32, n_layers: 2, n_heads: 2, mlp_hidden_size: 64, moe_num_experts: 4,
         moe_top_k: 2, vocab_size: 512, max_sequence_length: 32, rope_theta: 10000}
 optimizer: {learning_rate: 0.003}
 scheduler: {t_warmup: 5}

@@ -9,7 +9,7 @@
 
 int main() {
   const spes::Config c = spes::config_parse(
-      "model:\n  d_model: 32\n  n_layers: 2\n  n_heads: 4\n  mlp_hidden_size: 32\n"
+      "model:\n  d_model: 32\n  n_layers: 2\n  n_heads: 4\n  mlp_hidden_size: 64\n"
       "  moe_num_experts: 4\n  vocab_size: 64\n  max_sequence_length: 16\n",
       {"model.moe_top_k=2"}, "consumer.yaml");
   try {

@@ -29,7 +29,10 @@ TEST(InteropCli, VersionAndDefaultsInHelp) {
   auto v = interop_test::run_spes(d, {"--version"});
   EXPECT_EQ(v.code, 0);
   // The libtorch it was built with, whether CUDA is compiled in, and the GPUs this process sees.
-  const std::string head = std::string("spes ") + SPES_VERSION + " (libtorch " + TORCH_VERSION;
+  const std::string head = std::string("spes ") + SPES_VERSION + " (libtorch " + TORCH_VERSION +
+                           ", CPU GEMM " + (std::string(SPES_CPU_BLAS) == "openblas"
+                                                ? "OpenBLAS "
+                                                : "MKL (libtorch's)");
   EXPECT_EQ(v.out.rfind(head, 0), 0u) << v.out;
   const int64_t gpus = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
   EXPECT_THAT(v.out, ::testing::AnyOf(

@@ -30,7 +30,7 @@ using Shapes = std::set<std::pair<std::string, std::vector<int64_t>>>;
 
 // The tensors transformers expects for an MoE model of shape m (docs/INTEROP.md).
 Shapes expected_moe_shapes(const ModelConfig& m, bool per_head_norm) {
-  const int64_t D = m.d_model, V = m.vocab_size, F = m.mlp_hidden_size;
+  const int64_t D = m.d_model, V = m.vocab_size, F = m.ffn_hidden_size();
   const int64_t hd = D / m.n_heads, kv = m.kv_heads() * hd;
   Shapes s = {{"model.embed_tokens.weight", {V, D}},
               {"model.norm.weight", {D}},

@@ -117,7 +117,7 @@ TEST(InteropHfConfig, ReadsQwen3_1_7B) {
   EXPECT_EQ(c.model.n_heads, 16);
   EXPECT_EQ(c.model.kv_heads(), 8);
   EXPECT_EQ(c.model.head_dim(), 128);
-  EXPECT_EQ(c.model.mlp_hidden_size, 6144);
+  EXPECT_EQ(c.model.ffn_hidden_size(), 6144);  // F (model.mlp_hidden_size is 2F, as in OLMo)
   EXPECT_EQ(c.model.vocab_size, 151936);
   EXPECT_EQ(c.model.rope_theta, 1e6);
   EXPECT_EQ(c.model.layer_norm_eps, 1e-6);
@@ -148,7 +148,7 @@ TEST(InteropHfConfig, ReadsOlmoe1B7B) {
   EXPECT_EQ(c.model.moe_num_experts, 64);
   EXPECT_EQ(c.model.moe_top_k, 8);
   EXPECT_FALSE(c.model.moe_norm_topk_prob);
-  EXPECT_EQ(c.model.mlp_hidden_size, 1024);
+  EXPECT_EQ(c.model.ffn_hidden_size(), 1024);
   EXPECT_EQ(c.model.n_kv_heads, 0);
   EXPECT_EQ(c.model.layer_norm_eps, 1e-5);
   EXPECT_EQ(c.model.pad_token_id, 1);

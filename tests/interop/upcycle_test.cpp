@@ -1,6 +1,8 @@
 // Dense -> MoE upcycling: with normalised top-k and no noise the MoE's logits equal the dense
 // model's; with raw top-k they do not (the test can fail); noise touches the requested fraction
-// with the requested std, reproducibly; router inits; refused inputs. Then the ways a run starts
+// with the requested std, reproducibly; router inits; the two recipes (copy: the dense logits;
+// reference: half the entries noised with std 0.02, routers with the std of the dense
+// down_proj) and the command line; refused inputs. Then the ways a run starts
 // from an upcycled checkpoint: model.init_checkpoint (a fresh model, the sync server's initial
 // model) and `--resume` with its fresh optimizer state.
 #include <gmock/gmock.h>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <random>
 
+#include "interop/cli_run.h"
 #include "interop/interop_test_util.h"
 #include "spes/common/error.h"
 #include "spes/interop/hf_export.h"
@@ -78,7 +81,7 @@ TEST(InteropUpcycle, RawTopKWeightsDoNotSumToOneSoTheLogitsDiffer) {
 TEST(InteropUpcycle, NoiseTouchesTheRequestedFractionWithTheRequestedStd) {
   ModelConfig m = dense_config();
   m.d_model = 64;
-  m.mlp_hidden_size = 96;
+  m.mlp_hidden_size = 192;  // F = 96
   auto dense = interop_test::random_model(m, 3);
   UpcycleOptions o;
   o.experts = 3;
@@ -127,6 +130,126 @@ TEST(InteropUpcycle, RouterInits) {
                   .std().item<double>(), 0.5, 0.04);
 }
 
+// The reference recipe (its 9B model from Qwen3-1.7B): N(0, 0.02^2) on exactly half of the
+// entries of each expert's gate, up and down matrices, a fresh draw for every matrix of every
+// expert, seeded; each router drawn with the std of its layer's dense down_proj.
+TEST(InteropUpcycle, ReferenceRecipeNoiseIsHalfTheEntriesWithStd002) {
+  ModelConfig m = dense_config();
+  m.d_model = 64;
+  m.set_ffn_hidden_size(96);  // 6144 entries per matrix
+  auto dense = interop_test::random_model(m, 3);
+  {  // a zero dense MLP, so that an expert minus its source is the noise itself, unrounded
+    torch::NoGradGuard ng;
+    for (const auto& p : dense->params())
+      if (p.name.find(".mlp.") != std::string::npos) p.tensor.zero_();
+  }
+  UpcycleOptions o = upcycle_recipe("reference");
+  EXPECT_EQ(o.recipe, "reference");
+  EXPECT_DOUBLE_EQ(o.noise_std, 0.02);
+  EXPECT_DOUBLE_EQ(o.noise_fraction, 0.5);
+  EXPECT_EQ(o.router_init, "down_proj_std");
+  EXPECT_TRUE(o.norm_topk_prob);
+  o.experts = 3;
+  o.top_k = 2;
+  o.seed = 4;
+  auto a = upcycle_model(*dense, o);
+  std::vector<torch::Tensor> noises;
+  for (int64_t l = 0; l < m.n_layers; ++l)
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+      const torch::Tensor base =
+          param(*dense, "model.layers." + std::to_string(l) + ".mlp." + proj + ".weight");
+      for (int64_t e = 0; e < 3; ++e) {
+        SCOPED_TRACE(std::to_string(l) + " " + proj + " " + std::to_string(e));
+        const torch::Tensor diff = param(*a, expert_param_name(l, e, proj)) - base;
+        const torch::Tensor changed = diff != 0;
+        EXPECT_EQ(changed.sum().item<int64_t>(), base.numel() / 2);  // exactly half
+        // 3072 draws: the sample std's standard error is 0.02 / sqrt(6144) = 0.00026, so the
+        // tolerance 0.001 is ~4 sigma (the mean's: 0.00036, tolerance ~5.5 sigma).
+        EXPECT_NEAR(diff.masked_select(changed).std().item<double>(), 0.02, 0.001);
+        EXPECT_NEAR(diff.masked_select(changed).mean().item<double>(), 0.0, 0.002);
+        noises.push_back(diff);
+      }
+    }
+  // A fresh draw for every matrix of every expert (positions and values).
+  for (size_t i = 0; i < noises.size(); ++i)
+    for (size_t j = i + 1; j < noises.size(); ++j)
+      if (noises[i].sizes() == noises[j].sizes())
+        EXPECT_FALSE(torch::equal(noises[i] != 0, noises[j] != 0)) << i << " " << j;
+  // Seeded: the same seed gives the same model, another seed another one.
+  interop_test::expect_same_weights(*a, *upcycle_model(*dense, o));
+  o.seed = 5;
+  EXPECT_FALSE(torch::equal(param(*a, expert_param_name(0, 0, "up_proj")),
+                            param(*upcycle_model(*dense, o), expert_param_name(0, 0, "up_proj"))));
+}
+
+TEST(InteropUpcycle, ReferenceRecipeRouterHasTheStdOfTheDenseDownProjection) {
+  ModelConfig m = dense_config();
+  m.d_model = 64;
+  auto dense = interop_test::random_model(m, 3);
+  {  // layers with clearly different down_proj spreads: 0.3 and 0.9
+    torch::NoGradGuard ng;
+    const_cast<torch::Tensor&>(param(*dense, "model.layers.1.mlp.down_proj.weight")).mul_(3.0);
+  }
+  UpcycleOptions o = upcycle_recipe("reference");
+  o.experts = 64;  // 64 x 64 router entries per layer
+  o.top_k = 2;
+  auto moe = upcycle_model(*dense, o);
+  for (int64_t l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+    const double down_std = param(*dense, p + "down_proj.weight").std().item<double>();
+    const torch::Tensor router = param(*moe, p + "gate.weight");
+    // 4096 draws: relative error of the sample std ~1.1%; 4% is ~3.5 sigma.
+    EXPECT_NEAR(router.std().item<double>(), down_std, 0.04 * down_std) << "layer " << l;
+    EXPECT_NEAR(router.mean().item<double>(), 0.0, 0.06 * down_std) << "layer " << l;
+  }
+}
+
+TEST(InteropUpcycle, CopyRecipeGivesTheDenseLogitsAndTheReferenceRecipeDoesNot) {
+  auto dense = interop_test::random_model(dense_config(), 21);
+  const torch::Tensor tokens = interop_test::sample_tokens(dense->config(), 8, 2);
+  torch::NoGradGuard ng;
+  UpcycleOptions copy = upcycle_recipe("copy");
+  EXPECT_DOUBLE_EQ(copy.noise_std, 0.0);
+  copy.experts = 4;
+  copy.top_k = 2;
+  const torch::Tensor want = dense->logits(tokens);
+  const torch::Tensor got = upcycle_model(*dense, copy)->logits(tokens);
+  EXPECT_TRUE(torch::allclose(want, got, 1e-5, 1e-5)) << (want - got).abs().max().item<double>();
+  UpcycleOptions ref = upcycle_recipe("reference");
+  ref.experts = 4;
+  ref.top_k = 2;
+  EXPECT_GT((want - upcycle_model(*dense, ref)->logits(tokens)).abs().max().item<double>(), 1e-3);
+  EXPECT_THAT(error_of([] { upcycle_recipe("noisy"); }),
+              HasSubstr("--recipe must be copy (exact copies of the dense MLP) or reference"));
+}
+
+TEST(InteropUpcycle, CommandLineRecipeAndOverrides) {
+  interop_test::TempDir d;
+  auto dense = interop_test::random_model(dense_config(), 7);
+  checkpoint_write_fresh(d.file("dense"), interop_test::config_of(dense_config()), *dense, "",
+                         true);
+  auto r = interop_test::run_spes(d, {"upcycle", "--from", d.file("dense"), "--experts", "4",
+                                      "--top-k", "2", "--recipe", "reference", "--noise-std",
+                                      "0.05", "--seed", "3", "--out", d.file("up")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(recipe reference)"));
+  EXPECT_THAT(r.out, HasSubstr("noise std 0.05 on a fraction 0.5 of each expert matrix, router "
+                               "down_proj_std"));
+  // The library with the same options gives the same checkpoint.
+  UpcycleOptions o = upcycle_recipe("reference");
+  o.experts = 4;
+  o.top_k = 2;
+  o.noise_std = 0.05;
+  o.seed = 3;
+  interop_test::expect_same_weights(*load_model_from_checkpoint(d.file("up")).model,
+                                    *upcycle_model(*dense, o));
+  r = interop_test::run_spes(d, {"upcycle", "--from", d.file("dense"), "--experts", "4",
+                                 "--top-k", "2", "--out", d.file("up2")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("(recipe copy)"));
+  EXPECT_THAT(r.out, HasSubstr("noise std 0 on a fraction 0"));
+}
+
 TEST(InteropUpcycle, RefusesMoeSourcesAndBadOptions) {
   auto moe = interop_test::random_model(interop_test::tiny(), 1);
   UpcycleOptions o;
@@ -141,7 +264,8 @@ TEST(InteropUpcycle, RefusesMoeSourcesAndBadOptions) {
   o.noise_fraction = 0;
   o.router_init = "uniform";
   EXPECT_THAT(error_of([&] { upcycle_model(*dense, o); }),
-              HasSubstr("--router-init must be normal, scaled_normal or zeros, found 'uniform'"));
+              HasSubstr("--router-init must be normal, scaled_normal, zeros or down_proj_std, "
+                        "found 'uniform'"));
 }
 
 // A raw uint32 token shard (the reference format) for the training checks.

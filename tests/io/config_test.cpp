@@ -40,6 +40,19 @@ TEST(Config, TokenDurationRoundsUpToSteps) {
   EXPECT_EQ(c.total_steps(), 8);  // 1000 / 128 rounded up
 }
 
+TEST(Config, DurationsInOlmosNotation) {
+  auto steps = [](const std::string& d) {
+    return config_parse("max_duration: " + d + "\nglobal_train_batch_size: 2\n"
+                        "device_train_microbatch_size: 1\nmodel:\n  max_sequence_length: 64\n",
+                        {}, "t").total_steps();
+  };
+  EXPECT_EQ(steps("2e5T"), 1563);  // 200000 / 128 rounded up; OLMo writes tokens this way
+  EXPECT_EQ(steps("1e4"), 10000);
+  EXPECT_EQ(steps("500ba"), 500);
+  EXPECT_THAT(error_of("max_duration: -5\n"), HasSubstr("max_duration '-5'"));
+  EXPECT_THAT(error_of("max_duration: 3ep\n"), HasSubstr("'ep', are not supported"));
+}
+
 TEST(Config, YamlRoundTrip) {
   Config c = config_parse("", {"model.d_model=96", "model.n_heads=3", "data.paths=[a, b]",
                                "spes_config.expert_owners=[[0,0,1,1],[1,1,0,0]]",
@@ -102,6 +115,9 @@ TEST(ConfigBuiltinDefault, IsConfigsDefaultYaml) {
   const Config file = config_load(std::string(SPES_SOURCE_DIR) + "/configs/default.yaml");
   EXPECT_EQ(config_to_yaml(builtin), config_to_yaml(file));
   EXPECT_EQ(builtin.spes_config.mode, "spes");
+  // OLMo's mlp_hidden_size is the SwiGLU width: 1024 gives experts of hidden size 512.
+  EXPECT_EQ(builtin.model.mlp_hidden_size, 1024);
+  EXPECT_EQ(builtin.model.ffn_hidden_size(), 512);
   EXPECT_EQ(config_load("", {"model.d_model=64"}).model.d_model, 64);
 }
 

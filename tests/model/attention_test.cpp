@@ -287,7 +287,7 @@ TEST(AttentionForwardNumeric, QkNormParameterShapes) {
     cfg.n_layers = 1;
     cfg.moe_num_experts = 2;
     cfg.moe_top_k = 1;
-    cfg.mlp_hidden_size = 8;
+    cfg.mlp_hidden_size = 16;
     cfg.vocab_size = 16;
     cfg.max_sequence_length = 8;
     cfg.qk_norm = mode;

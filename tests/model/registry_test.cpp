@@ -23,7 +23,7 @@ Config spes_config(int64_t E, int64_t N, int64_t L = 2) {
   c.model.d_model = 16;
   c.model.n_layers = L;
   c.model.n_heads = 2;
-  c.model.mlp_hidden_size = 12;
+  c.model.mlp_hidden_size = 24;
   c.model.moe_num_experts = E;
   c.model.moe_top_k = 2;
   c.model.vocab_size = 32;
@@ -268,7 +268,7 @@ TEST(RegistryDigest, FingerprintAndWeightsSha) {
   EXPECT_EQ(ra.fingerprint(), ParamRegistry(a, cfg, own, 0).fingerprint());
   EXPECT_NE(ra.weights_sha256(), rb.weights_sha256());
   // A different shape changes it.
-  for (auto change : {+[](Config& c) { c.model.mlp_hidden_size = 10; },
+  for (auto change : {+[](Config& c) { c.model.mlp_hidden_size = 20; },
                       +[](Config& c) { c.model.vocab_size = 40; },
                       +[](Config& c) { c.model.n_kv_heads = 1; },
                       +[](Config& c) { c.model.moe_num_experts = 6; }}) {

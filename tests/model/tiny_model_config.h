@@ -9,7 +9,7 @@ inline ModelConfig tiny_model_config() {
   c.d_model = 16;
   c.n_layers = 2;
   c.n_heads = 2;
-  c.mlp_hidden_size = 12;
+  c.mlp_hidden_size = 24;  // F = 12 (OLMo: the SwiGLU width 2F)
   c.moe_num_experts = 4;
   c.moe_top_k = 2;
   c.vocab_size = 32;

@@ -25,7 +25,7 @@ std::map<std::string, torch::Tensor> by_name(const Transformer& m) {
 
 // Parameter count from the config alone.
 int64_t expected_params(const ModelConfig& c) {
-  const int64_t D = c.d_model, V = c.vocab_size, F = c.mlp_hidden_size, L = c.n_layers;
+  const int64_t D = c.d_model, V = c.vocab_size, F = c.ffn_hidden_size(), L = c.n_layers;
   const int64_t hd = D / c.n_heads, kv = (c.n_kv_heads > 0 ? c.n_kv_heads : c.n_heads) * hd;
   int64_t qk = 0;
   if (c.qk_norm == "whole") qk = D + kv;

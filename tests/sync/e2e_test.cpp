@@ -92,7 +92,7 @@ class SyncEndToEnd : public ::testing::Test {
                                &out);
     ASSERT_EQ(code, 0) << out;
     std::ofstream cfg(g_dir + "/config.yaml");
-    cfg << "model:\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n  mlp_hidden_size: 32\n"
+    cfg << "model:\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n  mlp_hidden_size: 64\n"
            "  moe_num_experts: 6\n  moe_top_k: 2\n  vocab_size: 512\n  max_sequence_length: 32\n"
            "  rope_theta: 10000\n"
            "optimizer:\n  learning_rate: 0.003\n"

@@ -100,7 +100,7 @@ std::string write_config(const std::string& dir, int nodes, const std::string& e
   fs::create_directories(dir);
   const std::string path = dir + "/config.yaml";
   std::ofstream cfg(path);
-  cfg << "model:\n  d_model: 32\n  n_layers: 1\n  n_heads: 2\n  mlp_hidden_size: 32\n"
+  cfg << "model:\n  d_model: 32\n  n_layers: 1\n  n_heads: 2\n  mlp_hidden_size: 64\n"
          "  moe_num_experts: " << 2 * nodes << "\n  moe_top_k: 2\n  vocab_size: 512\n"
          "  max_sequence_length: 32\n  rope_theta: 10000\n"
          "optimizer:\n  learning_rate: 0.003\n"
@@ -430,7 +430,7 @@ TEST_F(SyncReliability, BrokenUploadResumesAndARepeatedChunkIsIgnored) {
 
 TEST(SyncServerSecurity, RefusesANonLoopbackAddressWithoutTokens) {
   const Config cfg = config_parse(
-      "model:\n  d_model: 8\n  n_layers: 1\n  n_heads: 2\n  mlp_hidden_size: 4\n"
+      "model:\n  d_model: 8\n  n_layers: 1\n  n_heads: 2\n  mlp_hidden_size: 8\n"
       "  moe_num_experts: 4\n  moe_top_k: 2\n  vocab_size: 16\n  max_sequence_length: 8\n"
       "spes_config:\n  mode: spes\n  num_peers: 2\n  sync_steps: 10\n",
       {}, "tiny.yaml");

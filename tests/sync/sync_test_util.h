@@ -44,7 +44,7 @@ struct TempDir {
 inline Config tiny_config(std::vector<std::string> sets = {}, int layers = 1) {
   const std::string yaml =
       "model:\n  d_model: 8\n  n_layers: " + std::to_string(layers) +
-      "\n  n_heads: 2\n  mlp_hidden_size: 4\n"
+      "\n  n_heads: 2\n  mlp_hidden_size: 8\n"
       "  moe_num_experts: 4\n  moe_top_k: 2\n  vocab_size: 16\n  max_sequence_length: 8\n"
       "spes_config:\n  mode: spes\n  num_peers: 2\n  sync_steps: 10\n  merge_interval: 0\n";
   return config_parse(yaml, sets, "tiny.yaml");

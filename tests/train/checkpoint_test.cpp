@@ -26,7 +26,7 @@ Config tiny_config() {
   c.model.d_model = 16;
   c.model.n_layers = 2;
   c.model.n_heads = 2;
-  c.model.mlp_hidden_size = 12;
+  c.model.mlp_hidden_size = 24;
   c.model.moe_num_experts = 4;
   c.model.moe_top_k = 2;
   c.model.vocab_size = 32;
@@ -212,7 +212,7 @@ TEST_F(CheckpointFiles, CorruptionAndTruncationDetectedWeightsUnchanged) {
 
   // A checkpoint of another architecture.
   Config other = cfg;
-  other.model.mlp_hidden_size = 10;
+  other.model.mlp_hidden_size = 20;
   Node o(other, 1);
   const std::string d5 = (base_ / "other").string();
   checkpoint_save(d5, other, o.reg, &o.opt, sample_state());

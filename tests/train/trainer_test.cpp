@@ -27,7 +27,7 @@ Config tiny_config(const std::string& shard, int64_t steps) {
   c.model.d_model = 32;
   c.model.n_layers = 2;
   c.model.n_heads = 2;
-  c.model.mlp_hidden_size = 32;
+  c.model.mlp_hidden_size = 64;
   c.model.moe_num_experts = 4;
   c.model.moe_top_k = 2;
   c.model.vocab_size = 64;

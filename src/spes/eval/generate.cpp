@@ -15,7 +15,9 @@ std::vector<int64_t> generate_tokens(const Transformer& model, std::vector<int64
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - window);
     torch::Tensor in = torch::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()),
                                      torch::kInt64).unsqueeze(0);
+    // Only real tokens: rows past vocab_size pad the table (model.embedding_size).
     torch::Tensor logits = model.logits(in).select(1, in.size(1) - 1).squeeze(0)
+                               .narrow(0, 0, model.config().vocab_size)
                                .to(torch::kCPU, torch::kFloat32);
     int64_t next;
     if (opts.temperature <= 0) {

@@ -31,9 +31,9 @@ json hf_config_from_model(const ModelConfig& m, const std::string& torch_dtype) 
   json j;
   j["architectures"] = {a.architecture};
   j["model_type"] = a.model_type;
-  j["vocab_size"] = m.vocab_size;
+  j["vocab_size"] = m.embedding_rows();  // transformers' vocab_size is the table's rows
   j["hidden_size"] = m.d_model;
-  j["intermediate_size"] = m.mlp_hidden_size;
+  j["intermediate_size"] = m.ffn_hidden_size();
   j["num_hidden_layers"] = m.n_layers;
   j["num_attention_heads"] = m.n_heads;
   j["num_key_value_heads"] = m.kv_heads();
@@ -61,7 +61,7 @@ json hf_config_from_model(const ModelConfig& m, const std::string& torch_dtype) 
   }
   if (a.model_type == "olmoe") j["clip_qkv"] = nullptr;
   if (a.model_type == "qwen3_moe") {
-    j["moe_intermediate_size"] = m.mlp_hidden_size;
+    j["moe_intermediate_size"] = m.ffn_hidden_size();
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();
   }
@@ -182,8 +182,9 @@ HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
                "{}: 'head_dim' is {} but hidden_size / num_attention_heads is {}; spes derives "
                "the head size from d_model / n_heads (q_proj must be hidden_size x hidden_size)",
                origin, r.integer("head_dim"), m.d_model / m.n_heads);
-  m.mlp_hidden_size = r.integer(type == "qwen3_moe" ? "moe_intermediate_size"
-                                                    : "intermediate_size");
+  // transformers' intermediate_size is F; OLMo's mlp_hidden_size is the SwiGLU width 2F.
+  m.set_ffn_hidden_size(r.integer(type == "qwen3_moe" ? "moe_intermediate_size"
+                                                      : "intermediate_size"));
   if (moe) {
     // transformers 5 writes Qwen3-MoE's expert count as num_local_experts, 4.x as num_experts.
     const char* experts_key =

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <unordered_map>
 
 #include "spes/common/error.h"
@@ -13,6 +14,37 @@
 #include "spes/interop/model_source.h"
 
 namespace spes {
+
+UpcycleOptions upcycle_recipe(const std::string& name) {
+  UpcycleOptions o;
+  o.recipe = name;
+  if (name == "copy") return o;
+  SPES_CHECK(name == "reference", "upcycle: --recipe must be copy (exact copies of the dense "
+             "MLP) or reference (the reference's noise and router), found '{}'", name);
+  o.noise_std = 0.02;
+  o.noise_fraction = 0.5;
+  o.router_init = "down_proj_std";
+  o.norm_topk_prob = true;
+  return o;
+}
+
+namespace {
+
+// Adds N(0, std) to exactly floor(fraction x numel) entries of `w`, chosen uniformly at random
+// without repeats (the reference's randperm selection).
+torch::Tensor add_noise_to_fraction(torch::Tensor w, double fraction, double std,
+                                    at::Generator& gen) {
+  const int64_t n = w.numel();
+  const int64_t k = static_cast<int64_t>(static_cast<double>(n) * fraction);
+  if (k == 0 || std == 0) return w;
+  torch::Tensor flat = w.contiguous().view({-1}).clone();
+  const torch::Tensor idx = at::randperm(n, gen, torch::kInt64).narrow(0, 0, k);
+  const torch::Tensor noise = at::normal(0.0, std, at::IntArrayRef(k), gen);
+  flat.index_add_(0, idx, noise.to(flat.scalar_type()));
+  return flat.view(w.sizes());
+}
+
+}  // namespace
 
 ModelConfig upcycle_config(const ModelConfig& dense, const UpcycleOptions& o) {
   SPES_CHECK(!dense.is_moe(), "upcycle: the source is already an MoE model (model.block_type "
@@ -25,9 +57,9 @@ ModelConfig upcycle_config(const ModelConfig& dense, const UpcycleOptions& o) {
   SPES_CHECK(o.noise_fraction >= 0 && o.noise_fraction <= 1,
              "upcycle: --noise-fraction must be in [0, 1], found {}", o.noise_fraction);
   SPES_CHECK(o.router_init == "normal" || o.router_init == "scaled_normal" ||
-                 o.router_init == "zeros",
-             "upcycle: --router-init must be normal, scaled_normal or zeros, found '{}'",
-             o.router_init);
+                 o.router_init == "zeros" || o.router_init == "down_proj_std",
+             "upcycle: --router-init must be normal, scaled_normal, zeros or down_proj_std, "
+             "found '{}'", o.router_init);
   SPES_CHECK(o.router_std > 0, "upcycle: --router-std must be positive, found {}", o.router_std);
   ModelConfig m = dense;
   m.block_type = "moe";
@@ -63,17 +95,18 @@ std::unique_ptr<Transformer> upcycle_model(const Transformer& dense, const Upcyc
         if (p.name == expert_param_name(p.layer, p.expert, c)) proj = c;
       SPES_CHECK(!proj.empty(), "upcycle: unexpected expert tensor '{}'", p.name);
       torch::Tensor w = copy_from(fmt::format("model.layers.{}.mlp.{}.weight", p.layer, proj));
-      if (o.noise_std > 0 && o.noise_fraction > 0) {
-        torch::Tensor mask = at::rand(w.sizes(), gen) < o.noise_fraction;
-        torch::Tensor noise = at::normal(0.0, o.noise_std, w.sizes(), gen);
-        w = w + noise * mask.to(w.scalar_type());
-      }
-      p.tensor.copy_(w);
+      p.tensor.copy_(add_noise_to_fraction(w, o.noise_fraction, o.noise_std, gen));
     } else if (ends_with(p.name, ".mlp.gate.weight")) {  // the router
+      double std = router_std;
+      if (o.router_init == "down_proj_std") {  // the reference's fallback for a zero std: 0.02
+        const std::string mlp = p.name.substr(0, p.name.size() - std::strlen("gate.weight"));
+        std = copy_from(mlp + "down_proj.weight").std().item<double>();
+        if (!(std > 0)) std = 0.02;
+      }
       if (o.router_init == "zeros")
         p.tensor.zero_();
       else
-        p.tensor.copy_(at::normal(0.0, router_std, p.tensor.sizes(), gen));
+        p.tensor.copy_(at::normal(0.0, std, p.tensor.sizes(), gen));
     } else {
       p.tensor.copy_(copy_from(p.name));
     }

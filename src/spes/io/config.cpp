@@ -1,7 +1,11 @@
 // YAML <-> Config. Parsing walks the field list of each struct (visit()), so every known key is
-// read in one place; keys left over are reported with the nearest known key as a suggestion.
+// read in one place; the reference's other keys are handled first (io/reference_keys.h); keys
+// left over are reported with the nearest known key as a suggestion.
 #include "spes/io/config.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -12,27 +16,10 @@
 
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
+#include "spes/io/reference_keys.h"
 
 namespace spes {
 namespace {
-
-// OLMo keys that a reference config may carry but that have no meaning here: accepted, ignored.
-const std::set<std::string> kIgnoredReferenceKeys = {
-    "wandb", "save_folder", "save_overwrite", "console_log_interval", "compile", "fsdp",
-    "softmax_auxiliary_loss", "speed_monitor", "gen1_gc_interval",
-    "evaluators", "tokenizer", "load_path", "restore_dataloader", "fused_loss",
-    "model.flash_attention", "model.attention_dropout", "model.residual_dropout",
-    "model.embedding_dropout", "model.include_bias", "model.bias_for_layer_norm",
-    "model.init_device", "model.init_fn", "model.weight_tying", "model.alibi", "model.rope",
-    "model.layer_norm_type", "model.layer_norm_with_affine", "model.activation_type",
-    "model.attention_layer_norm", "model.attention_layer_norm_with_affine",
-    "model.embedding_size", "model.moe_dropless", "model.moe_mlp_impl",
-    "model.moe_log_expert_assignment", "model.moe_shared_expert", "model.moe_lbl_in_fp32",
-    "model.moe_interleave", "model.moe_capacity_factor", "model.clip_qkv", "model.mlp_ratio",
-    "optimizer.metrics_log_interval", "optimizer.decay_norm_and_bias",
-    "optimizer.decay_embeddings", "scheduler.units", "data.pad_direction", "data.num_workers",
-    "data.drop_last", "data.pin_memory", "data.prefetch_factor", "data.persistent_workers",
-    "data.timeout", "data.memmap_dtype", "data.seed", "spes_config.enable"};
 
 template <class T> std::string type_name();
 template <> std::string type_name<int64_t>() { return "an integer"; }
@@ -148,8 +135,7 @@ void collect_keys(const YAML::Node& n, const std::string& prefix, const std::str
                YAML::Dump(it->first));
     std::string k = prefix + it->first.as<std::string>();
     out->push_back(k);
-    if (it->second.IsMap() && !kIgnoredReferenceKeys.count(k))
-      collect_keys(it->second, k + ".", origin, out, depth + 1);
+    if (it->second.IsMap()) collect_keys(it->second, k + ".", origin, out, depth + 1);
   }
 }
 
@@ -199,30 +185,45 @@ int64_t Config::checkpoint_every() const {
        "one_in_four (or false / true), found '{}'", a);
 }
 
+namespace {
+
+// A count as OLMo reads max_duration: digits, or a number in exponent notation ("2e12", which
+// OLMo turns into an integer through float); -1 for anything else or a negative count.
+int64_t parse_count(const std::string& s) {
+  try {
+    size_t pos = 0;
+    const int64_t n = std::stoll(s, &pos);
+    if (pos == s.size()) return n >= 0 ? n : -1;
+    const double x = std::stod(s, &pos);
+    if (pos == s.size() && x >= 0 && x < 9.2e18) return static_cast<int64_t>(x);
+  } catch (const std::exception&) {
+  }
+  return -1;
+}
+
+}  // namespace
+
 int64_t Config::total_steps() const {
-  std::string d = max_duration;
+  const std::string& d = max_duration;
   auto ends_with = [&](const std::string& s) {
     return d.size() > s.size() && d.compare(d.size() - s.size(), s.size(), s) == 0;
   };
-  try {
-    if (ends_with("ba")) return std::stoll(d.substr(0, d.size() - 2));
-    if (ends_with("T")) {
-      const int64_t tokens = std::stoll(d.substr(0, d.size() - 1));
-      const int64_t per = tokens_per_step();  // > 0 and without overflow (config_validate)
-      return tokens / per + (tokens % per > 0 ? 1 : 0);  // rounded up, cannot overflow
-    }
-    size_t pos = 0;
-    int64_t steps = std::stoll(d, &pos);
-    if (pos == d.size()) return steps;
-  } catch (const std::exception&) {
+  if (ends_with("T")) {
+    const int64_t tokens = parse_count(d.substr(0, d.size() - 1));
+    const int64_t per = tokens_per_step();  // > 0 and without overflow (config_validate)
+    if (tokens >= 0) return tokens / per + (tokens % per > 0 ? 1 : 0);  // rounded up
+  } else {
+    const int64_t steps = parse_count(ends_with("ba") ? d.substr(0, d.size() - 2) : d);
+    if (steps >= 0) return steps;
   }
-  fail("config: max_duration '{}' is not a step count; use e.g. 1000, 1000ba or 2000000T", d);
+  fail("config: max_duration '{}' is not a step count; use e.g. 1000, 1000ba, 2000000T or "
+       "2e12T (OLMo's epochs, 'ep', are not supported)", d);
 }
 
 namespace {
 
 Config parse_yaml_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                         const std::string& origin) {
+                         const std::string& origin, std::vector<std::string>* ignored_out) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -233,29 +234,39 @@ Config parse_yaml_config(const std::string& yaml_text, const std::vector<std::st
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   SPES_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys", origin);
   for (const auto& kv : overrides) apply_override(root, kv);
+  // Check the nesting before anything walks the tree.
+  std::vector<std::string> present;
+  collect_keys(root, "", origin, &present);
+  const std::vector<std::string> ignored = reference_keys_resolve(root, origin);
 
   Config c;
   std::set<std::string> used;
   Reader r{root, "", origin, &used};
   c.visit(r);
 
-  std::vector<std::string> present;
+  present.clear();
   collect_keys(root, "", origin, &present);
-  const auto known = known_keys();
+  std::vector<std::string> known = known_keys();
+  for (const auto& k : reference_key_names()) known.push_back(k);
   for (const auto& k : present) {
-    if (used.count(k) || kIgnoredReferenceKeys.count(k)) continue;
+    if (used.count(k)) continue;
     fail("{}: unknown key '{}'{}", origin, k, suggestion_suffix(k, known));
   }
   config_validate(c, origin);
+  if (!ignored.empty())
+    spdlog::warn("{}: ignoring {} operational reference key{} (no effect on the model or the "
+                 "method here; docs/INTEROP.md): {}", origin, ignored.size(),
+                 ignored.size() == 1 ? "" : "s", fmt::join(ignored, ", "));
+  if (ignored_out) *ignored_out = ignored;
   return c;
 }
 
 }  // namespace
 
 Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                    const std::string& origin) {
+                    const std::string& origin, std::vector<std::string>* ignored_keys) {
   try {
-    return parse_yaml_config(yaml_text, overrides, origin);
+    return parse_yaml_config(yaml_text, overrides, origin, ignored_keys);
   } catch (const YAML::Exception& e) {
     // Every case we know of has its own message above; this names anything yaml-cpp still
     // refuses instead of letting its exception escape.
@@ -264,15 +275,16 @@ Config config_parse(const std::string& yaml_text, const std::vector<std::string>
   }
 }
 
-Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
+Config config_load(const std::string& path, const std::vector<std::string>& overrides,
+                   std::vector<std::string>* ignored_keys) {
   if (path.empty())
     return config_parse(builtin_default_config_yaml(), overrides,
-                        "built-in default config (configs/default.yaml)");
+                        "built-in default config (configs/default.yaml)", ignored_keys);
   std::ifstream f(path);
   SPES_CHECK(f.good(), "config file '{}' cannot be read (does it exist?)", path);
   std::stringstream ss;
   ss << f.rdbuf();
-  return config_parse(ss.str(), overrides, path);
+  return config_parse(ss.str(), overrides, path, ignored_keys);
 }
 
 std::string config_to_yaml(const Config& c) {
@@ -292,8 +304,19 @@ void config_validate(const Config& c, const std::string& o) {
   positive("model.d_model", m.d_model);
   positive("model.n_layers", m.n_layers);
   positive("model.n_heads", m.n_heads);
-  positive("model.mlp_hidden_size", m.mlp_hidden_size);
+  SPES_CHECK(m.mlp_hidden_size >= 0, "{}: model.mlp_hidden_size must be positive (or 0/null: "
+             "mlp_ratio x d_model), found {}", o, m.mlp_hidden_size);
+  if (m.mlp_hidden_size == 0) positive("model.mlp_ratio", m.mlp_ratio);
+  SPES_CHECK(m.swiglu_input_size() % 2 == 0 && m.swiglu_input_size() >= 2,
+             "{}: the SwiGLU width {} ({}) must be even: gate and up take half each, so the "
+             "expert hidden size F is half of it (OLMo's meaning of model.mlp_hidden_size)", o,
+             m.swiglu_input_size(), m.mlp_hidden_size > 0 ? "model.mlp_hidden_size"
+                                                          : "model.mlp_ratio x model.d_model");
   positive("model.vocab_size", m.vocab_size);
+  SPES_CHECK(m.embedding_size == 0 || m.embedding_size >= m.vocab_size,
+             "{}: model.embedding_size ({}) pads the vocabulary and must be at least "
+             "model.vocab_size ({}), or 0/null for no padding", o, m.embedding_size,
+             m.vocab_size);
   positive("model.max_sequence_length", m.max_sequence_length);
   positive("global_train_batch_size", c.global_train_batch_size);
   positive("device_train_microbatch_size", c.device_train_microbatch_size);

@@ -1,7 +1,9 @@
 // Run configuration: model shape, optimizer, schedule, data, training loop and SPES settings.
-// Loaded from YAML with the reference SPES/OLMo key names where the concept is the same;
-// `--set key=value` overrides any key. Every struct lists its fields once, in visit(), and
-// parsing, emitting and the unknown-key check all read that one list.
+// Loaded from YAML with the reference SPES/OLMo key names and meanings where the concept is the
+// same; `--set key=value` overrides any key. Every struct lists its fields once, in visit(), and
+// parsing, emitting and the unknown-key check all read that one list. The reference's other keys
+// (translated, accepted at the one value implemented here, operational or refused) are handled
+// by io/reference_keys before the fields are read.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,7 +16,11 @@ struct ModelConfig {
   int64_t n_layers = 4;
   int64_t n_heads = 4;
   int64_t n_kv_heads = 0;             // 0: same as n_heads (no GQA)
-  int64_t mlp_hidden_size = 512;      // hidden size F of each expert (or of the dense MLP)
+  // OLMo's meaning: the SwiGLU input projection's width, gate and up together, so each expert's
+  // (or the dense MLP's) hidden size is F = mlp_hidden_size / 2; 0 (OLMo: null) takes
+  // mlp_ratio x d_model instead. See ffn_hidden_size().
+  int64_t mlp_hidden_size = 0;
+  int64_t mlp_ratio = 4;
   int64_t moe_num_experts = 8;
   int64_t moe_top_k = 2;
   std::string block_type = "moe";     // moe | dense
@@ -22,6 +28,8 @@ struct ModelConfig {
   std::string qk_norm = "whole";      // whole (OLMoE) | per_head (Qwen3) | none
   double rope_theta = 500000.0;
   int64_t vocab_size = 8192;
+  int64_t embedding_size = 0;         // rows of the embedding and LM head (>= vocab_size, padding
+                                      // the table as OLMo does); 0: vocab_size
   int64_t max_sequence_length = 256;
   double layer_norm_eps = 1e-6;
   double init_std = 0.02;
@@ -38,13 +46,25 @@ struct ModelConfig {
   bool is_moe() const { return block_type == "moe"; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return d_model / n_heads; }
+  // F: the hidden size of each expert (or of the dense MLP), OLMo's
+  // (mlp_hidden_size or mlp_ratio x d_model) / 2 for SwiGLU.
+  int64_t ffn_hidden_size() const { return swiglu_input_size() / 2; }
+  int64_t swiglu_input_size() const {
+    return mlp_hidden_size > 0 ? mlp_hidden_size : mlp_ratio * d_model;
+  }
+  // Sets mlp_hidden_size so that ffn_hidden_size() is F.
+  void set_ffn_hidden_size(int64_t F) { mlp_hidden_size = 2 * F; }
+  // Rows of the embedding table and the LM head (the logits' width).
+  int64_t embedding_rows() const { return embedding_size > 0 ? embedding_size : vocab_size; }
 
   template <class V> void visit(V& v) {
     v("d_model", d_model); v("n_layers", n_layers); v("n_heads", n_heads);
     v("n_kv_heads", n_kv_heads); v("mlp_hidden_size", mlp_hidden_size);
+    v("mlp_ratio", mlp_ratio);
     v("moe_num_experts", moe_num_experts); v("moe_top_k", moe_top_k);
     v("block_type", block_type); v("moe_norm_topk_prob", moe_norm_topk_prob);
     v("qk_norm", qk_norm); v("rope_theta", rope_theta); v("vocab_size", vocab_size);
+    v("embedding_size", embedding_size);
     v("max_sequence_length", max_sequence_length); v("layer_norm_eps", layer_norm_eps);
     v("init_std", init_std); v("init_cutoff_factor", init_cutoff_factor);
     v("moe_loss_weight", moe_loss_weight); v("moe_zloss_weight", moe_zloss_weight);
@@ -186,12 +206,15 @@ struct Config {
 
 // Loads a YAML file (empty path: built-in defaults), applies `key=value` overrides and checks
 // every value. Throws spes::Error naming the file, key and expected value on any problem.
-// path empty: the built-in default, configs/default.yaml as compiled in.
-Config config_load(const std::string& path, const std::vector<std::string>& overrides = {});
+// path empty: the built-in default, configs/default.yaml as compiled in. Operational keys of a
+// reference config (fsdp, wandb, save_folder, stop_at, ...) are named in one warning line and
+// also returned in `ignored_keys` when given (io/reference_keys.h).
+Config config_load(const std::string& path, const std::vector<std::string>& overrides = {},
+                   std::vector<std::string>* ignored_keys = nullptr);
 const char* builtin_default_config_yaml();
 // Same, from YAML text (`origin` names it in errors).
 Config config_parse(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                    const std::string& origin);
+                    const std::string& origin, std::vector<std::string>* ignored_keys = nullptr);
 // The whole config as YAML; config_parse(config_to_yaml(c), {}, ..) reproduces c.
 std::string config_to_yaml(const Config& c);
 // Checks cross-field consistency (sizes divide, ranges). Called by the loaders.

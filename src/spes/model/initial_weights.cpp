@@ -33,8 +33,10 @@ void check_same_architecture(const ModelConfig& run, const ModelConfig& src,
   same("n_layers", run.n_layers, src.n_layers);
   same("n_heads", run.n_heads, src.n_heads);
   same("n_kv_heads", run.kv_heads(), src.kv_heads());
-  same("mlp_hidden_size", run.mlp_hidden_size, src.mlp_hidden_size);
-  same("vocab_size", run.vocab_size, src.vocab_size);
+  // The shapes, whichever keys give them: F via mlp_hidden_size or mlp_ratio (reported as
+  // mlp_hidden_size = 2F), the table's rows via vocab_size or embedding_size.
+  same("mlp_hidden_size", run.swiglu_input_size(), src.swiglu_input_size());
+  same("embedding_size", run.embedding_rows(), src.embedding_rows());
   same("qk_norm", run.qk_norm, src.qk_norm);
   same("rope_theta", run.rope_theta, src.rope_theta);
   same("layer_norm_eps", run.layer_norm_eps, src.layer_norm_eps);

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "spes/common/error.h"
 #include "spes/io/files.h"
 
@@ -42,18 +44,25 @@ Ownership Ownership::from_config(const Config& cfg) {
     return Ownership(N, owner);
   }
   if (E == 0) return Ownership(N, std::vector<std::vector<int64_t>>(L));
-  int64_t m = s.num_train_experts_per_node > 0 ? s.num_train_experts_per_node : E / N;
-  if (s.mode == "spes" || s.num_train_experts_per_node > 0) {
-    SPES_CHECK(E % N == 0 || s.mode != "spes" || s.num_train_experts_per_node > 0,
+  std::vector<int64_t> row(E);
+  if (s.num_train_experts_per_node > 0) {
+    // The reference's rule: expert e belongs to node e / m, m experts per owning node; with
+    // m x num_peers > E the nodes from E / m on own none and train only the shared tensors (its
+    // 9B run: 8 nodes, m = 2, 8 experts: nodes 4-7 own none).
+    const int64_t m = s.num_train_experts_per_node;
+    SPES_CHECK(E % m == 0 && E / m <= N,
+               "spes_config.num_train_experts_per_node={} gives expert e to node e / {}, which "
+               "needs moe_num_experts={} to be a multiple of it and at most num_peers={} blocks "
+               "of it (so every expert has one owner); set spes_config.expert_owners for an "
+               "uneven map", m, m, E, N);
+    for (int64_t e = 0; e < E; ++e) row[e] = e / m;
+  } else {
+    SPES_CHECK(E % N == 0 || s.mode != "spes",
                "spes_config: {} experts cannot be split evenly over num_peers={} nodes; set "
                "spes_config.expert_owners to give an explicit (uneven) map", E, N);
-    SPES_CHECK(m * N == E,
-               "spes_config.num_train_experts_per_node={} x num_peers={} = {} but the model has "
-               "moe_num_experts={}; each expert needs exactly one owner", m, N, m * N, E);
+    const int64_t m = std::max<int64_t>(1, E / N);
+    for (int64_t e = 0; e < E; ++e) row[e] = std::min<int64_t>(e / m, N - 1);
   }
-  if (m <= 0) m = 1;
-  std::vector<int64_t> row(E);
-  for (int64_t e = 0; e < E; ++e) row[e] = std::min<int64_t>(e / m, N - 1);
   owner.assign(L, row);
   return Ownership(N, owner);
 }

@@ -12,7 +12,8 @@ namespace spes {
 
 class Ownership {
  public:
-  // Contiguous blocks by default (node i owns [i*m, (i+1)*m) in every layer, m = E/N);
+  // Contiguous blocks by default (node i owns [i*m, (i+1)*m) in every layer, m = E/N, or
+  // spes_config.num_train_experts_per_node, when nodes past E/m own none);
   // spes_config.expert_owners gives an explicit map (one row for all layers, or one per layer).
   static Ownership from_config(const Config& cfg);
   Ownership(int64_t num_nodes, std::vector<std::vector<int64_t>> owner);

@@ -31,7 +31,7 @@ Transformer::Transformer(const ModelConfig& cfg, torch::Device device, ModelRunt
              tr.size(), tr.empty() ? 0 : tr[0].size(), cfg.n_layers, cfg.moe_num_experts);
   SPES_CHECK(runtime_.grouped() || runtime_.frozen_dtype == torch::kFloat32,
              "internal: frozen experts in another dtype need the grouped expert layout");
-  const int64_t D = cfg.d_model, V = cfg.vocab_size, F = cfg.mlp_hidden_size;
+  const int64_t D = cfg.d_model, V = cfg.embedding_rows(), F = cfg.ffn_hidden_size();
   const int64_t kv_dim = cfg.kv_heads() * cfg.head_dim();
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto mat = [&](int64_t r, int64_t c) { return torch::zeros({r, c}, opts); };

@@ -1,6 +1,7 @@
 // The memory and communication formulas of SPES.md section 4 for one node of a run, computed
-// from the registry of the run's config (which tensors are shared, which experts the node owns):
-// gradient + AdamW bytes = 12 x trainable values (fp32 gradient, first and second moment);
+// from the registry of the run's config (report/param_counts.h: which tensors are shared, which
+// experts the node owns): gradient + AdamW bytes = 12 x trainable values (fp32 gradient, first
+// and second moment; report/memory_formula.h has the whole node's memory);
 // per round, SPES uploads S + X_i values and downloads P - X_i (P in merge rounds, when its own
 // experts changed too); FedAvg and DiLoCo move P each way; centralized training moves nothing.
 // The experiment report puts these next to what the runs measured.
@@ -21,7 +22,7 @@ struct TransferFormula {
 
   int64_t total_numel() const { return shared_numel + expert_numel; }  // P
   int64_t trainable_numel() const;
-  int64_t grad_and_optimizer_bytes() const { return 12 * trainable_numel(); }
+  int64_t grad_and_optimizer_bytes() const;
   int64_t upload_bytes() const;         // payload only (no safetensors header)
   int64_t download_bytes() const;       // a round without merging
   int64_t download_merge_bytes() const; // a merge round

@@ -1,6 +1,8 @@
 // Device, precision and thread settings (see device.h).
 #include "spes/train/device.h"
 
+#include <dlfcn.h>
+
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/version.h>
@@ -45,7 +47,7 @@ ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
   rt.checkpoint_every = cfg.checkpoint_every();
   const ModelConfig& m = cfg.model;
   const bool bf16 = use_bf16_autocast(cfg, device);
-  const bool shapes_ok = m.d_model % 8 == 0 && m.mlp_hidden_size % 8 == 0;
+  const bool shapes_ok = m.d_model % 8 == 0 && m.ffn_hidden_size() % 8 == 0;
   if (!m.is_moe() || !shapes_ok || !(device.is_cuda() || bf16)) return rt;
   rt.grouped_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   rt.trainable_experts = trainable;
@@ -60,8 +62,28 @@ void configure_threads(const Config& cfg) {
   at::set_num_threads(n);
 }
 
+std::string cpu_gemm_library() {
+  // The sgemm_ that the dynamic linker gives libtorch's PLT is the first in the global scope,
+  // which is what dlsym(RTLD_DEFAULT) finds too.
+  void* sym = ::dlsym(RTLD_DEFAULT, "sgemm_");
+  Dl_info info{};
+  if (!sym || !::dladdr(sym, &info) || !info.dli_fname) return "unknown";
+  const std::string lib = info.dli_fname;
+  if (lib.find("openblas") != std::string::npos) {
+    using GetConfig = const char* (*)();
+    if (auto get = reinterpret_cast<GetConfig>(::dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
+      std::string cfg = get();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64"
+      const size_t first = cfg.find(' '), second = cfg.find(' ', first + 1);
+      return second == std::string::npos ? cfg : cfg.substr(0, second);
+    }
+    return "OpenBLAS";
+  }
+  if (lib.find("libtorch_cpu") != std::string::npos) return "MKL (libtorch's)";
+  return lib;
+}
+
 std::string torch_build_summary() {
-  std::string s = fmt::format("libtorch {}", TORCH_VERSION);
+  std::string s = fmt::format("libtorch {}, CPU GEMM {}", TORCH_VERSION, cpu_gemm_library());
   const auto& hooks = at::detail::getCUDAHooks();
   long cudart = 0;
   try {

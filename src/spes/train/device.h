@@ -33,9 +33,12 @@ ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
                                const std::vector<std::vector<bool>>& trainable);
 // Sets the intra-op thread count (cfg.threads, or every core when 0).
 void configure_threads(const Config& cfg);
-// "libtorch 2.11.0, CUDA 13.0, GPUs visible: 1", or "libtorch 2.11.0, CUDA: no" for a
-// CPU-only libtorch: the version built against, whether CUDA is compiled in, what runs now.
+// "libtorch 2.11.0, CPU GEMM OpenBLAS 0.3.21, CUDA 13.0, GPUs visible: 1" ("CUDA: no" for a
+// CPU-only libtorch): the version built against, the library serving fp32 CPU matrix products
+// (CMake's SPES_CPU_BLAS), whether CUDA is compiled in, and the GPUs this process sees.
 std::string torch_build_summary();
+// "OpenBLAS 0.3.21" or "MKL (libtorch's)": the library that ATen's sgemm_ calls reach.
+std::string cpu_gemm_library();
 
 // bf16 autocast on `device`'s type (CUDA or CPU) for the scope's lifetime.
 class AutocastScope {

@@ -1,0 +1,172 @@
+// `spes config --config FILE [--set k=v ...] [--json]`: loads a config (this project's or a
+// reference OLMo/SPES training YAML), prints it resolved into this project's keys, and the
+// counts a run of it would have: total parameters, active parameters per token, what each node
+// trains, and each node's memory by part (JSON: the config's node, spes_config.peer_id)
+// (report/param_counts.h, report/memory_formula.h). The model is built on the meta device, so
+// even the 9B reference config allocates no weights.
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "spes/common/strings.h"
+#include "spes/io/config.h"
+#include "spes/report/memory_formula.h"
+#include "spes/report/param_counts.h"
+#include "spes/model/ownership.h"
+
+namespace {
+
+using spes::report::NodeMemory;
+using spes::report::ParamCounts;
+
+struct ConfigArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  bool json = false;
+};
+
+// 1234567 -> "1,234,567 (1.23M)".
+std::string count(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  if (n >= 1000000000) return fmt::format("{} ({:.2f}B)", out, n / 1e9);
+  if (n >= 1000000) return fmt::format("{} ({:.2f}M)", out, n / 1e6);
+  return out;
+}
+
+// "experts 0-3", "experts 0, 5", "no experts" (of layer 0; "per layer" when layers differ).
+std::string owned_experts(const spes::Ownership& own, int64_t node) {
+  if (own.num_layers() == 0 || own.num_experts() == 0) return "no experts (dense model)";
+  const std::vector<int64_t> first = own.experts_of(node, 0);
+  for (int64_t l = 1; l < own.num_layers(); ++l)
+    if (own.experts_of(node, l) != first) return "its experts of each layer (a per-layer map)";
+  if (first.empty()) return "no experts";
+  const bool contiguous = first.back() - first.front() + 1 == static_cast<int64_t>(first.size());
+  if (contiguous && first.size() > 1)
+    return fmt::format("experts {}-{} of every layer", first.front(), first.back());
+  std::string list;
+  for (int64_t e : first) list += (list.empty() ? "" : ", ") + std::to_string(e);
+  return fmt::format("expert{} {} of every layer", first.size() > 1 ? "s" : "", list);
+}
+
+void print_text(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
+                const std::vector<NodeMemory>& mems, const std::vector<std::string>& ignored) {
+  const auto& m = cfg.model;
+  const auto& s = cfg.spes_config;
+  const int64_t me = s.peer_id;
+  fmt::print("# resolved config (this project's keys)\n{}\n", spes::config_to_yaml(cfg));
+  if (!ignored.empty())
+    fmt::print("# ignored operational reference keys: {}\n\n", fmt::join(ignored, ", "));
+  fmt::print("model: {} layers, d_model {}, {} heads ({} key/value), ", m.n_layers, m.d_model,
+             m.n_heads, m.kv_heads());
+  if (m.is_moe())
+    fmt::print("{} experts top-{} ({} weights), expert hidden size F {}", m.moe_num_experts,
+               m.moe_top_k, m.moe_norm_topk_prob ? "normalised" : "raw", m.ffn_hidden_size());
+  else
+    fmt::print("dense MLP of hidden size F {}", m.ffn_hidden_size());
+  fmt::print(", QK-norm {}, vocabulary {} ({} embedding rows)\n", m.qk_norm, m.vocab_size,
+             m.embedding_rows());
+  const ParamCounts& c = nodes.at(me);
+  fmt::print("parameters: total {}, active per token {}\n", count(c.total),
+             count(c.active_per_token));
+  fmt::print("  shared {}, experts {}\n", count(c.shared), count(c.experts));
+  const spes::Ownership own = spes::Ownership::from_config(cfg);
+  fmt::print("trainable per node (spes_config.mode {}):\n", s.mode);
+  for (size_t i = 0; i < nodes.size(); ++i)
+    fmt::print("  node {}{}: {}; owns {}\n", i,
+               static_cast<int64_t>(i) == me ? " (this config)" : "", count(nodes[i].trainable),
+               owned_experts(own, static_cast<int64_t>(i)));
+  fmt::print("memory per node (micro-batch {} x {} tokens, precision {}; activations are an "
+             "estimate, report/memory_formula.h):\n", cfg.device_train_microbatch_size,
+             m.max_sequence_length, cfg.precision);
+  std::string head = fmt::format("  {:>5}", "node");
+  for (const auto& [dtype, bytes] : mems.at(0).weights_by_dtype)
+    head += fmt::format("  {:>12}", "weights " + dtype);
+  fmt::print("{}  {:>12}  {:>12}  {:>12}  {:>12}\n", head, "gradients", "AdamW", "activations",
+             "total");
+  for (size_t i = 0; i < mems.size(); ++i) {
+    std::string row = fmt::format("  {:>5}", i);
+    for (const auto& [dtype, bytes] : mems[i].weights_by_dtype)
+      row += fmt::format("  {:>12}", spes::human_bytes(bytes));
+    fmt::print("{}  {:>12}  {:>12}  {:>12}  {:>12}\n", row, spes::human_bytes(mems[i].gradients),
+               spes::human_bytes(mems[i].adam_moments), spes::human_bytes(mems[i].activations),
+               spes::human_bytes(mems[i].total()));
+  }
+}
+
+nlohmann::json to_json(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
+                       const std::vector<NodeMemory>& mems,
+                       const std::vector<std::string>& ignored) {
+  const int64_t me = cfg.spes_config.peer_id;
+  const ParamCounts& c = nodes.at(me);
+  const NodeMemory& mem = mems.at(me);
+  nlohmann::json by_node = nlohmann::json::array();
+  for (const auto& n : nodes) by_node.push_back(n.trainable);
+  nlohmann::json weights = nlohmann::json::object();
+  for (const auto& [dtype, bytes] : mem.weights_by_dtype) weights[dtype] = bytes;
+  return {{"node", me},
+          {"mode", cfg.spes_config.mode},
+          {"parameters",
+           {{"total", c.total},
+            {"active_per_token", c.active_per_token},
+            {"trainable_per_node", c.trainable},
+            {"trainable_by_node", by_node},
+            {"shared", c.shared},
+            {"experts", c.experts},
+            {"own_experts", c.own_experts}}},
+          {"memory",
+           {{"node", me},
+            {"micro_batch", cfg.device_train_microbatch_size},
+            {"sequence", cfg.model.max_sequence_length},
+            {"precision", cfg.precision},
+            {"weights_by_dtype", weights},
+            {"weights", mem.weights()},
+            {"gradients", mem.gradients},
+            {"adam_moments", mem.adam_moments},
+            {"activations", mem.activations},
+            {"total", mem.total()}}},
+          {"ignored_keys", ignored},
+          {"config_yaml", spes::config_to_yaml(cfg)}};
+}
+
+void run_config(const ConfigArgs& a) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("config"));  // stdout holds only the report
+  std::vector<std::string> ignored;
+  const spes::Config cfg = spes::config_load(a.config, a.sets, &ignored);
+  std::vector<ParamCounts> nodes;
+  std::vector<NodeMemory> mems;
+  for (int64_t i = 0; i < cfg.spes_config.num_peers; ++i) {
+    nodes.push_back(spes::report::param_counts(cfg, i));
+    mems.push_back(spes::report::node_memory(cfg, nodes.back()));
+  }
+  if (a.json)
+    fmt::print("{}\n", to_json(cfg, nodes, mems, ignored).dump(2));
+  else
+    print_text(cfg, nodes, mems, ignored);
+}
+
+spes::cli::SubcommandRegistrar register_config(
+    "config", "Print a config resolved (reference OLMo/SPES YAMLs too) with its parameter and "
+    "memory counts", [](CLI::App& sub) {
+      auto a = std::make_shared<ConfigArgs>();
+      sub.add_option("--config", a->config,
+                     "YAML config, this project's or the reference's (default: the built-in "
+                     "configs/default.yaml)");
+      sub.add_option("--set", a->sets,
+                     "Override a config key: --set spes_config.peer_id=4 (repeatable)");
+      sub.add_flag("--json", a->json,
+                   "Print one JSON object (parameters.total, active_per_token, "
+                   "trainable_per_node; memory) instead of text");
+      sub.callback([a] { run_config(*a); });
+    });
+
+}  // namespace

@@ -1,0 +1,53 @@
+// Node memory by part (see memory_formula.h).
+#include "spes/report/memory_formula.h"
+
+namespace spes::report {
+
+ActivationShape activation_shape(const Config& cfg) {
+  const ModelConfig& m = cfg.model;
+  ActivationShape s;
+  s.micro_batch = cfg.device_train_microbatch_size;
+  s.seq = m.max_sequence_length;
+  s.d_model = m.d_model;
+  s.layers = m.n_layers;
+  s.heads = m.n_heads;
+  s.kv_heads = m.kv_heads();
+  s.experts = m.is_moe() ? m.moe_num_experts : 0;
+  s.top_k = m.is_moe() ? m.moe_top_k : 1;
+  s.ffn_hidden = m.ffn_hidden_size();
+  s.vocab = m.embedding_rows();
+  // "auto" trains in bf16 autocast on a GPU and in fp32 on a CPU; counted as fp32 here.
+  s.value_bytes = cfg.precision == "amp_bf16" ? 2 : 4;
+  return s;
+}
+
+int64_t activation_bytes(const ActivationShape& s) {
+  const int64_t N = s.micro_batch * s.seq, D = s.d_model, H = s.heads;
+  const int64_t Dkv = s.kv_heads * (D / H), E = s.experts, k = s.top_k, F = s.ffn_hidden;
+  const int64_t attention = 5 * D + 3 * Dkv + H + 1;
+  const int64_t ffn = 2 * D + 1 + 2 * E + k * (2 * D + 3 * F);
+  const int64_t head = 2 * D + 1;
+  const int64_t per_token = s.layers * (attention + ffn) + head;
+  const int64_t logits = 2 * s.vocab * 4;  // fp32 logits and their softmax / gradient
+  return N * (per_token * s.value_bytes + logits);
+}
+
+int64_t NodeMemory::weights() const {
+  int64_t w = 0;
+  for (const auto& [dtype, bytes] : weights_by_dtype) w += bytes;
+  return w;
+}
+
+int64_t NodeMemory::total() const { return weights() + gradients + adam_moments + activations; }
+
+NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
+  NodeMemory m;
+  m.weights_by_dtype["fp32"] = 4 * counts.total;
+  if (cfg.precision == "amp_bf16") m.weights_by_dtype["bf16"] = 2 * counts.total;
+  m.gradients = gradient_bytes(counts.trainable);
+  m.adam_moments = adam_moment_bytes(counts.trainable);
+  m.activations = activation_bytes(activation_shape(cfg));
+  return m;
+}
+
+}  // namespace spes::report

@@ -1,0 +1,71 @@
+// The memory one node needs to train, by part (SPES.md section 4: frozen experts are used in
+// the forward pass but have no gradient and no optimizer state):
+//   weights      fp32 master copies of every tensor (4 bytes per value); with precision
+//                amp_bf16 also the bf16 copies autocast makes of every weight the forward pass
+//                uses (all of them: every expert receives tokens), which backward keeps;
+//   gradients    fp32, trainable tensors only (4 bytes per trainable value);
+//   AdamW        two fp32 moments, trainable tensors only (8 bytes per trainable value);
+//   activations  what one micro-batch's forward pass keeps for backward
+//                (activation_bytes(), an estimate; its comment lists what it counts).
+// Left out: allocator caching and fragmentation, the CUDA context, temporary buffers of
+// single kernels, the data loader, and several micro-batches in flight at once (CPU threads).
+// This is the one place these figures are computed (`spes config`, `spes compare`); GPU runs
+// are to calibrate it (bf16-stored frozen experts, activation checkpointing: issue 12).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "spes/io/config.h"
+#include "spes/report/param_counts.h"
+
+namespace spes::report {
+
+// Bytes of gradients and of AdamW moments per node: fp32, trainable values only.
+inline int64_t gradient_bytes(int64_t trainable_values) { return 4 * trainable_values; }
+inline int64_t adam_moment_bytes(int64_t trainable_values) { return 8 * trainable_values; }
+
+// The shape one micro-batch's activations depend on.
+struct ActivationShape {
+  int64_t micro_batch = 1;  // sequences per forward/backward (device_train_microbatch_size)
+  int64_t seq = 1;          // tokens per sequence (max_sequence_length)
+  int64_t d_model = 1;      // D
+  int64_t layers = 1;       // L
+  int64_t heads = 1;        // H (query heads)
+  int64_t kv_heads = 1;     // Hkv (key/value heads; Dkv = Hkv x D / H)
+  int64_t experts = 0;      // E (0: dense MLP blocks)
+  int64_t top_k = 1;        // k (experts per token)
+  int64_t ffn_hidden = 1;   // F (each expert's hidden size)
+  int64_t vocab = 1;        // V (rows of the LM head: embedding_rows())
+  int64_t value_bytes = 4;  // bytes per activation value: 4 (fp32) or 2 (bf16 autocast)
+};
+ActivationShape activation_shape(const Config& cfg);
+
+// Estimated bytes one micro-batch's forward pass keeps for backward, for N = micro_batch x seq
+// tokens. Per token and layer, in values of `value_bytes`:
+//   attention  5 D + 3 Dkv + H + 1: the RMSNorm input and its 1/rms, the normed input the
+//              q/k/v projections read, q and k before QK-norm (D + Dkv), q, k, v after QK-norm
+//              and RoPE (D + 2 Dkv), the attention output (read by o_proj) and its per-head
+//              log-sum-exp (fused attention keeps no T x T score matrix);
+//   MoE        2 D + 1 + 2 E + k (2 D + 3 F): the RMSNorm input, 1/rms and normed input, the
+//              router's logits and probabilities, and per routed slot the expert's input row,
+//              its gate and up outputs, their SwiGLU product (read by down_proj) and its output
+//              (weighted into the sum); a dense block counts the MLP as one slot, no router;
+// plus per token 2 D + 1 for the final RMSNorm, and the LM head's N x V logits in fp32 twice
+// (the logits and the softmax / gradient the loss builds from them).
+// Not counted: integer routing indices, the residual stream's own copies, kernel workspaces.
+int64_t activation_bytes(const ActivationShape& s);
+
+struct NodeMemory {
+  std::map<std::string, int64_t> weights_by_dtype;  // "fp32", "bf16" -> bytes
+  int64_t gradients = 0;
+  int64_t adam_moments = 0;
+  int64_t activations = 0;
+  int64_t weights() const;
+  int64_t total() const;
+};
+
+// Memory of the node `counts` were made for (param_counts(cfg, node)).
+NodeMemory node_memory(const Config& cfg, const ParamCounts& counts);
+
+}  // namespace spes::report
