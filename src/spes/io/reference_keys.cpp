@@ -27,7 +27,7 @@ const char* const kOperational[] = {
     "device_train_grad_accum", "speed_monitor", "console_log_interval", "gen1_gc_interval",
     "distributed_strategy", "fsdp", "ddp", "single", "time_limit", "extra_steps_after_cancel",
     "early_stopping_factor", "save_data_indices", "python_profiling", "torch_profiling",
-    "activation_checkpointing", "hf_datasets_cache_dir", "module_outputs_save_steps",
+    "hf_datasets_cache_dir", "module_outputs_save_steps",
     // Declared by the reference but never read by its trainer (its output z-loss weight is the
     // loss function's default 1e-4, model.z_loss_weight here).
     "auxiliary_loss_multiplier",
@@ -127,7 +127,8 @@ const OneValue kOneValue[] = {
     {"data.generate_doc_lengths", "false", is_false,
      "spes attention is causal over the whole window (no per-document masking)"},
     {"spes_config.quant_non_local_trainable_experts", "false", is_false,
-     "frozen experts keep the precision of the model here"},
+     "frozen experts are stored in bf16 under precision amp_bf16 (fp32 otherwise), never "
+     "quantised further"},
     {"spes_config.using_decayed_aux_loss", "false", is_false,
      "the load-balancing loss covers every expert with one weight (model.moe_loss_weight)"},
 };
@@ -147,6 +148,7 @@ const NullMeaning kNull[] = {
     {"scheduler.t_max", "0", ""},         // the run's length
     {"max_grad_norm", "0", ""},           // no clipping
     {"save_interval", "0", ""},           // save at the end only
+    {"activation_checkpointing", "none", ""},  // keep every block's activations
     {"model.init_cutoff_factor", nullptr,
      "OLMo's null draws an untruncated normal; spes always truncates (give a number, e.g. 3)"},
 };
