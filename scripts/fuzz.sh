@@ -31,7 +31,19 @@ need clang++ clang
 need protoc protobuf-compiler
 
 B=build-fuzz
-mkdir -p "$B/obj" "$B/proto" "$B/gen"
+mkdir -p "$B/obj" "$B/proto" "$B/gen/spes/common"
+# libtorch of the project's PyTorch (scripts/setup.sh installs it into .venv/).
+torch_dir="$(.venv/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))')" ||
+  { echo "fuzz.sh: run scripts/setup.sh first (PyTorch in .venv/)" >&2; exit 2; }
+# What CMake's build_features.h says, for this build: the sync side is in, CUDA is not.
+printf '#pragma once\n#define SPES_WITH_CUDA 0\n#define SPES_WITH_SYNC 1\n' \
+  > "$B/gen/spes/common/build_features.h"
+# Debian's fmt, spdlog and protobuf headers before the wheel's own copies (as CMake does,
+# cmake/SpesTorch.cmake: spes_system_header_links).
+mkdir -p "$B/system-headers-first"
+for tree in fmt spdlog google; do
+  ln -sfn "/usr/include/$tree" "$B/system-headers-first/$tree"
+done
 
 # Generated sources: the protobuf messages (no gRPC service needed) and the built-in default
 # config that config.cpp links against (as CMakeLists.txt's spes_embed_text does).
@@ -55,8 +67,11 @@ rm -f "$B/gen/default_config.cpp.new"
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 cxxflags=(-std=gnu++17 -O1 -g "${san[@]}" -D_GLIBCXX_USE_CXX11_ABI=1 -DFMT_SHARED
           -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB -pthread
-          -Isrc -Itests -I"$B/proto" -isystem /usr/include/torch/csrc/api/include -w)
-sources=(src/spes/io/safetensors.cpp src/spes/io/config.cpp src/spes/io/files.cpp
+          -Isrc -Itests -I"$B/proto" -I"$B/gen" -isystem "$B/system-headers-first"
+          -isystem "$torch_dir/include"
+          -isystem "$torch_dir/include/torch/csrc/api/include" -w)
+sources=(src/spes/io/safetensors.cpp src/spes/io/config.cpp src/spes/io/reference_keys.cpp
+         src/spes/io/files.cpp
          src/spes/common/strings.cpp src/spes/sync/wire/framing.cpp
          src/spes/sync/server/upload_assembly.cpp
          tests/fuzz/fuzz_entries.cpp "$B/proto/spes_sync.pb.cc" "$B/gen/default_config.cpp")
@@ -85,7 +100,8 @@ for src in "${sources[@]}"; do
   fi
 done
 
-libs=(-L/usr/lib/x86_64-linux-gnu -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10 -Wl,--as-needed
+libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10
+      -Wl,--as-needed
       -lprotobuf -lyaml-cpp -lspdlog -lfmt -lcrypto -pthread)
 declare -A entry=([safetensors]=fuzz_safetensors [config]=fuzz_config
                   [upload_stream]=fuzz_upload_stream)

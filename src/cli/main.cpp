@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "spes/common/build_features.h"
 #include "spes/common/error.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/train/device.h"
@@ -27,7 +28,8 @@ int main(int argc, char** argv) {
   spes::cli::command_line_args().assign(argv + 1, argv + argc);
   CLI::App app{"spes: memory-efficient decentralized pretraining of mixture-of-experts models"};
   app.set_version_flag("--version", [] {
-    return std::string("spes ") + SPES_VERSION + " (" + spes::torch_build_summary() + ")";
+    return std::string("spes ") + SPES_VERSION + " (" + spes::torch_build_summary() +
+           (SPES_WITH_SYNC ? "" : ", sync: no (built with SPES_WITH_SYNC=OFF)") + ")";
   });
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();

@@ -3,13 +3,16 @@
 
 #include <cstring>
 
+#include "spes/common/build_features.h"
 #include "spes/common/error.h"
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
+#if SPES_WITH_SYNC
 #include "spes/sync/server/upload_assembly.h"
 #include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes_sync.pb.h"
+#endif
 
 namespace spes::fuzz {
 namespace {
@@ -52,6 +55,7 @@ void fuzz_config(const uint8_t* data, size_t size) {
   });
 }
 
+#if SPES_WITH_SYNC
 void fuzz_upload_stream(const uint8_t* data, size_t size) {
   namespace pb = ::spes::sync::v1;
   using namespace spes::sync;
@@ -98,16 +102,24 @@ void fuzz_upload_stream(const uint8_t* data, size_t size) {
     reader.finish();
   });
 }
+#endif
 
+// upload_stream parses the gRPC messages: only in builds with the sync side (SPES_WITH_SYNC).
 const std::vector<std::string>& fuzz_target_names() {
-  static const std::vector<std::string> names = {"safetensors", "config", "upload_stream"};
+  static const std::vector<std::string> names = {"safetensors", "config"
+#if SPES_WITH_SYNC
+                                                 , "upload_stream"
+#endif
+  };
   return names;
 }
 
 void fuzz_run(const std::string& target, const uint8_t* data, size_t size) {
   if (target == "safetensors") return fuzz_safetensors(data, size);
   if (target == "config") return fuzz_config(data, size);
+#if SPES_WITH_SYNC
   if (target == "upload_stream") return fuzz_upload_stream(data, size);
+#endif
   fail("unknown fuzz target '{}' (safetensors, config, upload_stream)", target);
 }
 
