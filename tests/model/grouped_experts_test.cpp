@@ -20,7 +20,7 @@ namespace {
 
 ModelConfig grouped_tiny() {
   ModelConfig c = spes::testing::tiny_model_config();
-  c.mlp_hidden_size = 16;  // grouped GEMMs want multiples of 8
+  c.set_ffn_hidden_size(16);  // grouped GEMMs want multiples of 8
   return c;
 }
 

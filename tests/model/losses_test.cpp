@@ -225,7 +225,7 @@ TEST(ComputeLossesNumeric, TinyModelTermsAndWeights) {
   model.init_weights(3);
   auto [tokens, targets] = tiny_batch(cfg.vocab_size, 4);
   LossTerms t = compute_losses(model, tokens, targets);
-  EXPECT_EQ(t.n_targets, 14);
+  EXPECT_EQ(t.n_targets.item<int64_t>(), 14);
 
   auto logit_rows = rows_of(model.logits(tokens));
   auto tg = targets.reshape({-1});

@@ -5,7 +5,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
+#include <functional>
 
 #include "spes/common/error.h"
 #include "spes/sync/round/aggregate.h"
@@ -232,6 +235,36 @@ TEST(Aggregate, DilocoOuterNesterovStep) {
   agg.finish();
   EXPECT_NEAR(uniform_value(m, kEmbed), -0.2145, 1e-6);
   EXPECT_NEAR(m.momentum()[m.plan().index(kEmbed)].max().item<double>(), 0.65, 1e-6);
+}
+
+// DiLoCo's outer step with outer lr 1 and no momentum is the plain average: the published
+// model must equal FedAvg's bit for bit, round after round, on values with no exact sums.
+TEST(Aggregate, DilocoWithOuterLrOneAndNoMomentumIsFedAvgBitForBit) {
+  SyncModel diloco(tiny_config({"spes_config.mode=diloco", "spes_config.outer_lr=1",
+                                "spes_config.outer_momentum=0"}));
+  SyncModel fedavg(tiny_config({"spes_config.mode=fedavg"}));
+  auto random = [](const PlanTensor& t, int64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(
+        static_cast<uint64_t>(seed) * 7919 + std::hash<std::string>{}(t.name));
+    return torch::randn(t.shape, gen, torch::kFloat32);
+  };
+  NamedTensors start;
+  for (const auto& t : diloco.plan().tensors()) start.emplace_back(t.name, random(t, 7));
+  diloco.load(start, "test");
+  fedavg.load(start, "test");
+  for (int64_t round = 1; round <= 3; ++round) {
+    for (SyncModel* m : {&diloco, &fedavg}) {
+      RoundAggregator agg(*m);
+      agg.begin(round, 10 * round);
+      for (int64_t node = 0; node < 2; ++node)
+        fold_filled(agg, m->plan(), node, 80,
+                    [&](const PlanTensor& t) { return random(t, 10 * round + node); });
+      agg.finish();
+    }
+    for (size_t i = 0; i < fedavg.tensors().size(); ++i)
+      ASSERT_TRUE(torch::equal(diloco.tensors()[i], fedavg.tensors()[i]))
+          << "round " << round << ": " << fedavg.plan().tensors()[i].name;
+  }
 }
 
 TEST(Aggregate, MergeAtAMergePointTensorByTensor) {

@@ -1,6 +1,8 @@
 // Node memory by part (see memory_formula.h).
 #include "spes/report/memory_formula.h"
 
+#include "spes/train/device.h"
+
 namespace spes::report {
 
 ActivationShape activation_shape(const Config& cfg) {
@@ -42,8 +44,17 @@ int64_t NodeMemory::total() const { return weights() + gradients + adam_moments 
 
 NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
   NodeMemory m;
-  m.weights_by_dtype["fp32"] = 4 * counts.total;
-  if (cfg.precision == "amp_bf16") m.weights_by_dtype["bf16"] = 2 * counts.total;
+  // The trainer's layout decision, on a device where amp_bf16 means bf16 ("auto" counts as fp32).
+  const ModelRuntime rt = model_runtime_for(cfg, torch::Device(torch::kCPU), {});
+  const int64_t frozen = counts.total - counts.trainable;  // frozen expert values
+  const bool frozen_bf16 = rt.frozen_dtype == torch::kBFloat16;
+  m.weights_by_dtype["fp32"] = 4 * (counts.total - (frozen_bf16 ? frozen : 0));
+  if (cfg.precision == "amp_bf16") {
+    m.weights_by_dtype["bf16"] = 2 * counts.total;
+    // Experts in the grouped layout keep their bf16 stack between steps; everything else is
+    // copied by autocast during a step.
+    m.autocast_copies = 2 * (rt.grouped() ? counts.total - counts.experts : counts.total);
+  }
   m.gradients = gradient_bytes(counts.trainable);
   m.adam_moments = adam_moment_bytes(counts.trainable);
   m.activations = activation_bytes(activation_shape(cfg));

@@ -1,16 +1,19 @@
 // The memory one node needs to train, by part (SPES.md section 4: frozen experts are used in
 // the forward pass but have no gradient and no optimizer state):
-//   weights      fp32 master copies of every tensor (4 bytes per value); with precision
-//                amp_bf16 also the bf16 copies autocast makes of every weight the forward pass
-//                uses (all of them: every expert receives tokens), which backward keeps;
+//   weights      in the layout the trainer uses (train/device.h, model_runtime_for): fp32
+//                master copies of every trainable tensor and, in fp32 runs, of every frozen
+//                one; with precision amp_bf16 also 2 bytes per value of every weight: the
+//                stacked bf16 experts (frozen experts live only there when they are stored in
+//                bf16) and the bf16 copies autocast makes of the shared weights for one step;
 //   gradients    fp32, trainable tensors only (4 bytes per trainable value);
 //   AdamW        two fp32 moments, trainable tensors only (8 bytes per trainable value);
 //   activations  what one micro-batch's forward pass keeps for backward
 //                (activation_bytes(), an estimate; its comment lists what it counts).
 // Left out: allocator caching and fragmentation, the CUDA context, temporary buffers of
-// single kernels, the data loader, and several micro-batches in flight at once (CPU threads).
-// This is the one place these figures are computed (`spes config`, `spes compare`); GPU runs
-// are to calibrate it (bf16-stored frozen experts, activation checkpointing: issue 12).
+// single kernels, the data loader, the RoPE tables, and several micro-batches in flight at once
+// (CPU threads). This is the one place these figures are computed (`spes config`, `spes
+// compare`); tests/report/memory_measured_test.cpp checks the resident parts against the
+// tensors of a real step.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -58,6 +61,7 @@ int64_t activation_bytes(const ActivationShape& s);
 
 struct NodeMemory {
   std::map<std::string, int64_t> weights_by_dtype;  // "fp32", "bf16" -> bytes
+  int64_t autocast_copies = 0;  // the part of "bf16" that exists only during a step
   int64_t gradients = 0;
   int64_t adam_moments = 0;
   int64_t activations = 0;

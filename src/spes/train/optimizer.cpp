@@ -2,6 +2,7 @@
 #include "spes/train/optimizer.h"
 
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/variable.h>
 #include <fmt/ranges.h>
 
 #include <cmath>
@@ -145,6 +146,9 @@ double AdamW::step(double lr, double max_grad_norm, torch::Tensor* to_host) {
           pd[j] = pd[j] * decay - fstep * mj / (std::sqrt(vj) / fbc2s + feps);
         }
       });
+      // Written through raw pointers: say so, as in-place ops do, so that copies made from p
+      // (the bf16 expert stacks, model/expert_stack.h) see the new values.
+      torch::autograd::impl::bump_version(p);
     } else {
       torch::Tensor gc = clip != 1.0 ? g * clip : g;
       p.mul_(1.0 - lr * wd);

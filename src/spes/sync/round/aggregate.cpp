@@ -190,13 +190,15 @@ RoundOutcome RoundAggregator::finish() {
     if (!acc.defined()) continue;  // nobody uploaded it: keeps the last published value
     if (plan.tensors()[i].rule == Combine::Mean && wsum_[i] != 1.0) acc.div_(wsum_[i]);
     if (diloco) {
-      // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m).
-      acc.neg_().add_(pub[i]);
+      // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m), computed
+      // as avg + (1 - lr) * delta - lr * mu * m: the same value, and with lr 1 and mu 0
+      // exactly the average (FedAvg bit for bit).
+      const torch::Tensor delta = pub[i] - acc;
       torch::Tensor& m = model_.momentum()[i];
       if (!m.defined()) m = torch::zeros_like(acc);
-      m.mul_(mu).add_(acc);
-      acc.add_(m, mu);
-      pub[i].sub_(acc, lr);
+      m.mul_(mu).add_(delta);
+      acc.add_(delta, 1 - lr).sub_(m, lr * mu);
+      pub[i].copy_(acc);
     } else {
       pub[i].copy_(acc);
     }
