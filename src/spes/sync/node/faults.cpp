@@ -168,13 +168,13 @@ SafetensorsStreamWriter NodeFaultInjection::payload(const ParamRegistry& reg,
   return SafetensorsStreamWriter(std::move(t), wire_scalar_type(wire), upload_metadata(meta));
 }
 
-void NodeFaultInjection::after_published(SyncClient& client, int64_t round, int64_t step,
-                                         int64_t sync_steps,
+void NodeFaultInjection::after_published(SyncClient& client, int64_t round,
+                                         const RoundClock& clock,
                                          const SafetensorsStreamWriter& payload) const {
   if (round != f_.replay_round || round <= 1) return;
   // An old round sent again must be refused (round ids), whatever the payload.
   try {
-    client.upload(round - 1, step - sync_steps, payload);
+    client.upload(round - 1, clock.step_of(round - 1), payload);
     fail("node {}: fault injection: the server accepted a replay of round {}", node_, round - 1);
   } catch (const SyncError& e) {
     SPES_CHECK(e.code() == SyncErrc::OutOfRange || e.code() == SyncErrc::FailedPrecondition,

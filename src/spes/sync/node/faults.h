@@ -22,6 +22,7 @@
 #include "spes/model/registry.h"
 #include "spes/sync/node/client.h"
 #include "spes/sync/round/plan.h"
+#include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -49,9 +50,9 @@ class NodeFaultInjection {
   // scaled); after stall@R's sleep.
   SafetensorsStreamWriter payload(const ParamRegistry& registry, const UploadMeta& meta,
                                   WireDtype wire) const;
-  // Round `round` (the sync at `step`, every `sync_steps` steps) was published with this
-  // node's upload `payload`: replay@R sends round R-1 again and checks that it is refused.
-  void after_published(SyncClient& client, int64_t round, int64_t step, int64_t sync_steps,
+  // Round `round` was published with this node's upload `payload`: replay@R sends it again
+  // as round R-1 and checks that it is refused.
+  void after_published(SyncClient& client, int64_t round, const RoundClock& clock,
                        const SafetensorsStreamWriter& payload) const;
 
  private:

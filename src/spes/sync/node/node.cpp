@@ -14,6 +14,7 @@
 #include "spes/io/files.h"
 #include "spes/sync/node/client.h"
 #include "spes/sync/round/plan.h"
+#include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/auth.h"
 #include "spes/sync/wire/framing.h"
 
@@ -188,7 +189,6 @@ void SyncNode::on_start(Trainer& t) {
   SPES_CHECK(cfg.spes_config.mode != "centralized", "spes node: spes_config.mode is centralized; "
              "set it to spes, fedavg or diloco (the server uses the same config)");
   const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
-  const int64_t H = cfg.spes_config.sync_steps;
   NodeId id{reg.node_id(), random_incarnation(), opts_.auth_token};
   ClientTls tls;
   tls.root_pem = read_pem(cfg.spes_config.tls_ca, "tls_ca");
@@ -213,8 +213,8 @@ void SyncNode::on_start(Trainer& t) {
   // Keep the checkpoint's weights only when they continue the latest published round;
   // otherwise take the published model and its step (a fresh node, or others moved on).
   const int64_t step = t.state().step;
-  const bool keep = t.state().sync_round == jr.published_round && step > jr.published_step &&
-                    step < jr.published_step + H;
+  const bool keep = t.state().sync_round == jr.published_round &&
+                    RoundClock(cfg).between_syncs(step, jr.published_step);
   uint64_t down = 0;
   std::string sha;
   if (keep) {
@@ -293,7 +293,7 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
     out["sync_join"] = join_record_;
     join_record_ = nullptr;
   }
-  if (step % t.config().spes_config.sync_steps == 0) out["sync"] = sync_round(t, step);
+  if (RoundClock(t.config()).is_sync_step(step)) out["sync"] = sync_round(t, step);
   step_ = t.state().step;
   return out;
 }
@@ -352,7 +352,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
                "but the server published {}", node, round, sha, cur.model_sha256);
     const int64_t from = t.state().step;
     t.state().step = cur.published_step > 0 ? cur.published_step
-                                            : round * cfg.spes_config.sync_steps;
+                                            : RoundClock(cfg).step_of(round);
     t.state().sync_round = round;
     frozen_sha_ = frozen_weights_sha256(reg);
     tokens_at_sync_ = t.state().tokens;
@@ -377,7 +377,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
   const ParamRegistry& reg = t.registry();
   const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
   const int64_t node = reg.node_id();
-  const int64_t round = step / cfg.spes_config.sync_steps;
+  const int64_t round = RoundClock(cfg).round_at(step);
   const double retry = cfg.spes_config.retry_max_s;
   const auto t0 = Clock::now();
   const std::string frozen_before = frozen_weights_sha256(reg);
@@ -444,8 +444,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
                                                 "this node (restarted node)", round)
                                   : fmt::format("round {} was published without this node's "
                                                 "upload", round));
-  if (faults_)
-    faults_->after_published(*client_, round, step, cfg.spes_config.sync_steps, payload);
+  if (faults_) faults_->after_published(*client_, round, RoundClock(cfg), payload);
   const double wait_s = since(t1);
 
   // 3. Download what the node lacks (resuming after interruptions); tensors it uploaded and

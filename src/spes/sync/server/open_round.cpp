@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "spes/common/timing.h"
+#include "spes/sync/round/round_clock.h"
 
 namespace spes::sync {
 
@@ -13,7 +14,7 @@ OpenRound::OpenRound(const Config& cfg, SyncModel& model)
 void OpenRound::begin(int64_t round) {
   next_fold_ = 0;
   started_ = false;
-  agg_.begin(round, round * cfg_.spes_config.sync_steps);
+  agg_.begin(round, RoundClock(cfg_).step_of(round));
 }
 
 void OpenRound::start_clock() {

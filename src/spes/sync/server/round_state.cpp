@@ -11,6 +11,7 @@
 
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
+#include "spes/sync/round/round_clock.h"
 
 namespace spes::sync {
 
@@ -112,10 +113,10 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
                                                         uint64_t offset) {
   std::unique_lock<std::mutex> lk(mu_);
   members_.check(node);
-  const int64_t H = cfg_.spes_config.sync_steps;
-  if (step != round * H)
+  const RoundClock clock(cfg_);
+  if (step != clock.step_of(round))
     sync_fail(SyncErrc::InvalidArgument, "node {}: round {} is step {}, not {}", node.node_id,
-              round, round * H, step);
+              round, clock.step_of(round), step);
   members_.set_step(node.node_id, step);
   return uploads_.begin(lk, node, round, step, total_bytes, offset);
 }
@@ -252,7 +253,7 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
   RoundStatus r;
   r.round = round;
   r.published_round = published_.round;
-  r.step = round * cfg_.spes_config.sync_steps;
+  r.step = RoundClock(cfg_).step_of(round);
   r.published = published_.round >= round;
   r.published_step = published_.step;
   if (r.published && round == published_.round) {
