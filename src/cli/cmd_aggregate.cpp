@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/round_clock.h"
 #include "spes/train/device.h"
 
 namespace {
@@ -30,7 +31,7 @@ void run_aggregate(const AggregateArgs& a) {
   }
   if (!a.momentum.empty()) model.load_momentum(spes::safetensors_load(a.momentum), a.momentum);
   SPES_CHECK(cfg.spes_config.mode != "diloco" || !a.momentum.empty() ||
-                 a.step == cfg.spes_config.sync_steps,
+                 a.step == spes::sync::RoundClock(cfg).step_of(1),
              "mode diloco after round 1 needs --momentum (the server keeps it in "
              "rounds/<round-1>/momentum.safetensors)");
   const spes::sync::RoundOutcome o = spes::sync::aggregate_offline(model, a.inputs, a.step);

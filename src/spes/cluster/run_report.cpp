@@ -13,6 +13,7 @@
 #include "spes/io/files.h"
 #include "spes/io/safetensors.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/round_clock.h"
 
 namespace spes {
 namespace fs = std::filesystem;
@@ -134,6 +135,7 @@ nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_d
   nlohmann::json out = {{"checked", 0}, {"equal", 0}, {"mismatched", nlohmann::json::array()}};
   sync::SyncModel model(cfg);
   const bool diloco = cfg.spes_config.mode == "diloco";
+  const sync::RoundClock clock(cfg);
   for (int64_t r = 1;; ++r) {
     const std::string rdir = fmt::format("{}/rounds/{}", server_dir, r);
     const std::string published = rdir + "/published.safetensors";
@@ -151,7 +153,7 @@ nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_d
       const std::string mom = fmt::format("{}/rounds/{}/momentum.safetensors", server_dir, r - 1);
       if (fs::exists(mom)) model.load_momentum(safetensors_load(mom), mom);
     }
-    const sync::RoundOutcome o = sync::aggregate_offline(model, uploads, r * cfg.spes_config.sync_steps);
+    const sync::RoundOutcome o = sync::aggregate_offline(model, uploads, clock.step_of(r));
     const bool same = sync::stream_equals_file(
         sync::published_writer(model, o.round, o.step, model.weights_sha256()), published);
     out["checked"] = out["checked"].get<int64_t>() + 1;

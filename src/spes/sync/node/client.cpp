@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -152,12 +153,13 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   if (start > 0)
     spdlog::info("node {}: resuming the round {} upload at byte {} of {}", id_.node_id, round,
                  start, total);
+  const uint64_t chunk_bytes = filter_ ? filter_->open_stream(round, total) : kChunkBytes;
   // The whole stream's digest goes with the last chunk; the part not sent again is hashed here.
   Sha256 whole;
   std::string data;
-  for (uint64_t off = 0; off < start; off += chunk_bytes_) {
+  for (uint64_t off = 0; off < start; off += chunk_bytes) {
     data.clear();
-    payload.read(off, std::min(chunk_bytes_, start - off), &data);
+    payload.read(off, std::min(chunk_bytes, start - off), &data);
     whole.update(data.data(), data.size());
   }
   grpc::ClientContext ctx;
@@ -165,48 +167,29 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   pb::UploadReply rep;
   std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
   pb::UploadChunk c = upload_chunk(id_, round, step, total);
-  const int cut_after = std::exchange(cut_after_, -1);
-  const int repeat = std::exchange(repeat_chunk_, -1);
-  std::string repeated;  // the chunk to send twice
-  uint64_t repeated_off = 0;
-  int index = 0;
-  for (uint64_t off = start; off < total; off += chunk_bytes_, ++index) {
-    if (index == cut_after) {
-      // Fault injection: the stream ends early, as if the connection broke here; the server
-      // answers DATA_LOSS ("upload ended after ...") and the node retries.
-      spdlog::warn("node {}: fault injection: ending the round {} upload stream after {} of {} "
-                   "bytes", id_.node_id, round, off, total);
-      break;
-    }
-    data.clear();
-    payload.read(off, chunk_bytes_, &data);
-    whole.update(data.data(), data.size());
-    c.set_offset(off);
-    c.set_sha256(chunk_sha256(data));
-    if (off + data.size() >= total) c.set_upload_sha256(whole.hex_digest());
-    if (index == repeat) {
-      repeated = data;
-      repeated_off = off;
-    }
-    if (corrupt_next_ && !data.empty()) {
-      corrupt_next_ = false;
-      data[0] = static_cast<char>(data[0] ^ 0x5a);  // the checksum no longer matches
-    }
-    const size_t n = data.size();
-    c.set_data(std::move(data));
-    if (!w->Write(c)) break;  // the server ended the stream: Finish() says why
-    attempted_.sent += n;
-    data = std::move(*c.mutable_data());
-    if (index == repeat + 1 && !repeated.empty()) {
-      // The same chunk again, after the server already took it (faults.h: dup).
-      pb::UploadChunk again = c;
-      again.set_offset(repeated_off);
-      again.set_sha256(chunk_sha256(repeated));
-      again.set_data(repeated);
-      again.clear_upload_sha256();
-      if (!w->Write(again)) break;
-      attempted_.sent += repeated.size();
-    }
+  // Sends one chunk (its bytes lent to the message and given back); false: the server ended
+  // the stream, and Finish() says why.
+  const std::function<bool(OutgoingChunk&)> send = [&](OutgoingChunk& o) {
+    c.set_offset(o.offset);
+    c.set_sha256(o.sha256);
+    if (o.upload_sha256.empty()) c.clear_upload_sha256();
+    else c.set_upload_sha256(o.upload_sha256);
+    const size_t n = o.data.size();
+    c.set_data(std::move(o.data));
+    const bool ok = w->Write(c);
+    o.data = std::move(*c.mutable_data());
+    if (ok) attempted_.sent += n;
+    return ok;
+  };
+  OutgoingChunk chunk;
+  for (uint64_t off = start; off < total; off += chunk_bytes) {
+    chunk.data.clear();
+    payload.read(off, chunk_bytes, &chunk.data);
+    whole.update(chunk.data.data(), chunk.data.size());
+    chunk.offset = off;
+    chunk.sha256 = chunk_sha256(chunk.data);
+    chunk.upload_sha256 = off + chunk.data.size() >= total ? whole.hex_digest() : "";
+    if (!(filter_ ? filter_->send(chunk, send) : send(chunk))) break;
   }
   w->WritesDone();
   check(w->Finish(), "Upload", impl_->address);

@@ -1,7 +1,8 @@
 // The node's side of the protocol: one call per RPC over a gRPC channel with raised message
 // limits. Errors come back as SyncError with the server's status mapped onto SyncErrc
 // (Unavailable: the server cannot be reached, the caller may retry). TLS when given root
-// certificates. Leaves out: retry policy and what to send (node.h).
+// certificates. Leaves out: retry policy and what to send (node.h), fault injection (faults.h,
+// through UploadStreamFilter).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,26 @@ namespace spes::sync {
 // TLS for the channel (PEM contents). Empty root_pem: plaintext.
 struct ClientTls {
   std::string root_pem, cert_pem, key_pem;
+};
+
+// One chunk of an upload stream as the client sends it.
+struct OutgoingChunk {
+  uint64_t offset = 0;
+  std::string data, sha256;   // the bytes and their hex SHA-256
+  std::string upload_sha256;  // the whole stream's hex SHA-256, on its last chunk
+};
+
+// Stands between an upload stream and the wire: the client hands it each chunk and the
+// function that sends one. Without a filter every chunk goes out once, as it is, in chunks of
+// kChunkBytes. Fault injection (faults.h) is one.
+class UploadStreamFilter {
+ public:
+  virtual ~UploadStreamFilter() = default;
+  // A stream of round `round`'s upload (`total_bytes` in all) opens; returns its chunk size.
+  virtual uint64_t open_stream(int64_t round, uint64_t total_bytes) = 0;
+  // Sends `chunk` (or something else) with `send`, which returns false once the server ended
+  // the stream. Returns false to end the stream here.
+  virtual bool send(OutgoingChunk& chunk, const std::function<bool(OutgoingChunk&)>& send) = 0;
 };
 
 class SyncClient {
@@ -41,15 +62,10 @@ class SyncClient {
   // Reports the node's step and metrics; returns the server's latest published round.
   int64_t heartbeat(int64_t step, const NodeMetrics& metrics = {});
   ServerStatus status();
-  // Fault injection (faults.h). The first chunk of the next upload stream carries a wrong
-  // checksum:
-  void corrupt_next_upload() { corrupt_next_ = true; }
-  // Uploads go in chunks of `bytes` (0: kChunkBytes):
-  void set_upload_chunk_bytes(uint64_t bytes) { chunk_bytes_ = bytes ? bytes : kChunkBytes; }
-  // The next upload stream ends after `chunks` chunks (as if the connection broke there):
-  void cut_next_upload_after(int chunks) { cut_after_ = chunks; }
-  // The next upload stream sends its chunk `index` a second time, after chunk index + 1:
-  void repeat_chunk_in_next_upload(int index) { repeat_chunk_ = index; }
+  // Sends every upload stream through `filter` from now on (null: none).
+  void set_upload_filter(std::shared_ptr<UploadStreamFilter> filter) {
+    filter_ = std::move(filter);
+  }
 
  private:
   uint64_t resume_offset(int64_t round, int64_t step, uint64_t total_bytes);
@@ -61,9 +77,7 @@ class SyncClient {
     int64_t round = -1, step = -1;
     uint64_t total = 0, sent = 0;
   } attempted_;
-  uint64_t chunk_bytes_ = kChunkBytes;
-  bool corrupt_next_ = false;
-  int cut_after_ = -1, repeat_chunk_ = -1;
+  std::shared_ptr<UploadStreamFilter> filter_;
 };
 
 }  // namespace spes::sync

@@ -10,10 +10,21 @@
 //   cut@R        round R's upload goes in 8 chunks and its first stream ends after 4 of them
 //                (as if the connection broke); the retry resumes where the server stopped
 //   dup@R        round R's upload goes in 8 chunks and chunk 1 is sent again after chunk 2
-// Unset (the normal case) means no fault. Leaves out: the server, which has no fault hooks.
+// Unset (the normal case) means no fault. The faults wrap what the node does, never change it:
+// NodeFaultInjection hands the node its payload (nan, foreign, scaled, after stall's sleep),
+// wraps the client's upload streams (corrupt, cut, dup: an UploadStreamFilter) and acts after a
+// published round (replay). Leaves out: the server, which has no fault hooks.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "spes/model/registry.h"
+#include "spes/sync/node/client.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/round/round_clock.h"
+#include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/protocol.h"
 
 namespace spes::sync {
 
@@ -28,5 +39,26 @@ struct NodeFaults {
 NodeFaults parse_node_faults(const std::string& spec);
 // From $SPES_SYNC_FAULTS (none when unset).
 NodeFaults node_faults_from_env();
+
+// The faults of one node.
+class NodeFaultInjection {
+ public:
+  NodeFaultInjection(const NodeFaults& faults, int64_t node);
+  // Wraps the client's upload streams: corrupt, cut, dup (and their chunks of an eighth).
+  std::shared_ptr<UploadStreamFilter> upload_filter() const { return filter_; }
+  // The upload of meta.round: the node's own, or a deliberately bad one (nan, foreign,
+  // scaled); after stall@R's sleep.
+  SafetensorsStreamWriter payload(const ParamRegistry& registry, const UploadMeta& meta,
+                                  WireDtype wire) const;
+  // Round `round` was published with this node's upload `payload`: replay@R sends it again
+  // as round R-1 and checks that it is refused.
+  void after_published(SyncClient& client, int64_t round, const RoundClock& clock,
+                       const SafetensorsStreamWriter& payload) const;
+
+ private:
+  NodeFaults f_;
+  int64_t node_;
+  std::shared_ptr<UploadStreamFilter> filter_;
+};
 
 }  // namespace spes::sync

@@ -14,6 +14,7 @@
 #include "spes/io/files.h"
 #include "spes/sync/node/client.h"
 #include "spes/sync/round/plan.h"
+#include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/auth.h"
 #include "spes/sync/wire/framing.h"
 
@@ -95,35 +96,6 @@ struct Download {
 uint64_t random_incarnation() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
-
-// The node's upload, or a deliberately bad one (faults.h).
-SafetensorsStreamWriter upload_payload(const ParamRegistry& reg, const UploadMeta& meta,
-                                       WireDtype wire, const NodeFaults& f) {
-  const int64_t r = meta.round;
-  if (r != f.nan_round && r != f.foreign_round && r != f.scaled_round)
-    return node_upload_writer(reg, meta, wire);
-  NamedTensors t;
-  for (const auto& e : reg.entries())
-    if (e.trainable) t.emplace_back(e.name, e.tensor.detach());
-  if (r == f.nan_round || r == f.scaled_round) {
-    torch::Tensor bad = t.front().second.clone();
-    if (r == f.nan_round) bad.view({-1})[0] = std::nan("");
-    else bad.mul_(1e6);
-    t.front().second = bad;
-    spdlog::warn("node {}: fault injection: round {} upload carries {}", meta.node, r,
-                 r == f.nan_round ? "a NaN" : "a tensor scaled by 1e6");
-  }
-  if (r == f.foreign_round) {
-    for (const auto& e : reg.entries())
-      if (!e.trainable && e.role == ParamRole::Expert) {
-        t.emplace_back(e.name, e.tensor.detach());
-        spdlog::warn("node {}: fault injection: round {} upload carries '{}' (not its expert)",
-                     meta.node, r, e.name);
-        break;
-      }
-  }
-  return SafetensorsStreamWriter(std::move(t), wire_scalar_type(wire), upload_metadata(meta));
 }
 
 // At most kMaxHeartbeatLosses points for one heartbeat: when heartbeats failed for a while,
@@ -217,15 +189,16 @@ void SyncNode::on_start(Trainer& t) {
   SPES_CHECK(cfg.spes_config.mode != "centralized", "spes node: spes_config.mode is centralized; "
              "set it to spes, fedavg or diloco (the server uses the same config)");
   const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
-  const int64_t H = cfg.spes_config.sync_steps;
   NodeId id{reg.node_id(), random_incarnation(), opts_.auth_token};
   ClientTls tls;
   tls.root_pem = read_pem(cfg.spes_config.tls_ca, "tls_ca");
   tls.cert_pem = read_pem(cfg.spes_config.tls_client_cert, "tls_client_cert");
   tls.key_pem = read_pem(cfg.spes_config.tls_client_key, "tls_client_key");
   client_ = std::make_unique<SyncClient>(opts_.server, id, tls);
-  if (opts_.faults.any()) spdlog::warn("node {}: SPES_SYNC_FAULTS is set: this node misbehaves "
-                                       "on purpose (reliability tests)", id.node_id);
+  if (opts_.faults.any()) {
+    faults_ = std::make_unique<NodeFaultInjection>(opts_.faults, id.node_id);
+    client_->set_upload_filter(faults_->upload_filter());
+  }
   const auto t0 = Clock::now();
   spdlog::info("node {}: joining sync server {} (incarnation {:x})", id.node_id, opts_.server,
                id.incarnation);
@@ -240,8 +213,8 @@ void SyncNode::on_start(Trainer& t) {
   // Keep the checkpoint's weights only when they continue the latest published round;
   // otherwise take the published model and its step (a fresh node, or others moved on).
   const int64_t step = t.state().step;
-  const bool keep = t.state().sync_round == jr.published_round && step > jr.published_step &&
-                    step < jr.published_step + H;
+  const bool keep = t.state().sync_round == jr.published_round &&
+                    RoundClock(cfg).between_syncs(step, jr.published_step);
   uint64_t down = 0;
   std::string sha;
   if (keep) {
@@ -320,7 +293,7 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
     out["sync_join"] = join_record_;
     join_record_ = nullptr;
   }
-  if (step % t.config().spes_config.sync_steps == 0) out["sync"] = sync_round(t, step);
+  if (RoundClock(t.config()).is_sync_step(step)) out["sync"] = sync_round(t, step);
   step_ = t.state().step;
   return out;
 }
@@ -379,7 +352,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
                "but the server published {}", node, round, sha, cur.model_sha256);
     const int64_t from = t.state().step;
     t.state().step = cur.published_step > 0 ? cur.published_step
-                                            : round * cfg.spes_config.sync_steps;
+                                            : RoundClock(cfg).step_of(round);
     t.state().sync_round = round;
     frozen_sha_ = frozen_weights_sha256(reg);
     tokens_at_sync_ = t.state().tokens;
@@ -404,38 +377,18 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
   const ParamRegistry& reg = t.registry();
   const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
   const int64_t node = reg.node_id();
-  const int64_t round = step / cfg.spes_config.sync_steps;
+  const int64_t round = RoundClock(cfg).round_at(step);
   const double retry = cfg.spes_config.retry_max_s;
   const auto t0 = Clock::now();
   const std::string frozen_before = frozen_weights_sha256(reg);
   SPES_CHECK(frozen_before == frozen_sha_, "node {}: frozen experts changed between syncs "
              "(they must only change through a sync)", node);
 
-  if (round == opts_.faults.stall_round) {
-    spdlog::warn("node {}: fault injection: stalling {:.1f} s before round {}", node,
-                 opts_.faults.stall_s, round);
-    std::this_thread::sleep_for(std::chrono::duration<double>(opts_.faults.stall_s));
-  }
   // 1. Upload the trainable tensors.
-  UploadMeta meta{node, round, step, t.state().tokens - tokens_at_sync_,
-                  client_->id().incarnation, reg.fingerprint()};
-  const SafetensorsStreamWriter payload = upload_payload(reg, meta, wire, opts_.faults);
-  if (round == opts_.faults.corrupt_round) {
-    spdlog::warn("node {}: fault injection: corrupting a chunk of round {}'s upload", node, round);
-    client_->corrupt_next_upload();
-  }
-  const bool small_chunks = round == opts_.faults.cut_round || round == opts_.faults.dup_round;
-  client_->set_upload_chunk_bytes(small_chunks ? (payload.total_bytes() + 7) / 8 : 0);
-  if (round == opts_.faults.cut_round) {
-    spdlog::warn("node {}: fault injection: cutting round {}'s upload after 4 of 8 chunks", node,
-                 round);
-    client_->cut_next_upload_after(4);
-  }
-  if (round == opts_.faults.dup_round) {
-    spdlog::warn("node {}: fault injection: sending chunk 1 of round {}'s upload twice", node,
-                 round);
-    client_->repeat_chunk_in_next_upload(1);
-  }
+  const UploadMeta meta{node, round, step, t.state().tokens - tokens_at_sync_,
+                        client_->id().incarnation, reg.fingerprint()};
+  const SafetensorsStreamWriter payload =
+      faults_ ? faults_->payload(reg, meta, wire) : node_upload_writer(reg, meta, wire);
   // Returns a catch-up record when the round can no longer take this node's upload.
   UploadResult up;
   auto upload = [&]() -> nlohmann::json {
@@ -491,20 +444,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
                                                 "this node (restarted node)", round)
                                   : fmt::format("round {} was published without this node's "
                                                 "upload", round));
-  if (opts_.faults.replay_round == round && round > 1) {
-    // An old round sent again must be refused (round ids), whatever the payload.
-    try {
-      client_->upload(round - 1, step - cfg.spes_config.sync_steps, payload);
-      fail("node {}: fault injection: the server accepted a replay of round {}", node,
-           round - 1);
-    } catch (const SyncError& e) {
-      SPES_CHECK(e.code() == SyncErrc::OutOfRange || e.code() == SyncErrc::FailedPrecondition,
-                 "node {}: replay of round {} refused with an unexpected error: {}", node,
-                 round, e.what());
-      spdlog::warn("node {}: fault injection: replay of round {} refused as expected: {}", node,
-                   round - 1, e.what());
-    }
-  }
+  if (faults_) faults_->after_published(*client_, round, RoundClock(cfg), payload);
   const double wait_s = since(t1);
 
   // 3. Download what the node lacks (resuming after interruptions); tensors it uploaded and

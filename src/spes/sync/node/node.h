@@ -66,6 +66,7 @@ class SyncNode : public StepObserver {
   NodeOptions opts_;
   Trainer* trainer_ = nullptr;
   std::unique_ptr<SyncClient> client_;
+  std::unique_ptr<NodeFaultInjection> faults_;  // null unless opts_.faults.any()
   nlohmann::json join_record_;
   int64_t tokens_at_sync_ = 0;
   std::string frozen_sha_;

@@ -6,6 +6,7 @@
 
 #include "spes/common/error.h"
 #include "spes/model/ownership.h"
+#include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes/train/checkpoint.h"
 
@@ -250,9 +251,9 @@ UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const s
 
 RoundOutcome aggregate_offline(SyncModel& model, const std::vector<std::string>& uploads,
                                int64_t step) {
-  const int64_t H = model.config().spes_config.sync_steps;
-  SPES_CHECK(step > 0 && step % H == 0, "aggregate: step {} is not a sync step (a positive "
-             "multiple of spes_config.sync_steps={})", step, H);
+  const RoundClock clock(model.config());
+  SPES_CHECK(clock.is_sync_step(step), "aggregate: step {} is not a sync step (a positive "
+             "multiple of spes_config.sync_steps={})", step, clock.sync_steps());
   std::vector<std::pair<int64_t, std::string>> order;
   for (const auto& path : uploads) {
     const UploadMeta m = check_upload_header(model.plan(), read_stream_header(path), -1, path);
@@ -263,7 +264,7 @@ RoundOutcome aggregate_offline(SyncModel& model, const std::vector<std::string>&
   }
   std::sort(order.begin(), order.end());
   RoundAggregator agg(model);
-  agg.begin(step / H, step);
+  agg.begin(clock.round_at(step), step);
   for (const auto& [node, path] : order) fold_upload_file(agg, model.plan(), path, node);
   return agg.finish();
 }

@@ -2,8 +2,9 @@
 // chunk's SHA-256, the chunk size bound, order (a chunk wholly before the bytes received so far
 // is a repeat and ignored; one overlapping their end contributes only its new bytes; a gap is
 // refused), the declared total, and the running SHA-256 of the whole stream. One object lives
-// as long as the upload, across a resumed stream. Used by UploadSession (round_state.cpp) and
-// the protocol fuzz target (tests/fuzz). Leaves out: parsing the bytes (framing.h).
+// as long as the upload, across a resumed stream. Used by the upload streams
+// (upload_staging.cpp) and the protocol fuzz target (tests/fuzz). Leaves out: parsing the
+// bytes (framing.h).
 #pragma once
 #include <cstdint>
 #include <string>

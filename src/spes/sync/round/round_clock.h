@@ -1,0 +1,32 @@
+// Round <-> step arithmetic of SPES sync, in one place: round r >= 1 is the sync at step
+// r * spes_config.sync_steps (after that many optimizer steps); round 0 is the initial model at
+// step 0. Used by the server, the node, `spes aggregate` and the run report.
+// Leaves out: what a round does (aggregate.h), when it closes (server/open_round.h).
+#pragma once
+#include <cstdint>
+
+#include "spes/io/config.h"
+
+namespace spes::sync {
+
+class RoundClock {
+ public:
+  explicit RoundClock(int64_t sync_steps) : sync_steps_(sync_steps) {}
+  explicit RoundClock(const Config& cfg) : RoundClock(cfg.spes_config.sync_steps) {}
+  int64_t sync_steps() const { return sync_steps_; }
+  // The step at which round `round` syncs.
+  int64_t step_of(int64_t round) const { return round * sync_steps_; }
+  // Whether a round syncs at `step`: a positive multiple of sync_steps.
+  bool is_sync_step(int64_t step) const { return step > 0 && step % sync_steps_ == 0; }
+  // The round that syncs at `step` (for a step between syncs: the latest round before it).
+  int64_t round_at(int64_t step) const { return step / sync_steps_; }
+  // Whether `step` lies between the sync at `synced_step` and the next one (both excluded).
+  bool between_syncs(int64_t step, int64_t synced_step) const {
+    return step > synced_step && step < synced_step + sync_steps_;
+  }
+
+ private:
+  int64_t sync_steps_;
+};
+
+}  // namespace spes::sync

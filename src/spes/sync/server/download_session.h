@@ -1,0 +1,48 @@
+// Downloads of a published round: which tensors a node's download holds (the part for the node,
+// or the whole model), served from the persisted published.safetensors through a descriptor
+// opened when the download begins (a later publication, a rename over the file, does not
+// change its bytes), and one download stream that resumes from an offset and reports when it
+// has sent everything. Leaves out: which round may be downloaded (RoundState).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "spes/sync/round/plan.h"
+#include "spes/sync/server/round_store.h"
+#include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/protocol.h"
+
+namespace spes::sync {
+
+// The stream of round `round` (`published`, persisted at `path`) for `node`: with
+// Selection::ForNode (and round > 0) the tensors the node lacks (plan.download_for); a node
+// whose upload the round did not use gets its own experts back too.
+std::unique_ptr<SafetensorsStreamWriter> download_writer(const RoundPlan& plan,
+                                                         const PublishedRound& published,
+                                                         const std::string& path, int64_t node,
+                                                         int64_t round, Selection selection);
+
+// One download stream of a published round.
+class DownloadSession {
+ public:
+  // Sends `writer`'s bytes from `offset` on; `on_complete(bytes sent by this stream)` runs once,
+  // when next() finds everything sent.
+  DownloadSession(std::unique_ptr<SafetensorsStreamWriter> writer, int64_t round, uint64_t offset,
+                  std::function<void(uint64_t)> on_complete);
+  ~DownloadSession();
+  uint64_t total_bytes() const;
+  int64_t round() const { return round_; }
+  // The next chunk (at most kChunkBytes); false once everything was sent.
+  bool next(std::string* data, uint64_t* offset);
+
+ private:
+  std::unique_ptr<SafetensorsStreamWriter> writer_;
+  int64_t round_;
+  uint64_t offset_, start_;
+  std::function<void(uint64_t)> on_complete_;
+  bool reported_ = false;
+};
+
+}  // namespace spes::sync

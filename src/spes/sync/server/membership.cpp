@@ -1,0 +1,138 @@
+// The run's nodes as the sync server sees them (see membership.h).
+#include "spes/sync/server/membership.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "spes/common/timing.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/wire/auth.h"
+
+namespace spes::sync {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+}  // namespace
+
+Membership::Membership(const Config& cfg, const SyncModel& model)
+    : cfg_(cfg), model_(model), members_(cfg.spes_config.num_peers) {
+  if (!cfg_.spes_config.auth_tokens_file.empty())
+    tokens_ = load_node_tokens(cfg_.spes_config.auth_tokens_file, cfg_.spes_config.num_peers);
+}
+
+void Membership::check_token(const NodeId& node) const {
+  if (node.node_id < 0 || node.node_id >= static_cast<int64_t>(members_.size()))
+    sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, num_peers={})",
+              node.node_id, members_.size());
+  if (!tokens_.empty() && !token_equal(node.auth_token, tokens_[node.node_id]))
+    sync_fail(SyncErrc::PermissionDenied, "node {}: wrong or missing token (set the node's "
+              "token from spes_config.auth_tokens_file with --token-file or SPES_NODE_TOKEN)",
+              node.node_id);
+}
+
+void Membership::check(const NodeId& node) {
+  check_token(node);
+  Member& m = members_[node.node_id];
+  if (!m.joined || m.incarnation != node.incarnation)
+    sync_fail(SyncErrc::NotJoined, "node {} (incarnation {:x}) has not joined this server "
+              "(restarted node or restarted server?): join first", node.node_id,
+              node.incarnation);
+  m.seen = true;
+  m.last_seen = Clock::now();
+}
+
+bool Membership::join(const JoinInfo& info) {
+  const auto& s = cfg_.spes_config;
+  const int64_t id = info.node.node_id;
+  check_token(info.node);
+  if (info.protocol_version != kProtocolVersion)
+    sync_fail(SyncErrc::FailedPrecondition, "node {} speaks protocol version {}, this server "
+              "speaks {}", id, info.protocol_version, kProtocolVersion);
+  auto setting = [&](const char* key, const std::string& node_v, const std::string& server_v) {
+    if (node_v != server_v)
+      sync_fail(SyncErrc::FailedPrecondition, "node {} has spes_config.{}={} but the server has "
+                "{}: the server and every node must use the same spes_config", id, key, node_v,
+                server_v);
+  };
+  setting("mode", info.mode, s.mode);
+  setting("num_peers", std::to_string(info.num_peers), std::to_string(s.num_peers));
+  setting("sync_steps", std::to_string(info.sync_steps), std::to_string(s.sync_steps));
+  setting("transfer_dtype", info.transfer_dtype, s.transfer_dtype);
+  if (info.ownership_fingerprint != model_.ownership_fingerprint())
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: expert ownership map differs from the "
+              "server's (fingerprint {} vs {}); both must build it from the same "
+              "spes_config.expert_owners / num_peers / num_train_experts_per_node", id,
+              info.ownership_fingerprint, model_.ownership_fingerprint());
+  if (info.model_fingerprint != model_.model_fingerprint())
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: model differs from the server's (tensor "
+              "names/shapes fingerprint {} vs {}); use the same model config", id,
+              info.model_fingerprint, model_.model_fingerprint());
+  if (info.model_config_sha256 != model_config_sha256(cfg_))
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: the model section of its config differs "
+              "from the server's (e.g. moe_top_k, rope_theta); use the same model config", id);
+  // A node at another step joins too: it decides from the reply whether to keep its weights
+  // (checkpoint taken after the published round) or to take the published model.
+  Member& m = members_[id];
+  if (m.joined && m.incarnation != info.node.incarnation)
+    spdlog::warn("node {} joined again with a new incarnation {:x} (was {:x})", id,
+                 info.node.incarnation, m.incarnation);
+  const bool new_incarnation = m.incarnation != info.node.incarnation;
+  m.joined = true;
+  m.left = false;
+  m.incarnation = info.node.incarnation;
+  m.step = info.step;
+  m.seen = true;
+  m.last_seen = Clock::now();
+  return new_incarnation;
+}
+
+void Membership::leave(int64_t node, int64_t step) {
+  members_[node].left = true;
+  members_[node].step = step;
+}
+
+void Membership::heartbeat(int64_t node, int64_t step, const NodeMetrics& metrics) {
+  Member& m = members_[node];
+  m.step = step;
+  if (std::isfinite(metrics.loss)) m.loss = metrics.loss;
+  if (std::isfinite(metrics.tokens_per_s)) m.tokens_per_s = metrics.tokens_per_s;
+  for (const LossPoint& p : metrics.losses) m.losses.add(p.step, p.loss);
+}
+
+bool Membership::is_dead(size_t node) const {
+  const Member& m = members_[node];
+  return m.joined && !m.left && m.seen &&
+         seconds_since(m.last_seen) > cfg_.spes_config.heartbeat_timeout;
+}
+
+bool Membership::all_left() const {
+  return std::all_of(members_.begin(), members_.end(), [](const Member& m) { return m.left; });
+}
+
+void Membership::log_dead() {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const bool dead = is_dead(i);
+    if (!dead) members_[i].dead_logged = false;
+    if (dead && !members_[i].dead_logged) {
+      members_[i].dead_logged = true;
+      spdlog::warn("node {} is dead: nothing heard from it for {:.0f} s "
+                   "(spes_config.heartbeat_timeout)", i, seconds_since(members_[i].last_seen));
+    }
+  }
+}
+
+uint32_t Membership::heartbeat_interval_ms() const {
+  // A quarter of the timeout, and at most 5 s: heartbeats also carry the node's loss and
+  // throughput for `spes status` and the dashboard.
+  return static_cast<uint32_t>(
+      std::clamp(cfg_.spes_config.heartbeat_timeout * 1000 / 4, 100.0, 5000.0));
+}
+
+std::vector<std::vector<LossPoint>> Membership::loss_history() const {
+  std::vector<std::vector<LossPoint>> out;
+  for (const Member& m : members_) out.push_back(m.losses.points());
+  return out;
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,63 @@
+// The round being collected: fold order, clock and closing rule (see open_round.h).
+#include "spes/sync/server/open_round.h"
+
+#include <algorithm>
+
+#include "spes/common/timing.h"
+#include "spes/sync/round/round_clock.h"
+
+namespace spes::sync {
+
+OpenRound::OpenRound(const Config& cfg, SyncModel& model)
+    : cfg_(cfg), model_(model), agg_(model) {}
+
+void OpenRound::begin(int64_t round) {
+  next_fold_ = 0;
+  started_ = false;
+  agg_.begin(round, RoundClock(cfg_).step_of(round));
+}
+
+void OpenRound::start_clock() {
+  if (started_) return;
+  started_ = true;
+  start_ = last_wait_log_ = std::chrono::steady_clock::now();
+}
+
+double OpenRound::seconds_open() const { return started_ ? seconds_since(start_) : 0.0; }
+
+void OpenRound::fold_ready(UploadStaging& uploads) {
+  const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
+  while (next_fold_ < n && uploads.state(next_fold_) == UploadStaging::State::Ready) {
+    fold_upload_file(agg_, model_.plan(), uploads.staged_file(next_fold_), next_fold_);
+    uploads.mark_folded(next_fold_);
+    ++next_fold_;
+  }
+}
+
+void OpenRound::fold_rest(UploadStaging& uploads) {
+  const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
+  for (int64_t i = next_fold_; i < n; ++i) {
+    if (uploads.state(i) != UploadStaging::State::Ready) continue;
+    fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i);
+    uploads.mark_folded(i);
+  }
+  next_fold_ = n;
+}
+
+OpenRound::Close OpenRound::may_close(int64_t present, int64_t out, int64_t num_nodes,
+                                      bool deadline_check) const {
+  if (present == 0 || present < std::min<int64_t>(cfg_.spes_config.min_nodes, num_nodes))
+    return Close::No;
+  if (present + out == num_nodes) return Close::Everyone;
+  if (deadline_check && started_ && seconds_since(start_) >= cfg_.spes_config.round_timeout)
+    return Close::Deadline;
+  return Close::No;
+}
+
+bool OpenRound::wait_log_due(double every_s) {
+  if (!started_ || seconds_since(last_wait_log_) < every_s) return false;
+  last_wait_log_ = std::chrono::steady_clock::now();
+  return true;
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,51 @@
+// The round being collected, on the aggregator: folds accepted uploads in ascending node order
+// as soon as every lower node's upload is in (and the rest of them, skipping the missing nodes,
+// when the round closes without some), its clock (from its first upload: the deadline
+// spes_config.round_timeout and the periodic log of whom it waits for), and the rule for when
+// it closes: every node arrived (uploaded, or out: rejected, left, dead), or the deadline
+// passed with at least spes_config.min_nodes uploads; never with no upload at all.
+// Not thread-safe: RoundState's lock guards it. Leaves out: what publishing writes
+// (RoundState, round_store.h).
+#pragma once
+#include <chrono>
+#include <cstdint>
+
+#include "spes/io/config.h"
+#include "spes/sync/round/aggregate.h"
+#include "spes/sync/server/upload_staging.h"
+
+namespace spes::sync {
+
+class OpenRound {
+ public:
+  OpenRound(const Config& cfg, SyncModel& model);
+  // Starts collecting `round` (the clock stops until its first upload).
+  void begin(int64_t round);
+  void start_clock();  // the round's first upload began (no-op after the first)
+  bool clock_started() const { return started_; }
+  double seconds_open() const;  // 0 before its first upload
+
+  // Folds the ready uploads that come next in node order.
+  void fold_ready(UploadStaging& uploads);
+  // Folds every ready upload, skipping the nodes that are missing (the round closes now).
+  void fold_rest(UploadStaging& uploads);
+
+  enum class Close { No, Everyone, Deadline };
+  // Whether the round closes with `present` uploads and `out` nodes out of `num_nodes`;
+  // `deadline_check`: the periodic tick, which also closes at the deadline.
+  Close may_close(int64_t present, int64_t out, int64_t num_nodes, bool deadline_check) const;
+  // Aggregates the folded uploads into the model's published tensors.
+  RoundOutcome finish() { return agg_.finish(); }
+  // True (and the log timer restarts) when the "waiting for" log is due, every `every_s`.
+  bool wait_log_due(double every_s);
+
+ private:
+  const Config& cfg_;
+  SyncModel& model_;
+  RoundAggregator agg_;
+  int64_t next_fold_ = 0;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_, last_wait_log_;
+};
+
+}  // namespace spes::sync

@@ -1,0 +1,149 @@
+// The sync server's state on disk and its restart (see round_store.h).
+#include "spes/sync/server/round_store.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "spes/common/timing.h"
+#include "spes/io/files.h"
+#include "spes/sync/wire/framing.h"
+
+namespace spes::sync {
+namespace fs = std::filesystem;
+
+RoundStore::RoundStore(const Config& cfg, std::string dir, bool keep_copies, SyncModel& model,
+                       uint64_t incarnation)
+    : cfg_(cfg), dir_(std::move(dir)), keep_copies_(keep_copies), model_(model),
+      incarnation_(incarnation) {
+  SPES_CHECK(!dir_.empty(), "sync server: an output directory is required");
+  fs::create_directories(dir_);
+}
+
+std::string RoundStore::momentum_path(int64_t round) const {
+  return fmt::format("{}/momentum-{}.safetensors", dir_, round);
+}
+
+std::optional<PublishedRound> RoundStore::resume() {
+  const std::string& dir = dir_;
+  if (!fs::exists(dir + "/state.json")) return std::nullopt;
+  nlohmann::json st;
+  try {
+    st = nlohmann::json::parse(file_read(dir + "/state.json"));
+  } catch (const std::exception& e) {
+    fail("'{}/state.json' is corrupt ({}); restore it or start over with --overwrite", dir,
+         e.what());
+  }
+  SPES_CHECK(st.value("format", "") == "spes-server-state-v1", "'{}/state.json' is not a sync "
+             "server state; start over with --overwrite", dir);
+  auto same = [&](const char* key, const std::string& mine) {
+    SPES_CHECK(st.value(key, "") == mine, "'{}' holds a run with a different {} ({} vs {}); "
+               "use the same config, another --out, or --overwrite to start over", dir, key,
+               st.value(key, ""), mine);
+  };
+  same("mode", cfg_.spes_config.mode);
+  same("model_fingerprint", model_.model_fingerprint());
+  same("ownership_fingerprint", model_.ownership_fingerprint());
+  // The published file is authoritative (it is renamed into place before state.json): load it
+  // piece by piece into the model and check its digest.
+  const std::string path = published_path();
+  SPES_CHECK(fs::exists(path), "'{}' has state.json but no published.safetensors; restore it "
+             "or start over with --overwrite", dir);
+  const StreamHeader h = read_stream_header(path);
+  const RoundPlan& plan = model_.plan();
+  SPES_CHECK(h.entries.size() == plan.tensors().size(), "'{}' holds {} tensors, the model has "
+             "{}; start over with --overwrite", path, h.entries.size(), plan.tensors().size());
+  SafetensorsStreamReader reader(fs::file_size(path), path, [&](const StreamHeader& hh) {
+    for (const auto& e : hh.entries) {
+      const int64_t i = plan.index(e.name);
+      SPES_CHECK(i >= 0 && e.shape == plan.tensors()[i].shape && e.dtype == torch::kFloat32,
+                 "'{}': tensor '{}' does not match the model", path, e.name);
+    }
+  }, nullptr);
+  reader.set_slice_handler([&](const StreamEntry& e, int64_t first, const torch::Tensor& run,
+                               bool) {
+    torch::NoGradGuard ng;
+    model_.tensors()[plan.index(e.name)].view({-1}).slice(0, first, first + run.numel())
+        .copy_(run);
+  });
+  stream_file(path, reader);
+  const Metadata& md = h.metadata;
+  SPES_CHECK(md.count("round") && md.count("step") && md.count("model_sha256"),
+             "'{}' lacks its round metadata; start over with --overwrite", path);
+  const std::string sha = model_.weights_sha256();
+  SPES_CHECK(sha == md.at("model_sha256"), "'{}' is corrupt: its weights hash to {} but it was "
+             "written with {}; restore it or start over with --overwrite", path, sha,
+             md.at("model_sha256"));
+  PublishedRound p;
+  p.round = std::stoll(md.at("round"));
+  p.step = std::stoll(md.at("step"));
+  p.sha256 = sha;
+  if (st.value("round", int64_t{-1}) == p.round) {
+    p.alpha = st.value("alpha", 0.0);
+    p.merged = st.value("merged", false);
+    p.nodes = st.value("nodes", std::vector<int64_t>{});
+  }
+  if (cfg_.spes_config.mode == "diloco") {
+    const std::string mpath = momentum_path(p.round);
+    if (p.round > 0) {
+      SPES_CHECK(fs::exists(mpath), "'{}' is missing (diloco momentum of round {}); start over "
+                 "with --overwrite", mpath, p.round);
+      model_.load_momentum(safetensors_load(mpath), mpath);
+    }
+  }
+  spdlog::info("sync server: resuming from '{}' at round {} (step {})", dir, p.round, p.step);
+  return p;
+}
+
+nlohmann::json RoundStore::saved_line() const {
+  const nlohmann::json st = nlohmann::json::parse(file_read(dir_ + "/state.json"));
+  if (st.contains("line") && st["line"].is_object()) return st["line"];
+  return nullptr;
+}
+
+void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
+  const std::string& dir = dir_;
+  const bool diloco = cfg_.spes_config.mode == "diloco";
+  // Order: momentum of the round, then the published model (authoritative on restart), then
+  // state.json; each written to a temporary name, fsynced and renamed.
+  if (diloco)
+    write_stream_file(momentum_path(p.round),
+                      SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,
+                                              {{"format", "spes-momentum-v1"},
+                                               {"round", std::to_string(p.round)}}));
+  write_stream_file(published_path(), published_writer(model_, p.round, p.step, p.sha256));
+  const nlohmann::json st = {{"format", "spes-server-state-v1"},
+                             {"round", p.round},
+                             {"step", p.step},
+                             {"model_sha256", p.sha256},
+                             {"alpha", p.alpha},
+                             {"merged", p.merged},
+                             {"nodes", p.nodes},
+                             {"mode", cfg_.spes_config.mode},
+                             {"model_fingerprint", model_.model_fingerprint()},
+                             {"ownership_fingerprint", model_.ownership_fingerprint()},
+                             {"server_incarnation", incarnation_},
+                             {"line", line},
+                             {"time", unix_time()}};
+  file_write_atomic(dir + "/state.json", st.dump(2));
+  if (diloco && p.round > 1) {
+    std::error_code ec;
+    fs::remove(momentum_path(p.round - 1), ec);
+  }
+  if (keep_copies_) {
+    const std::string rdir = fmt::format("{}/rounds/{}", dir, p.round);
+    fs::create_directories(rdir);
+    auto keep = [&](const std::string& name, const std::string& as) {
+      std::error_code ec;
+      fs::remove(rdir + "/" + as, ec);
+      fs::create_hard_link(dir + "/" + name, rdir + "/" + as, ec);
+      if (ec) fs::copy_file(dir + "/" + name, rdir + "/" + as);
+    };
+    keep("published.safetensors", "published.safetensors");
+    if (diloco && p.round > 0)
+      keep(fmt::format("momentum-{}.safetensors", p.round), "momentum.safetensors");
+  }
+}
+
+}  // namespace spes::sync

@@ -1,0 +1,56 @@
+// The sync server's state on disk in its directory DIR, written so that a crash at any moment
+// loses nothing and a restarted server continues from the latest published round: the round's
+// diloco momentum (momentum-<r>.safetensors), the published model (published.safetensors,
+// authoritative on restart), then state.json (the round's record and the run's identity), each
+// written to a temporary name, fsynced and renamed; with keep_uploads also copies under
+// rounds/<r>/. On restart, checks that DIR holds the same run and loads the model from it.
+// Leaves out: rounds.jsonl (round_log.h) and staged uploads (upload_staging.h).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "spes/io/config.h"
+#include "spes/sync/round/aggregate.h"
+
+namespace spes::sync {
+
+// The latest published round, as the server serves and persists it.
+struct PublishedRound {
+  int64_t round = 0, step = 0;
+  std::string sha256;            // of the published weights
+  double alpha = 0;              // merge coefficient (0: no merge)
+  bool merged = false;
+  std::vector<int64_t> nodes;    // nodes whose uploads the round used
+};
+
+class RoundStore {
+ public:
+  // Creates DIR. `incarnation`: the server's, recorded in state.json.
+  RoundStore(const Config& cfg, std::string dir, bool keep_copies, SyncModel& model,
+             uint64_t incarnation);
+  // With a valid DIR/state.json: checks that it holds this run (mode, model, ownership), loads
+  // published.safetensors into the model (and diloco's momentum) and returns the round; a
+  // round's record comes back only if state.json describes that round. Nothing: no state.json.
+  // Throws with the fix when DIR is corrupt or holds another run.
+  std::optional<PublishedRound> resume();
+  // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json.
+  void persist(const PublishedRound& p, const nlohmann::json& line);
+  // The rounds.jsonl line that state.json keeps (null if none).
+  nlohmann::json saved_line() const;
+  const std::string& dir() const { return dir_; }
+  std::string published_path() const { return dir_ + "/published.safetensors"; }
+
+ private:
+  std::string momentum_path(int64_t round) const;
+  const Config& cfg_;
+  std::string dir_;
+  bool keep_copies_;
+  SyncModel& model_;
+  uint64_t incarnation_;
+};
+
+}  // namespace spes::sync

@@ -1,0 +1,389 @@
+// Uploads of the collecting round: streams, their checks and their staging (see
+// upload_staging.h).
+#include "spes/sync/server/upload_staging.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "spes/common/strings.h"
+#include "spes/io/files.h"
+#include "spes/sync/server/upload_assembly.h"
+#include "spes/sync/wire/framing.h"
+
+namespace spes::sync {
+namespace fs = std::filesystem;
+
+namespace {
+// Hex SHA-256 of a file, read a piece at a time.
+std::string file_sha256(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) sync_fail(SyncErrc::Internal, "cannot open '{}' to check it", path);
+  Sha256 h;
+  std::string buf(4u << 20, '\0');
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.update(buf.data(), n);
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) sync_fail(SyncErrc::Internal, "cannot read '{}' to check it", path);
+  return h.hex_digest();
+}
+}  // namespace
+
+// One upload's state; kept in its node's slot while a broken stream waits for a resume.
+struct UploadStream {
+  int64_t node = 0, round = 0, step = 0;
+  uint64_t total = 0, session = 0, incarnation = 0;
+  uint64_t wire = 0;  // chunk bytes this stream received (repeats included), not yet counted
+  uint64_t resumed_from = 0;  // bytes kept from an interrupted stream when this one resumed it
+  bool duplicate = false, stale = false, finished = false;
+  bool broken = false;        // the staged bytes may not match `received`: never resume this
+  std::string path, partial;
+  std::FILE* f = nullptr;
+  std::unique_ptr<SafetensorsStreamReader> reader;
+  UploadMeta meta;
+  std::unique_ptr<UploadAssembly> assembly;  // chunk checks, bytes received, whole digest
+  double diff_sq = 0, base_sq = 0;  // ||upload - published||^2, ||published||^2
+
+  ~UploadStream() { close_file(); }
+  void close_file() {
+    if (f) std::fclose(f);
+    f = nullptr;
+  }
+  // Closes and deletes this stream's staged bytes.
+  void discard() {
+    close_file();
+    if (partial.empty()) return;
+    std::error_code ec;
+    fs::remove(partial, ec);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+UploadSession::UploadSession(UploadStaging& staging, std::unique_ptr<UploadStream> stream)
+    : staging_(staging), stream_(std::move(stream)) {}
+
+UploadSession::~UploadSession() {
+  if (stream_ && !stream_->finished) staging_.end(std::move(stream_));
+}
+
+void UploadSession::chunk(uint64_t offset, const std::string& data, const std::string& sha) {
+  staging_.chunk(*stream_, offset, data, sha);
+}
+
+UploadResult UploadSession::finish(const std::string& expected_sha256) {
+  return staging_.finish(*stream_, expected_sha256);
+}
+
+// ---------------------------------------------------------------------------------------------
+UploadStaging::UploadStaging(const Config& cfg, const SyncModel& model, std::string dir,
+                             bool keep_uploads, std::mutex& mu, UploadEvents events)
+    : cfg_(cfg), model_(model), dir_(std::move(dir)), keep_uploads_(keep_uploads), mu_(mu),
+      events_(std::move(events)), slots_(cfg.spes_config.num_peers) {
+  fs::remove_all(dir_ + "/staging");
+  fs::create_directories(dir_ + "/staging");
+}
+
+UploadStaging::~UploadStaging() = default;
+
+std::string UploadStaging::staged_path(int64_t round, int64_t node) const {
+  if (keep_uploads_)
+    return fmt::format("{}/rounds/{}/node{}.safetensors", dir_, round, node);
+  return fmt::format("{}/staging/round{}.node{}.safetensors", dir_, round, node);
+}
+
+UploadStaging::Intake UploadStaging::intake(size_t node) const {
+  const Slot& s = slots_[node];
+  return {s.bytes_in, s.wire_bytes, s.resumed_bytes};
+}
+
+void UploadStaging::drop_kept(int64_t node, const char* why) {
+  Slot& slot = slots_[node];
+  if (!slot.kept) return;
+  UploadStream& k = *slot.kept;
+  spdlog::info("round {}: dropping the {} bytes kept of node {}'s interrupted upload ({})",
+               k.round, k.assembly->received(), k.node, why);
+  k.discard();
+  slot.kept.reset();
+}
+
+void UploadStaging::next_round(int64_t round) {
+  collecting_ = round;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    s.state = State::None;
+    s.bytes_in = s.wire_bytes = s.resumed_bytes = 0;
+    drop_kept(static_cast<int64_t>(i), "the round was published");
+    s.detail.clear();
+  }
+}
+
+void UploadStaging::remove_staged(int64_t round) {
+  if (keep_uploads_) return;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    std::error_code ec;
+    fs::remove(staged_path(round, static_cast<int64_t>(i)), ec);
+  }
+}
+
+uint64_t UploadStaging::resume_offset(const NodeId& node, int64_t round, int64_t step,
+                                      uint64_t total_bytes) const {
+  const UploadStream* k = slots_[node.node_id].kept.get();
+  if (!k || k->incarnation != node.incarnation || k->round != round || k->step != step ||
+      k->total != total_bytes || round != collecting_)
+    return 0;
+  return k->assembly->received();
+}
+
+void UploadStaging::reject(Slot& slot, int64_t node, int64_t round, const std::string& why) {
+  slot.state = State::Rejected;
+  slot.detail = why;
+  spdlog::warn("round {}: upload of node {} rejected, the node is out of this round: {}", round,
+               node, why);
+  events_.out(node);
+}
+
+void UploadStaging::reject_stream(const UploadStream& s, const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Slot& slot = slots_[s.node];
+  if (s.round != collecting_ || slot.session != s.session || slot.state != State::Uploading)
+    return;
+  reject(slot, s.node, s.round, why);
+}
+
+std::unique_ptr<UploadSession> UploadStaging::begin(std::unique_lock<std::mutex>& lk,
+                                                    const NodeId& node, int64_t round,
+                                                    int64_t step, uint64_t total_bytes,
+                                                    uint64_t offset) {
+  auto s = std::make_unique<UploadStream>();
+  s->node = node.node_id;
+  s->round = round;
+  s->step = step;
+  s->total = total_bytes;
+  s->incarnation = node.incarnation;
+  s->assembly = std::make_unique<UploadAssembly>(
+      total_bytes, fmt::format("node {} round {}", node.node_id, round));
+  Slot& slot = slots_[node.node_id];
+  if (offset > 0) {
+    // A resume must continue the upload kept from this incarnation's interrupted stream.
+    const UploadStream* k = slot.kept.get();
+    const bool same = k && k->incarnation == node.incarnation && k->round == round &&
+                      k->step == step && k->total == total_bytes;
+    const uint64_t held = same ? k->assembly->received() : 0;
+    if (!same || offset > held || slot.accepted_round == round || slot.state != State::None)
+      sync_fail(SyncErrc::DataLoss, "node {}: cannot resume the round {} upload at offset {}: "
+                "the server holds {} bytes of it; ask where to resume again (resume_query) or "
+                "send it from offset 0", node.node_id, round, offset, held);
+    s = std::move(slot.kept);
+    s->resumed_from = s->assembly->received();
+    slot.resumed_bytes += s->resumed_from;
+    slot.state = State::Uploading;
+    slot.session = s->session = next_session_++;
+    spdlog::info("round {}: node {} resumes its upload at byte {} of {} (sends from {})", round,
+                 node.node_id, s->resumed_from, total_bytes, offset);
+    return std::make_unique<UploadSession>(*this, std::move(s));
+  }
+  if (slot.accepted_round == round) {
+    // Already accepted: a retry whose reply was lost (same incarnation: nothing to do), or
+    // a restarted node sending the round again (its first upload counts; it must take the
+    // published model). Either way it is never applied twice.
+    s->duplicate = true;
+    s->stale = slot.accepted_incarnation != node.incarnation;
+  } else if (round < collecting_) {
+    sync_fail(SyncErrc::OutOfRange, "node {}: round {} is closed (latest published round {}); "
+              "an old round's upload is never applied: take the published model and carry on",
+              node.node_id, round, collecting_ - 1);
+  } else if (round != collecting_) {
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: upload for round {} refused: the server "
+              "collects round {} (latest published {})", node.node_id, round, collecting_,
+              collecting_ - 1);
+  } else if (slot.state == State::Rejected) {
+    sync_fail(SyncErrc::InvalidArgument, "node {}: its upload for round {} was rejected ({}); "
+              "it is out of this round: take the published model when the round publishes",
+              node.node_id, round, slot.detail);
+  } else if (slot.state == State::Ready || slot.state == State::Folded) {
+    s->duplicate = true;
+    s->stale = slot.accepted_incarnation != node.incarnation;
+  } else {
+    const uint64_t limit = 8 + kMaxHeaderBytes + model_.plan().upload_data_bytes(node.node_id);
+    if (total_bytes < 8 || total_bytes > limit) {
+      const std::string why = fmt::format("node {}: an upload of {} bytes is impossible (its "
+                                          "tensors take at most {} bytes)", node.node_id,
+                                          total_bytes, limit);
+      reject(slot, node.node_id, round, why);
+      throw SyncError(SyncErrc::ResourceExhausted, why);
+    }
+    // An upload still open for this node (a dead connection, a restarted node) is
+    // superseded: its finish() will be refused. A kept interrupted one is dropped.
+    drop_kept(node.node_id, "the node sends its upload again from the start");
+    slot.state = State::Uploading;
+    slot.session = s->session = next_session_++;
+    events_.started();
+  }
+  // From here on the session's destructor cleans up (file, slot) whatever goes wrong.
+  UploadStream& stream = *s;
+  auto session = std::make_unique<UploadSession>(*this, std::move(s));
+  lk.unlock();
+  if (!stream.duplicate) open_staged_file(stream);
+  return session;
+}
+
+void UploadStaging::open_staged_file(UploadStream& s) {
+  s.path = staged_path(s.round, s.node);
+  // One file per stream: a superseded stream still open never shares (or deletes) it.
+  s.partial = fmt::format("{}.partial{}", s.path, s.session);
+  fs::create_directories(fs::path(s.path).parent_path());
+  s.f = std::fopen(s.partial.c_str(), "wb");
+  if (!s.f) sync_fail(SyncErrc::Internal, "cannot create '{}'", s.partial);
+  const std::string origin = fmt::format("upload of node {} round {}", s.node, s.round);
+  UploadStream* sp = &s;
+  s.reader = std::make_unique<SafetensorsStreamReader>(
+      s.total, origin,
+      [this, sp, origin](const StreamHeader& h) {
+        sp->meta = check_upload_header(model_.plan(), h, sp->node, origin);
+        if (sp->meta.round != sp->round || sp->meta.step != sp->step)
+          sync_fail(SyncErrc::InvalidArgument, "{}: payload says round {} step {}", origin,
+                    sp->meta.round, sp->meta.step);
+      },
+      nullptr, kMaxHeaderBytes);
+  // Values are checked piece by piece as they arrive (memory: one chunk per upload), and
+  // their distance from the published model is accumulated for the update-size bound.
+  s.reader->set_slice_handler(
+      [this, sp, origin](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
+        check_upload_run(e, run, origin);
+        const int64_t i = model_.plan().index(e.name);
+        if (i < 0 || run.numel() == 0) return;
+        const torch::Tensor pub =
+            model_.tensors()[i].view({-1}).slice(0, first, first + run.numel());
+        sp->diff_sq += (run.to(torch::kFloat32) - pub).pow(2).sum().item<double>();
+        sp->base_sq += pub.pow(2).sum().item<double>();
+      });
+}
+
+void UploadStaging::chunk(UploadStream& s, uint64_t offset, const std::string& data,
+                          const std::string& sha) {
+  s.wire += data.size();
+  std::string_view fresh;
+  try {
+    fresh = s.assembly->accept(offset, data, sha);
+    if (fresh.empty() || s.duplicate) return;
+    s.reader->feed(fresh.data(), fresh.size());  // header and value checks as the bytes arrive
+  } catch (const std::exception& e) {
+    // A corrupt chunk is transport damage (the node sends it again); anything else wrong is
+    // the sender's fault: the node is out of this round.
+    const auto* se = dynamic_cast<const SyncError*>(&e);
+    if (!s.duplicate && !(se && se->code() == SyncErrc::DataLoss)) reject_stream(s, e.what());
+    throw;
+  }
+  if (std::fwrite(fresh.data(), 1, fresh.size(), s.f) != fresh.size()) {
+    s.broken = true;
+    sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
+  }
+}
+
+UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_sha256) {
+  UploadResult r;
+  r.sha256 = s.assembly->sha256();  // throws DataLoss unless every byte arrived
+  r.bytes = s.assembly->received();
+  r.accepted = true;
+  r.resumed_from = s.resumed_from;
+  if (s.duplicate) {
+    r.duplicate = true;
+    r.accepted = !s.stale;  // false: an earlier incarnation's upload is the one that counts
+    s.finished = true;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (s.round == collecting_) slots_[s.node].wire_bytes += s.wire;
+    s.wire = 0;
+    return r;
+  }
+  // The whole stream, as assembled here (over several streams when resumed), must be the one
+  // the node sent; otherwise it is sent again from the start.
+  if (s.resumed_from > 0 && expected_sha256.empty()) {
+    s.broken = true;
+    sync_fail(SyncErrc::DataLoss, "node {} round {}: a resumed upload must carry the SHA-256 of "
+              "the whole stream (upload_sha256 in its last chunk); send it again from offset 0",
+              s.node, s.round);
+  }
+  if (!expected_sha256.empty() && expected_sha256 != r.sha256) {
+    s.broken = true;
+    sync_fail(SyncErrc::DataLoss, "node {} round {}: the upload's bytes hash to {} but the node "
+              "sent {}; send it again from offset 0", s.node, s.round, r.sha256,
+              expected_sha256);
+  }
+  try {
+    s.reader->finish();
+    const double limit = cfg_.spes_config.max_update_norm_ratio;
+    const double ratio = std::sqrt(s.diff_sq) / std::max(std::sqrt(s.base_sq), 1e-12);
+    if (limit > 0 && ratio > limit)
+      sync_fail(SyncErrc::InvalidArgument, "upload of node {} round {}: it moves the weights by "
+                "{:.4g} x the norm of the published model, above "
+                "spes_config.max_update_norm_ratio={}; the upload is rejected", s.node, s.round,
+                ratio, limit);
+  } catch (const std::exception& e) {
+    reject_stream(s, e.what());
+    throw;
+  }
+  const bool ok = std::fflush(s.f) == 0;
+  s.close_file();
+  if (!ok) sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
+  if (s.resumed_from > 0) {
+    // Part of the staged file was written by an earlier stream: check it all before use.
+    const std::string on_disk = file_sha256(s.partial);
+    if (on_disk != r.sha256)
+      sync_fail(SyncErrc::DataLoss, "node {} round {}: the staged upload '{}' hashes to {}, not "
+                "{}; send it again from offset 0", s.node, s.round, s.partial, on_disk, r.sha256);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  Slot& slot = slots_[s.node];
+  if (s.round != collecting_)
+    sync_fail(SyncErrc::OutOfRange, "node {}: round {} was published without this upload "
+              "(it arrived after the deadline); take the published model and carry on", s.node,
+              s.round);
+  if (slot.state != State::Uploading || slot.session != s.session)
+    sync_fail(SyncErrc::Aborted, "node {}: this upload of round {} was superseded by another",
+              s.node, s.round);
+  slot.wire_bytes += s.wire;
+  s.wire = 0;
+  fs::rename(s.partial, s.path);
+  s.partial.clear();
+  s.finished = true;
+  slot.accepted_incarnation = s.incarnation;
+  slot.state = State::Ready;
+  slot.path = s.path;
+  slot.bytes_in = r.bytes;
+  slot.accepted_round = s.round;
+  spdlog::info("round {}: upload of node {} accepted ({}, {} tokens)", s.round, s.node,
+               human_bytes(static_cast<double>(r.bytes)), s.meta.tokens);
+  events_.ready(s.node);
+  return r;
+}
+
+void UploadStaging::end(std::unique_ptr<UploadStream> sp) {
+  UploadStream& s = *sp;
+  std::lock_guard<std::mutex> lk(mu_);
+  Slot& slot = slots_[s.node];
+  const bool current = s.round == collecting_;
+  if (current) slot.wire_bytes += s.wire;
+  s.wire = 0;
+  if (s.duplicate) return;
+  const bool mine = slot.state == State::Uploading && slot.session == s.session;
+  if (mine) slot.state = State::None;
+  events_.stream_ended();  // resume_offset's caller waits for this stream to end
+  const bool resumable = !s.broken && s.f && s.assembly->received() > 0 &&
+                         !s.assembly->complete();
+  if (mine && current && resumable) {
+    spdlog::warn("round {}: upload of node {} interrupted after {} of {} bytes; the verified "
+                 "bytes are kept for a resumed upload", s.round, s.node, s.assembly->received(),
+                 s.total);
+    drop_kept(s.node, "a newer interrupted stream");
+    slot.kept = std::move(sp);
+    return;
+  }
+  s.discard();
+  spdlog::warn("round {}: upload of node {} dropped after {} of {} bytes", s.round, s.node,
+               s.assembly->received(), s.total);
+}
+
+}  // namespace spes::sync
