@@ -136,6 +136,16 @@ TEST(MemoryFormula, ActivationsFollowTheDocumentedTerms) {
   ActivationShape twice = s;
   twice.micro_batch = 4;
   EXPECT_EQ(activation_bytes(twice), 2 * activation_bytes(s));  // linear in the tokens
+  // Checkpointing every block: each keeps its input (16 values), one is recomputed in full.
+  ActivationShape ckpt = s;
+  ckpt.checkpoint_every = 1;
+  EXPECT_EQ(activation_bytes(ckpt), 16 * ((2 * 16 + (109 + 177) + 33) * 4 + 2 * 32 * 4));
+  ckpt.checkpoint_every = 2;  // block 0 only
+  EXPECT_EQ(activation_bytes(ckpt), 16 * ((16 + 2 * (109 + 177) + 33) * 4 + 2 * 32 * 4));
+  // The chunked head holds one chunk of rows of logits.
+  ActivationShape chunked = s;
+  chunked.logits_chunk_rows = 4;
+  EXPECT_EQ(activation_bytes(chunked), 16 * per_token * 4 + 4 * 2 * 32 * 4);
   // A dense block: one slot, no router.
   ActivationShape dense = s;
   dense.experts = 0, dense.top_k = 1;

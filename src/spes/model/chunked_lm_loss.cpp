@@ -85,7 +85,7 @@ struct ChunkedLmHeadLossFn : public torch::autograd::Function<ChunkedLmHeadLossF
       dh = torch::empty_like(hc);
       dw = torch::zeros({V, w.size(1)}, wc.options().dtype(acc));
     }
-    const int64_t rows = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(64, kChunkBytes / (4 * V));
+    const int64_t rows = chunk_rows > 0 ? chunk_rows : lm_head_default_chunk_rows(V);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t nr = std::min(rows, N - r0);
       torch::Tensor hr = hc.narrow(0, r0, nr), tr = safe_t.narrow(0, r0, nr).unsqueeze(1);
@@ -162,6 +162,10 @@ LmHeadLoss lm_head_losses_chunked(const torch::Tensor& h, const torch::Tensor& l
   auto r = ChunkedLmHeadLossFn::apply(h, lm_head, targets, z_weight, chunk_rows,
                                       static_cast<int64_t>(autocast_compute_dtype(h)), need_grad);
   return {r[0], r[1], r[2]};
+}
+
+int64_t lm_head_default_chunk_rows(int64_t vocab) {
+  return std::max<int64_t>(64, kChunkBytes / (4 * vocab));
 }
 
 }  // namespace spes

@@ -1,6 +1,9 @@
 // Node memory by part (see memory_formula.h).
 #include "spes/report/memory_formula.h"
 
+#include <algorithm>
+
+#include "spes/model/losses.h"
 #include "spes/train/device.h"
 
 namespace spes::report {
@@ -20,6 +23,9 @@ ActivationShape activation_shape(const Config& cfg) {
   s.vocab = m.embedding_rows();
   // "auto" trains in bf16 autocast on a GPU and in fp32 on a CPU; counted as fp32 here.
   s.value_bytes = cfg.precision == "amp_bf16" ? 2 : 4;
+  s.checkpoint_every = cfg.checkpoint_every();
+  // fp32 on CPU uses the fused head kernel; amp_bf16 the chunked one (model/losses.h).
+  if (cfg.precision == "amp_bf16") s.logits_chunk_rows = lm_head_default_chunk_rows(s.vocab);
   return s;
 }
 
@@ -29,9 +35,14 @@ int64_t activation_bytes(const ActivationShape& s) {
   const int64_t attention = 5 * D + 3 * Dkv + H + 1;
   const int64_t ffn = 2 * D + 1 + 2 * E + k * (2 * D + 3 * F);
   const int64_t head = 2 * D + 1;
-  const int64_t per_token = s.layers * (attention + ffn) + head;
+  const int64_t block = attention + ffn;
+  const int64_t ckpt = s.checkpoint_every > 0
+                           ? (s.layers + s.checkpoint_every - 1) / s.checkpoint_every : 0;
+  const int64_t per_token = (s.layers - ckpt) * block + ckpt * D + (ckpt > 0 ? block : 0) + head;
+  const int64_t logit_rows =
+      s.logits_chunk_rows > 0 ? std::min(N, s.logits_chunk_rows) : N;
   const int64_t logits = 2 * s.vocab * 4;  // fp32 logits and their softmax / gradient
-  return N * (per_token * s.value_bytes + logits);
+  return N * per_token * s.value_bytes + logit_rows * logits;
 }
 
 int64_t NodeMemory::weights() const {

@@ -41,6 +41,8 @@ struct ActivationShape {
   int64_t ffn_hidden = 1;   // F (each expert's hidden size)
   int64_t vocab = 1;        // V (rows of the LM head: embedding_rows())
   int64_t value_bytes = 4;  // bytes per activation value: 4 (fp32) or 2 (bf16 autocast)
+  int64_t checkpoint_every = 0;  // activation checkpointing: blocks l % every == 0 (0: none)
+  int64_t logits_chunk_rows = 0;  // LM head in chunks of this many rows (0: all N at once)
 };
 ActivationShape activation_shape(const Config& cfg);
 
@@ -55,7 +57,10 @@ ActivationShape activation_shape(const Config& cfg);
 //              its gate and up outputs, their SwiGLU product (read by down_proj) and its output
 //              (weighted into the sum); a dense block counts the MLP as one slot, no router;
 // plus per token 2 D + 1 for the final RMSNorm, and the LM head's N x V logits in fp32 twice
-// (the logits and the softmax / gradient the loss builds from them).
+// (the logits and the softmax / gradient the loss builds from them); with the chunked head
+// (model/chunked_lm_loss.cpp, every path but fp32 on CPU) only one chunk of rows of those.
+// A checkpointed block keeps only its input (D values per token); in backward one of them at a
+// time is recomputed in full, so one block's activations are added back once.
 // Not counted: integer routing indices, the residual stream's own copies, kernel workspaces.
 int64_t activation_bytes(const ActivationShape& s);
 
