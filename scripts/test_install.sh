@@ -8,7 +8,9 @@ build="${1:-$root/build}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log"
-for f in bin/spes lib/libspes.a lib/libspes_proto.a lib/libspes_sentencepiece.so \
+proto=lib/libspes_proto.a  # only in builds with the sync side (SPES_WITH_SYNC)
+grep -q '^SPES_WITH_SYNC:BOOL=OFF' "$build/CMakeCache.txt" && proto=
+for f in bin/spes lib/libspes.a $proto lib/libspes_sentencepiece.so \
          include/spes/io/config.h include/spes/interop/hf_export.h \
          lib/cmake/spes/spesConfig.cmake lib/cmake/spes/spesConfigVersion.cmake \
          lib/cmake/spes/spesTargets.cmake; do
