@@ -5,7 +5,8 @@
 // corrupt chunk, a NaN upload, an upload of another node's expert, an update far above
 // max_update_norm_ratio, a straggler past the deadline, a replay of an old round, plus a node
 // with the wrong token, an oversized gRPC message and `spes status`; an upload stream that
-// breaks halfway and resumes, and a chunk sent twice. Every test ends with
+// breaks halfway and resumes, and a chunk sent twice; a node sending a tensor name that is not
+// UTF-8 and poisoning a norm weight inside every per-upload bound. Every test ends with
 // training finished on every node and the nodes holding identical weights (the same
 // model_sha256) after the last sync; the published model is never poisoned.
 #include <gmock/gmock.h>
@@ -13,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -384,6 +386,43 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
   EXPECT_EQ(reason(3), "timeout");
   EXPECT_EQ(nodes(4), (std::vector<int64_t>{0, 1}));
   EXPECT_THAT(reason(4), HasSubstr("max_update_norm_ratio"));
+  expect_same_weights_at_the_end(dir, 3);
+}
+
+// A node that tries to stop the server with a tensor name that is not UTF-8 (round 1: this used
+// to make the round's record unserialisable and the server exit at publication) and then to
+// poison a shared norm weight inside every per-upload bound (round 2): both uploads are
+// refused, the server keeps publishing, and every node ends with the same weights.
+TEST_F(SyncReliability, InvalidTextAndPoisonInsideTheBoundsNeverStopOrPoisonTheServer) {
+  const std::string dir = g_dir + "/poison";
+  const std::string cfg = write_config(dir, 3, "  round_timeout: 120\n");
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  auto n1 = start_node(cfg, 1, address, dir + "/node1");
+  auto n2 = start_node(cfg, 2, address, dir + "/node2",
+                       {{"SPES_SYNC_FAULTS", "badname@1,poison@2"}});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get(), n2.get()};
+  ASSERT_TRUE(pump_until(all, [&] {
+    return n0->exited && n1->exited && n2->exited && srv->exited;
+  }, 240)) << all_logs(all);
+  ASSERT_EQ(n0->code, 0) << all_logs(all);
+  ASSERT_EQ(n1->code, 0) << all_logs(all);
+  ASSERT_EQ(n2->code, 0) << all_logs(all);
+  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  // Every line of rounds.jsonl is strict JSON (read_jsonl would skip a broken one).
+  const std::string text = read_or_empty(dir + "/server/rounds.jsonl");
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5);
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << all_logs(all);
+  auto nodes = [&](int r) { return rounds[r - 1]["nodes"].get<std::vector<int64_t>>(); };
+  auto reason = [&](int r) { return rounds[r - 1]["missing"].dump(); };
+  EXPECT_EQ(nodes(1), (std::vector<int64_t>{0, 1}));
+  EXPECT_THAT(reason(1), HasSubstr("\\\\xff\\\\xfe"));
+  EXPECT_EQ(nodes(2), (std::vector<int64_t>{0, 1}));
+  EXPECT_THAT(reason(2), HasSubstr("outlier_factor"));
+  EXPECT_EQ(nodes(3), (std::vector<int64_t>{0, 1, 2}));
   expect_same_weights_at_the_end(dir, 3);
 }
 

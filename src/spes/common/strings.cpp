@@ -1,7 +1,10 @@
 // String helpers (see strings.h).
 #include "spes/common/strings.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -64,6 +67,49 @@ std::string human_bytes(double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
   return buf;
+}
+
+namespace {
+// Length of the valid UTF-8 sequence starting at s[i] (1-4), or 0 when it is not valid
+// (overlong forms, surrogates and code points above U+10FFFF are invalid).
+size_t utf8_sequence(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  uint32_t cp = 0;
+  if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F;
+  else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F;
+  else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07;
+  else return 0;
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b(i + k) & 0x3F);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+}  // namespace
+
+std::string printable(const std::string& text, size_t max_bytes) {
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes) + 16);
+  size_t i = 0;
+  while (i < text.size() && out.size() < max_bytes) {
+    const size_t n = utf8_sequence(text, i);
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7F))) {
+      out += fmt::format("\\x{:02x}", c);
+      ++i;
+    } else {
+      out.append(text, i, n);
+      i += n;
+    }
+  }
+  if (i < text.size()) out += fmt::format("...({} bytes)", text.size());
+  return out;
 }
 
 }  // namespace spes

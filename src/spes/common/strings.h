@@ -1,4 +1,5 @@
-// Small string helpers: splitting, trimming, edit distance and "did you mean" suggestions.
+// Small string helpers: splitting, trimming, edit distance and "did you mean" suggestions, and
+// making text from outside (a node, a file) safe to log, store and serialise.
 #pragma once
 #include <string>
 #include <vector>
@@ -14,5 +15,9 @@ size_t edit_distance(const std::string& a, const std::string& b);
 std::string suggestion_suffix(const std::string& word, const std::vector<std::string>& candidates);
 // Human-readable byte count: "1.5 MiB".
 std::string human_bytes(double bytes);
+// `text` as valid, printable UTF-8 of at most about `max_bytes` bytes: invalid UTF-8 and control
+// characters become \xNN, and a longer text is cut with "...(N bytes)" appended. For any text
+// that came from outside before it is logged, stored in JSON or sent back in an error.
+std::string printable(const std::string& text, size_t max_bytes = 200);
 
 }  // namespace spes

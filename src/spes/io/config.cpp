@@ -394,6 +394,26 @@ void config_validate(const Config& c, const std::string& o) {
              "found {}", o, s.heartbeat_timeout);
   SPES_CHECK(s.max_update_norm_ratio >= 0, "{}: spes_config.max_update_norm_ratio must be >= 0 "
              "(0 disables the check), found {}", o, s.max_update_norm_ratio);
+  SPES_CHECK(s.max_tensor_update_ratio >= 0, "{}: spes_config.max_tensor_update_ratio must be "
+             ">= 0 (0 disables the check), found {}", o, s.max_tensor_update_ratio);
+  SPES_CHECK(s.max_drift_ratio >= 0, "{}: spes_config.max_drift_ratio must be >= 0 (0 disables "
+             "the check), found {}", o, s.max_drift_ratio);
+  SPES_CHECK(s.drift_window_rounds >= 1 && s.drift_window_rounds <= 1000, "{}: "
+             "spes_config.drift_window_rounds must be in [1, 1000], found {}", o,
+             s.drift_window_rounds);
+  SPES_CHECK(s.outlier_factor == 0 || s.outlier_factor >= 1, "{}: spes_config.outlier_factor "
+             "must be 0 (off) or >= 1 (x the median of the other nodes' updates), found {}", o,
+             s.outlier_factor);
+  SPES_CHECK(s.aggregation == "mean" || s.aggregation == "trimmed_mean" ||
+                 s.aggregation == "median",
+             "{}: spes_config.aggregation must be mean, trimmed_mean or median, found '{}'", o,
+             s.aggregation);
+  SPES_CHECK(s.aggregation == "mean" || s.weighting == "equal", "{}: "
+             "spes_config.aggregation={} takes each node's value once, so it cannot weigh nodes "
+             "by tokens; set spes_config.weighting: equal, or aggregation: mean", o,
+             s.aggregation);
+  SPES_CHECK(s.trim_fraction >= 0 && s.trim_fraction < 0.5, "{}: spes_config.trim_fraction must "
+             "be in [0, 0.5), found {}", o, s.trim_fraction);
   SPES_CHECK(s.retry_max_s >= 0 && s.retry_backoff_max_s > 0, "{}: spes_config.retry_max_s must "
              "be >= 0 and retry_backoff_max_s > 0", o);
   SPES_CHECK(s.tls_cert.empty() == s.tls_key.empty(), "{}: spes_config.tls_cert and tls_key go "

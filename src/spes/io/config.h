@@ -130,6 +130,17 @@ struct SpesConfig {
   std::string auth_tokens_file;         // YAML/JSON map node id -> secret token ("": no auth)
   double heartbeat_timeout = 60.0;      // seconds of silence after which a node is dead
   double max_update_norm_ratio = 10.0;  // reject ||upload - published|| > r ||published|| (0: off)
+  // Robust aggregation (docs/SECURITY.md): per tensor, ||upload_t - published_t|| at most
+  // r ||published_t|| (0: off); over the last drift_window_rounds rounds, the tensor's path
+  // from the published value at the window's start at most max_drift_ratio x its norm (0: off);
+  // a shared tensor's update above outlier_factor x the median of the other nodes' updates of
+  // it is refused (0: off; needs 2 or more uploads); the statistic that combines shared tensors.
+  double max_tensor_update_ratio = 10.0;
+  int64_t drift_window_rounds = 10;
+  double max_drift_ratio = 20.0;
+  double outlier_factor = 8.0;
+  std::string aggregation = "mean";     // mean | trimmed_mean | median (shared tensors)
+  double trim_fraction = 0.25;          // trimmed_mean: share of nodes dropped at each end
   double retry_max_s = 600.0;           // node: keep retrying an unreachable server this long
   double retry_backoff_max_s = 5.0;     // node: longest pause between retries
   std::string tls_cert, tls_key;        // server: PEM certificate chain and key (TLS on)
@@ -148,7 +159,11 @@ struct SpesConfig {
     v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);
     v("round_timeout", round_timeout); v("min_nodes", min_nodes);
     v("auth_tokens_file", auth_tokens_file); v("heartbeat_timeout", heartbeat_timeout);
-    v("max_update_norm_ratio", max_update_norm_ratio); v("retry_max_s", retry_max_s);
+    v("max_update_norm_ratio", max_update_norm_ratio);
+    v("max_tensor_update_ratio", max_tensor_update_ratio);
+    v("drift_window_rounds", drift_window_rounds); v("max_drift_ratio", max_drift_ratio);
+    v("outlier_factor", outlier_factor); v("aggregation", aggregation);
+    v("trim_fraction", trim_fraction); v("retry_max_s", retry_max_s);
     v("retry_backoff_max_s", retry_backoff_max_s); v("tls_cert", tls_cert);
     v("tls_key", tls_key); v("tls_client_ca", tls_client_ca); v("tls_ca", tls_ca);
     v("tls_client_cert", tls_client_cert); v("tls_client_key", tls_client_key);

@@ -62,8 +62,13 @@ void file_write_atomic(const std::string& path, const std::string& data) {
     }
     off += static_cast<size_t>(w);
   }
-  ::fsync(fd);
-  ::close(fd);
+  // A file is only renamed into place once it is known to be on disk.
+  const int sync_err = ::fsync(fd) == 0 ? 0 : errno;
+  const int close_err = ::close(fd) == 0 ? 0 : errno;
+  if (sync_err != 0 || close_err != 0) {
+    ::unlink(tmp.c_str());
+    fail("cannot write '{}': {}", tmp, std::strerror(sync_err != 0 ? sync_err : close_err));
+  }
   SPES_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp,
              path, std::strerror(errno));
   dir_fsync(fs::path(path).parent_path().string());

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "spes/common/error.h"
+#include "spes/common/strings.h"
 #include "spes/io/files.h"
 
 namespace spes {
@@ -48,7 +49,7 @@ torch::ScalarType safetensors_dtype_from_name(const std::string& n, const std::s
   if (n == "U8") return torch::kUInt8;
   if (n == "BOOL") return torch::kBool;
   fail("{}: unsupported safetensors dtype '{}' (expected F32, F16, BF16, F64, I64, I32, I16, I8, "
-       "U8 or BOOL)", origin, n);
+       "U8 or BOOL)", origin, printable(n, 40));
 }
 
 std::string safetensors_serialize(const NamedTensors& tensors, const Metadata& metadata) {

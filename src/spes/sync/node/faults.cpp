@@ -15,6 +15,7 @@ namespace spes::sync {
 
 bool NodeFaults::any() const {
   return nan_round >= 0 || foreign_round >= 0 || scaled_round >= 0 || corrupt_round >= 0 ||
+         badname_round >= 0 || poison_round >= 0 ||
          stall_round >= 0 || replay_round >= 0 || cut_round >= 0 || dup_round >= 0;
 }
 
@@ -49,12 +50,14 @@ NodeFaults parse_node_faults(const std::string& spec) {
     else if (kind == "replay") f.replay_round = round;
     else if (kind == "cut") f.cut_round = round;
     else if (kind == "dup") f.dup_round = round;
+    else if (kind == "badname") f.badname_round = round;
+    else if (kind == "poison") f.poison_round = round;
     else if (kind == "stall") {
       f.stall_round = round;
       f.stall_s = seconds;
     } else {
-      fail("SPES_SYNC_FAULTS: unknown fault '{}' (nan, foreign, scaled, corrupt, stall, replay, "
-           "cut, dup)",
+      fail("SPES_SYNC_FAULTS: unknown fault '{}' (nan, foreign, scaled, badname, poison, corrupt, "
+           "stall, replay, cut, dup)",
            kind);
     }
   }
@@ -68,7 +71,10 @@ NodeFaults node_faults_from_env() {
 
 namespace {
 
-// corrupt, cut and dup on the client's upload streams. Each acts on the first stream of its
+// badname@R: a tensor name starts with these 4 bytes, replaced by invalid UTF-8 on the wire.
+constexpr const char* kBadNameMarker = "BAD!";
+
+// corrupt, cut and dup on the client's upload streams (and badname's bytes). Each acts on the first stream of its
 // round that gets that far, once.
 class FaultyUploadStreams : public UploadStreamFilter {
  public:
@@ -102,6 +108,13 @@ class FaultyUploadStreams : public UploadStreamFilter {
       return false;
     }
     if (index == repeat_) repeated_ = c;
+    if (round_ == f_.badname_round && index == 0) {
+      const size_t at = c.data.find(kBadNameMarker);
+      if (at != std::string::npos) {
+        c.data.replace(at, 4, "\xff\xfe\xff\xfe");  // same length: offsets stay right
+        c.sha256 = chunk_sha256(c.data);
+      }
+    }
     if (round_ == f_.corrupt_round && !corrupt_done_ && !c.data.empty()) {
       corrupt_done_ = true;
       spdlog::warn("node {}: fault injection: corrupting a chunk of round {}'s upload", node_,
@@ -143,7 +156,8 @@ SafetensorsStreamWriter NodeFaultInjection::payload(const ParamRegistry& reg,
                  r);
     std::this_thread::sleep_for(std::chrono::duration<double>(f_.stall_s));
   }
-  if (r != f_.nan_round && r != f_.foreign_round && r != f_.scaled_round)
+  if (r != f_.nan_round && r != f_.foreign_round && r != f_.scaled_round &&
+      r != f_.badname_round && r != f_.poison_round)
     return node_upload_writer(reg, meta, wire);
   NamedTensors t;
   for (const auto& e : reg.entries())
@@ -155,6 +169,23 @@ SafetensorsStreamWriter NodeFaultInjection::payload(const ParamRegistry& reg,
     t.front().second = bad;
     spdlog::warn("node {}: fault injection: round {} upload carries {}", meta.node, r,
                  r == f_.nan_round ? "a NaN" : "a tensor scaled by 1e6");
+  }
+  if (r == f_.badname_round) {
+    // A valid marker here; the upload filter turns its bytes into invalid UTF-8 on the wire
+    // (the header writer, rightly, cannot write such a name).
+    t.front().first = kBadNameMarker + t.front().first;
+    spdlog::warn("node {}: fault injection: round {} upload names a tensor with invalid UTF-8",
+                 meta.node, r);
+  }
+  if (r == f_.poison_round) {
+    for (auto& [name, v] : t) {
+      const RegistryEntry* e = reg.find(name);
+      if (!e || e->role != ParamRole::Shared || v.dim() != 1) continue;
+      v = v.mul(5.0);
+      spdlog::warn("node {}: fault injection: round {} upload moves '{}' by 4x its norm",
+                   meta.node, r, name);
+      break;
+    }
   }
   if (r == f_.foreign_round) {
     for (const auto& e : reg.entries())

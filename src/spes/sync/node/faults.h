@@ -4,6 +4,9 @@
 //   nan@R        the upload of round R carries a NaN (the node's own weights stay finite)
 //   foreign@R    the upload of round R also carries an expert owned by another node
 //   scaled@R     the upload of round R carries its first tensor multiplied by 1e6
+//   badname@R    the upload of round R names its first tensor with bytes that are not UTF-8
+//   poison@R     the upload of round R moves its first one-dimensional shared tensor (a norm
+//                weight) by 4x its norm: inside every per-upload bound, an outlier among nodes
 //   corrupt@R    the first chunk of round R's first upload attempt fails its checksum
 //   stall@R:S    the node sleeps S seconds before uploading round R (a straggler)
 //   replay@R     after round R is published, the node uploads round R-1 again (an old round)
@@ -11,7 +14,8 @@
 //                (as if the connection broke); the retry resumes where the server stopped
 //   dup@R        round R's upload goes in 8 chunks and chunk 1 is sent again after chunk 2
 // Unset (the normal case) means no fault. The faults wrap what the node does, never change it:
-// NodeFaultInjection hands the node its payload (nan, foreign, scaled, after stall's sleep),
+// NodeFaultInjection hands the node its payload (nan, foreign, scaled, badname, poison, after
+// stall's sleep),
 // wraps the client's upload streams (corrupt, cut, dup: an UploadStreamFilter) and acts after a
 // published round (replay). Leaves out: the server, which has no fault hooks.
 #pragma once
@@ -31,6 +35,7 @@ namespace spes::sync {
 struct NodeFaults {
   int64_t nan_round = -1, foreign_round = -1, scaled_round = -1, corrupt_round = -1;
   int64_t stall_round = -1, replay_round = -1, cut_round = -1, dup_round = -1;
+  int64_t badname_round = -1, poison_round = -1;
   double stall_s = 0;
   bool any() const;
 };
@@ -47,7 +52,7 @@ class NodeFaultInjection {
   // Wraps the client's upload streams: corrupt, cut, dup (and their chunks of an eighth).
   std::shared_ptr<UploadStreamFilter> upload_filter() const { return filter_; }
   // The upload of meta.round: the node's own, or a deliberately bad one (nan, foreign,
-  // scaled); after stall@R's sleep.
+  // scaled, badname, poison); after stall@R's sleep.
   SafetensorsStreamWriter payload(const ParamRegistry& registry, const UploadMeta& meta,
                                   WireDtype wire) const;
   // Round `round` was published with this node's upload `payload`: replay@R sends it again

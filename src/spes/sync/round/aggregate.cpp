@@ -1,6 +1,7 @@
 // One round's arithmetic (see aggregate.h).
 #include "spes/sync/round/aggregate.h"
 
+#include <cmath>
 #include <filesystem>
 #include <unordered_map>
 
@@ -12,6 +13,23 @@
 
 namespace spes::sync {
 namespace fs = std::filesystem;
+
+namespace {
+// Coordinate-wise median (the mean of the two middle values for an even count) or trimmed
+// mean (dropping floor(trim x n) values at each end) of the nodes' values of one tensor.
+torch::Tensor robust_combine(const std::vector<torch::Tensor>& values,
+                             const std::string& statistic, double trim) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (n == 1) return values[0];
+  const torch::Tensor sorted = std::get<0>(torch::stack(values).sort(0));
+  if (statistic == "median") {
+    if (n % 2 == 1) return sorted[n / 2].clone();
+    return (sorted[n / 2 - 1] + sorted[n / 2]).mul_(0.5);
+  }
+  const int64_t k = static_cast<int64_t>(std::floor(trim * static_cast<double>(n)));
+  return sorted.slice(0, k, n - k).mean(0);
+}
+}  // namespace
 
 SyncModel::SyncModel(const Config& cfg) : cfg_(cfg) {
   model_ = std::make_unique<Transformer>(cfg_.model, torch::kCPU);
@@ -63,7 +81,8 @@ void SyncModel::load_momentum(const NamedTensors& tensors, const std::string& or
 
 // ---------------------------------------------------------------------------------------------
 RoundAggregator::RoundAggregator(SyncModel& model)
-    : model_(model), schedule_(MergeSchedule::from_config(model.config())) {}
+    : model_(model), schedule_(MergeSchedule::from_config(model.config())),
+      statistic_(model.config().spes_config.aggregation) {}
 
 void RoundAggregator::begin(int64_t round, int64_t step) {
   SPES_CHECK(!active_, "aggregator: round {} is still open", round_);
@@ -74,6 +93,7 @@ void RoundAggregator::begin(int64_t round, int64_t step) {
   acc_.assign(model_.tensors().size(), torch::Tensor());
   wsum_.assign(model_.tensors().size(), 0.0);
   first_node_.assign(model_.tensors().size(), -1);
+  held_.assign(model_.tensors().size(), {});
   owner_files_.clear();
   out_ = RoundOutcome();
   out_.round = round;
@@ -84,6 +104,7 @@ void RoundAggregator::abort() {
   active_ = false;
   acc_.clear();
   wsum_.clear();
+  held_.clear();
   owner_files_.clear();
   node_ = -1;
 }
@@ -131,7 +152,12 @@ void RoundAggregator::add_run(const std::string& name, int64_t first, const torc
              first, first + run.numel(), numel);
   torch::NoGradGuard ng;
   const bool owner_copy = t.rule == Combine::OwnerCopy;
-  if (!(owner_copy && !source_.empty())) {  // file-backed owner copies are read in finish()
+  if (!owner_copy && statistic_ != "mean") {
+    // Median / trimmed mean: each node's value is kept until finish().
+    if (first == 0) held_[i].push_back(torch::empty(t.shape, torch::kFloat32));
+    held_[i].back().view({-1}).slice(0, first, first + run.numel())
+        .copy_(run.detach().to(torch::kCPU, torch::kFloat32));
+  } else if (!(owner_copy && !source_.empty())) {  // file-backed owner copies: in finish()
     torch::Tensor v = run.detach().to(torch::kCPU, torch::kFloat32);
     if (!acc_[i].defined()) {
       acc_[i] = torch::empty(t.shape, torch::kFloat32);
@@ -173,6 +199,7 @@ RoundOutcome RoundAggregator::finish() {
   const double lr = model_.config().spes_config.outer_lr;
   const double mu = model_.config().spes_config.outer_momentum;
   torch::NoGradGuard ng;
+  out_.change.assign(pub.size(), 0.0);
   // Owner copies straight from the staged uploads into the published tensors.
   for (const auto& [node, path] : owner_files_) {
     SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr, kMaxHeaderBytes);
@@ -181,15 +208,24 @@ RoundOutcome RoundAggregator::finish() {
       const int64_t i = plan.index(e.name);
       const PlanTensor& t = plan.tensors()[i];
       if (t.rule != Combine::OwnerCopy || t.owner != node) return;
-      pub[i].view({-1}).slice(0, first, first + run.numel()).copy_(run);
+      torch::Tensor dst = pub[i].view({-1}).slice(0, first, first + run.numel());
+      out_.change[i] += (run.to(torch::kFloat32) - dst).pow(2).sum().item<double>();
+      dst.copy_(run);
     });
     stream_file(path, reader);
   }
   owner_files_.clear();
   for (size_t i = 0; i < pub.size(); ++i) {
     torch::Tensor& acc = acc_[i];
-    if (!acc.defined()) continue;  // nobody uploaded it: keeps the last published value
-    if (plan.tensors()[i].rule == Combine::Mean && wsum_[i] != 1.0) acc.div_(wsum_[i]);
+    if (!held_[i].empty()) acc = robust_combine(held_[i], statistic_,
+                                                model_.config().spes_config.trim_fraction);
+    held_[i].clear();
+    if (!acc.defined()) {  // nobody uploaded it (or an owner copy read back above)
+      out_.change[i] = std::sqrt(out_.change[i]);
+      continue;
+    }
+    if (plan.tensors()[i].rule == Combine::Mean && statistic_ == "mean" && wsum_[i] != 1.0)
+      acc.div_(wsum_[i]);
     if (diloco) {
       // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m), computed
       // as avg + (1 - lr) * delta - lr * mu * m: the same value, and with lr 1 and mu 0
@@ -199,10 +235,9 @@ RoundOutcome RoundAggregator::finish() {
       if (!m.defined()) m = torch::zeros_like(acc);
       m.mul_(mu).add_(delta);
       acc.add_(delta, 1 - lr).sub_(m, lr * mu);
-      pub[i].copy_(acc);
-    } else {
-      pub[i].copy_(acc);
     }
+    out_.change[i] = (acc - pub[i]).norm().item<double>();
+    pub[i].copy_(acc);
     acc = torch::Tensor();
   }
   const double alpha = schedule_.alpha(step_);
@@ -222,6 +257,7 @@ RoundOutcome RoundAggregator::finish() {
   active_ = false;
   acc_.clear();
   wsum_.clear();
+  held_.clear();
   return out_;
 }
 

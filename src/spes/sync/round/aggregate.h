@@ -1,13 +1,15 @@
 // One SPES round, tensor by tensor by name, in one API that the sync server and
 // `spes aggregate` both run (so an offline round reproduces a published model bit for bit):
 //   shared tensor (and, in fedavg/diloco, every tensor): weighted mean over the nodes present
-//     (weights: 1 each, or the tokens each node reports);
+//     (weights: 1 each, or the tokens each node reports), or, with spes_config.aggregation,
+//     the coordinate-wise median or trimmed mean of the nodes' values (unweighted);
 //   expert tensor in mode spes: its owner's copy (owner absent: the last published value);
 //   diloco: outer Nesterov step on the averaged pseudo-gradient, momentum kept here;
 //   then, in mode spes at a merge point, expert merging (merge.h);
 //   then rounding to the transfer dtype, so the published model is exactly what nodes receive.
 // Memory: the published model plus one running sum per averaged tensor (S, the shared tensors
-// in mode spes), never N uploads: uploads are folded one node at a time, piece by piece, in
+// in mode spes), never N uploads (median and trimmed_mean hold each node's averaged tensors:
+// N x S): uploads are folded one node at a time, piece by piece, in
 // ascending node order (floating-point sums depend on order; a fixed order makes them
 // reproducible); experts' owner copies are read back from the staged upload files at finish.
 // Leaves out: transport, staging of uploads on disk, persistence (round_state.h).
@@ -70,6 +72,9 @@ struct RoundOutcome {
   bool merged = false;
   std::vector<double> gate_cos;         // per layer: mean pairwise cosine of gate_proj, published
   std::vector<double> gate_cos_before;  // per layer, pre-merge (merge rounds only)
+  // Per model tensor: ||published after - published before|| from the combination and outer
+  // step (merging excluded); 0 for tensors nobody uploaded. For the drift bound.
+  std::vector<double> change;
 };
 
 class RoundAggregator {
@@ -108,6 +113,9 @@ class RoundAggregator {
   std::vector<torch::Tensor> acc_;
   std::vector<double> wsum_;
   std::vector<int64_t> first_node_;  // node whose values initialised acc_[i]
+  std::string statistic_;            // spes_config.aggregation
+  std::vector<std::vector<torch::Tensor>> held_;  // median/trimmed_mean: [tensor][node k]
+  std::vector<double> owner_change_sq_;           // owner copies read back in finish()
   std::vector<std::pair<int64_t, std::string>> owner_files_;  // read back in finish()
   RoundOutcome out_;
 };

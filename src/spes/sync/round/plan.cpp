@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "spes/common/error.h"
+#include "spes/common/strings.h"
 #include "spes/io/files.h"
 #include "spes/model/ownership.h"
 #include "spes/model/registry.h"
@@ -79,6 +80,15 @@ uint64_t RoundPlan::upload_data_bytes(int64_t node) const {
   return n;
 }
 
+uint64_t RoundPlan::max_upload_header_bytes(int64_t node) const {
+  // Per tensor: its name and the JSON around it ("dtype", "shape" with up to 20 digits per
+  // dimension, "data_offsets"); the metadata's few short values fit in the slack.
+  uint64_t n = 4096;
+  for (size_t i : upload_.at(node))
+    n += tensors_[i].name.size() + 96 + 21 * tensors_[i].shape.size();
+  return std::min<uint64_t>(n, kMaxHeaderBytes);
+}
+
 Metadata upload_metadata(const UploadMeta& m) {
   return {{"format", "spes-upload-v1"},
           {"node_id", std::to_string(m.node)},
@@ -100,7 +110,7 @@ int64_t meta_int(const Metadata& md, const char* key, const std::string& origin)
   } catch (const std::exception&) {
   }
   sync_fail(SyncErrc::InvalidArgument, "{}: upload metadata '{}' = '{}' is not a non-negative "
-            "integer", origin, key, it->second);
+            "integer", origin, key, printable(it->second, 40));
 }
 }  // namespace
 
@@ -110,7 +120,7 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
   auto fmt_it = md.find("format");
   if (fmt_it == md.end() || fmt_it->second != "spes-upload-v1")
     sync_fail(SyncErrc::InvalidArgument, "{}: not a SPES upload (metadata format '{}', expected "
-              "'spes-upload-v1')", origin, fmt_it == md.end() ? "" : fmt_it->second);
+              "'spes-upload-v1')", origin, fmt_it == md.end() ? "" : printable(fmt_it->second, 40));
   UploadMeta m;
   m.node = meta_int(md, "node_id", origin);
   m.round = meta_int(md, "round", origin);
@@ -122,7 +132,7 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
     sync_fail(SyncErrc::InvalidArgument, "{}: upload metadata 'incarnation' is not a number",
               origin);
   }
-  if (md.count("model_fingerprint")) m.model_fingerprint = md.at("model_fingerprint");
+  if (md.count("model_fingerprint")) m.model_fingerprint = printable(md.at("model_fingerprint"));
   if (expect_node >= 0 && m.node != expect_node)
     sync_fail(SyncErrc::InvalidArgument, "{}: upload says node {} but was sent by node {}",
               origin, m.node, expect_node);
@@ -137,7 +147,7 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
     const int64_t idx = plan.index(e.name);
     if (idx < 0)
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not part of the model", origin,
-                e.name);
+                printable(e.name));
     const PlanTensor& t = plan.tensors()[idx];
     const bool allowed = std::find(t.uploaders.begin(), t.uploaders.end(), m.node) !=
                          t.uploaders.end();
@@ -161,6 +171,24 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
               "(first missing: '{}')", origin, got.size(), m.node, want.size(),
               plan.tensors()[want[got.size()]].name);
   return m;
+}
+
+void check_upload_tokens(const Config& cfg, const UploadMeta& meta, const std::string& origin) {
+  const SpesConfig& sc = cfg.spes_config;
+  // At most every sequence of every step since the last sync (in 128 bits: config values are
+  // bounded, but the product is checked, not trusted).
+  const __int128 most = static_cast<__int128>(sc.sync_steps) * cfg.global_train_batch_size *
+                        cfg.model.max_sequence_length;
+  if (static_cast<__int128>(meta.tokens) > most)
+    sync_fail(SyncErrc::InvalidArgument, "{}: the upload claims {} tokens, more than one round "
+              "can train (sync_steps {} x global_train_batch_size {} x max_sequence_length {} = "
+              "{}); the upload is rejected", origin, meta.tokens, sc.sync_steps,
+              cfg.global_train_batch_size, cfg.model.max_sequence_length,
+              static_cast<int64_t>(most));
+  if (sc.weighting == "tokens" && meta.tokens == 0)
+    sync_fail(SyncErrc::InvalidArgument, "{}: the upload claims 0 tokens; with "
+              "spes_config.weighting=tokens a round's upload must report the tokens it trained "
+              "(a positive count); the upload is rejected", origin);
 }
 
 void check_upload_run(const StreamEntry& entry, const torch::Tensor& t,

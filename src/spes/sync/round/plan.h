@@ -48,6 +48,9 @@ class RoundPlan {
   WireDtype wire() const { return wire_; }
   // Indices (model order) of the tensors `node` uploads each round.
   const std::vector<size_t>& upload_of(int64_t node) const { return upload_.at(node); }
+  // The longest safetensors header a node's upload can need (its tensors' names, shapes and
+  // offsets, and its metadata, with slack): a longer header is refused before it is parsed.
+  uint64_t max_upload_header_bytes(int64_t node) const;
   // Indices `node` downloads after a round: every tensor the round may have changed, except
   // the node's own owner-copied tensors when merging did not touch them (they already hold
   // the published value).
@@ -79,6 +82,10 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
 // were checked with the header.
 void check_upload_run(const StreamEntry& entry, const torch::Tensor& values,
                       const std::string& origin);
+// The token count an upload claims must be possible: at most sync_steps x
+// global_train_batch_size x max_sequence_length, and positive with weighting=tokens (the
+// count then weighs the node's tensors). Throws SyncError(InvalidArgument) naming the limit.
+void check_upload_tokens(const Config& cfg, const UploadMeta& meta, const std::string& origin);
 
 // Digest of the model section of a config (nodes and server must agree on it).
 std::string model_config_sha256(const Config& cfg);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "spes/common/error.h"
 #include "spes/io/config.h"
 
 namespace spes::sync {
@@ -14,8 +15,15 @@ class RoundClock {
   explicit RoundClock(int64_t sync_steps) : sync_steps_(sync_steps) {}
   explicit RoundClock(const Config& cfg) : RoundClock(cfg.spes_config.sync_steps) {}
   int64_t sync_steps() const { return sync_steps_; }
-  // The step at which round `round` syncs.
-  int64_t step_of(int64_t round) const { return round * sync_steps_; }
+  // The step at which round `round` syncs. A round whose step would not fit in 64 bits (a
+  // number from the network) is refused, never wrapped.
+  int64_t step_of(int64_t round) const {
+    int64_t step = 0;
+    if (round < 0 || __builtin_mul_overflow(round, sync_steps_, &step))
+      fail("round {} is out of range (round x spes_config.sync_steps={} must be a step count)",
+           round, sync_steps_);
+    return step;
+  }
   // Whether a round syncs at `step`: a positive multiple of sync_steps.
   bool is_sync_step(int64_t step) const { return step > 0 && step % sync_steps_ == 0; }
   // The round that syncs at `step` (for a step between syncs: the latest round before it).

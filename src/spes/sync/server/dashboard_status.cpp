@@ -37,6 +37,7 @@ nlohmann::json dashboard_status(const Config& cfg, const RoundState& state, doub
                         {"published_step", s.published_step},
                         {"collecting_round", s.collecting_round},
                         {"round_open_s", s.round_open_s},
+                        {"publish_error", s.publish_error},
                         {"model_sha256", s.model_sha256},
                         {"uptime_s", uptime_s},
                         {"nodes", nlohmann::json::array()},

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "spes/common/strings.h"
 #include "spes/common/timing.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/wire/auth.h"
@@ -52,8 +53,8 @@ bool Membership::join(const JoinInfo& info) {
   auto setting = [&](const char* key, const std::string& node_v, const std::string& server_v) {
     if (node_v != server_v)
       sync_fail(SyncErrc::FailedPrecondition, "node {} has spes_config.{}={} but the server has "
-                "{}: the server and every node must use the same spes_config", id, key, node_v,
-                server_v);
+                "{}: the server and every node must use the same spes_config", id, key,
+                printable(node_v, 80), server_v);
   };
   setting("mode", info.mode, s.mode);
   setting("num_peers", std::to_string(info.num_peers), std::to_string(s.num_peers));
@@ -63,11 +64,11 @@ bool Membership::join(const JoinInfo& info) {
     sync_fail(SyncErrc::FailedPrecondition, "node {}: expert ownership map differs from the "
               "server's (fingerprint {} vs {}); both must build it from the same "
               "spes_config.expert_owners / num_peers / num_train_experts_per_node", id,
-              info.ownership_fingerprint, model_.ownership_fingerprint());
+              printable(info.ownership_fingerprint, 80), model_.ownership_fingerprint());
   if (info.model_fingerprint != model_.model_fingerprint())
     sync_fail(SyncErrc::FailedPrecondition, "node {}: model differs from the server's (tensor "
               "names/shapes fingerprint {} vs {}); use the same model config", id,
-              info.model_fingerprint, model_.model_fingerprint());
+              printable(info.model_fingerprint, 80), model_.model_fingerprint());
   if (info.model_config_sha256 != model_config_sha256(cfg_))
     sync_fail(SyncErrc::FailedPrecondition, "node {}: the model section of its config differs "
               "from the server's (e.g. moe_top_k, rope_theta); use the same model config", id);

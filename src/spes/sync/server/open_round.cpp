@@ -12,6 +12,7 @@ OpenRound::OpenRound(const Config& cfg, SyncModel& model)
     : cfg_(cfg), model_(model), agg_(model) {}
 
 void OpenRound::begin(int64_t round) {
+  round_ = round;
   next_fold_ = 0;
   started_ = false;
   agg_.begin(round, RoundClock(cfg_).step_of(round));
@@ -38,6 +39,18 @@ void OpenRound::fold_rest(UploadStaging& uploads) {
   const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
   for (int64_t i = next_fold_; i < n; ++i) {
     if (uploads.state(i) != UploadStaging::State::Ready) continue;
+    fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i);
+    uploads.mark_folded(i);
+  }
+  next_fold_ = n;
+}
+
+void OpenRound::refold(UploadStaging& uploads) {
+  agg_.abort();
+  agg_.begin(round_, RoundClock(cfg_).step_of(round_));
+  const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!uploads.arrived(i)) continue;
     fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i);
     uploads.mark_folded(i);
   }

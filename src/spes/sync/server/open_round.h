@@ -29,6 +29,9 @@ class OpenRound {
   void fold_ready(UploadStaging& uploads);
   // Folds every ready upload, skipping the nodes that are missing (the round closes now).
   void fold_rest(UploadStaging& uploads);
+  // Starts the sum over and folds every accepted upload again (one was refused after it was
+  // folded): the result is as if the refused upload had never arrived.
+  void refold(UploadStaging& uploads);
 
   enum class Close { No, Everyone, Deadline };
   // Whether the round closes with `present` uploads and `out` nodes out of `num_nodes`;
@@ -43,6 +46,7 @@ class OpenRound {
   const Config& cfg_;
   SyncModel& model_;
   RoundAggregator agg_;
+  int64_t round_ = 0;
   int64_t next_fold_ = 0;
   bool started_ = false;
   std::chrono::steady_clock::time_point start_, last_wait_log_;

@@ -1,6 +1,8 @@
 // rounds.jsonl and the recent round history (see round_log.h).
 #include "spes/sync/server/round_log.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <fstream>
 
@@ -100,9 +102,13 @@ void RoundLog::write(Pending& p) {
 }
 
 void RoundLog::append(const nlohmann::json& line) {
-  const std::string s = line.dump() + "\n";
-  std::fwrite(s.data(), 1, s.size(), file_);
-  std::fflush(file_);
+  // Text from nodes is made printable before it gets here; `replace` keeps any byte that is
+  // still not UTF-8 from stopping the log.
+  const std::string s =
+      line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  if (std::fwrite(s.data(), 1, s.size(), file_) != s.size() || std::fflush(file_) != 0)
+    spdlog::error("cannot append round {} to rounds.jsonl (disk full?); the round is published "
+                  "and saved in state.json", line.value("round", int64_t{-1}));
 }
 
 void RoundLog::remember(const nlohmann::json& line) {

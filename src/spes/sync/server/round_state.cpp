@@ -17,6 +17,7 @@ namespace spes::sync {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+constexpr double kPublishRetryS = 5.0;  // a failed save of a closed round is retried this often
 
 uint64_t random_u64() {
   std::random_device rd;
@@ -32,7 +33,8 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
       model_(std::make_unique<SyncModel>(cfg_)),
       members_(cfg_, *model_),
       store_(cfg_, opts_.out_dir, opts_.keep_uploads, *model_, incarnation_),
-      uploads_(cfg_, *model_, opts_.out_dir, opts_.keep_uploads, mu_,
+      bounds_(cfg_, model_->plan(), model_->tensors()),
+      uploads_(cfg_, *model_, bounds_, opts_.out_dir, opts_.keep_uploads, mu_,
                UploadEvents{[this] { round_.start_clock(); },
                             [this](int64_t) {
                               round_.fold_ready(uploads_);
@@ -52,6 +54,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
     published_.sha256 = model_->weights_sha256();
     store_.persist(published_, nlohmann::json());
   }
+  if (resumed) bounds_.reset(model_->tensors());  // the drift window starts over
   uploads_.next_round(published_.round + 1);
   round_.begin(published_.round + 1);
   spdlog::info("sync server: mode {}, {} nodes, sync every {} steps, transfer {}, model {} "
@@ -113,6 +116,17 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
                                                         uint64_t offset) {
   std::unique_lock<std::mutex> lk(mu_);
   members_.check(node);
+  if (closing_)
+    sync_fail(SyncErrc::Unavailable, "node {}: round {} is closed and being saved ({}); send "
+              "the upload again in a few seconds", node.node_id, published_.round + 1,
+              closing_->error);
+  if (round < 1)
+    sync_fail(SyncErrc::InvalidArgument, "node {}: there is no round {} to upload (rounds "
+              "start at 1)", node.node_id, round);
+  if (round > published_.round + 1)  // also keeps round x sync_steps in range
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: upload for round {} refused: the server "
+              "collects round {} (latest published {})", node.node_id, round,
+              published_.round + 1, published_.round);
   const RoundClock clock(cfg_);
   if (step != clock.step_of(round))
     sync_fail(SyncErrc::InvalidArgument, "node {}: round {} is step {}, not {}", node.node_id,
@@ -154,88 +168,128 @@ nlohmann::json RoundState::missing_nodes() const {
 
 void RoundState::maybe_publish(bool deadline_check) {
   if (closed_) return;
-  const int64_t N = static_cast<int64_t>(members_.size());
-  int64_t present = 0, out = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    if (uploads_.arrived(i)) ++present;
-    else if (uploads_.state(i) == UploadStaging::State::Rejected || members_[i].left ||
-             members_.is_dead(i))
-      ++out;
+  if (closing_) {
+    // A closed round whose save failed: retried from the periodic tick, every few seconds.
+    if (deadline_check && seconds_since(closing_->last_try) >= kPublishRetryS) publish();
+    return;
   }
-  const OpenRound::Close close = round_.may_close(present, out, N, deadline_check);
+  const int64_t N = static_cast<int64_t>(members_.size());
+  auto decide = [&](int64_t& present) {
+    present = 0;
+    int64_t out = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      if (uploads_.arrived(i)) ++present;
+      else if (uploads_.state(i) == UploadStaging::State::Rejected || members_[i].left ||
+               members_.is_dead(i))
+        ++out;
+    }
+    return round_.may_close(present, out, N, deadline_check);
+  };
+  int64_t present = 0;
+  OpenRound::Close close = decide(present);
+  if (close == OpenRound::Close::No) return;
+  // The uploads are all in: refuse the outliers among them, then decide again.
+  if (screen_outliers()) close = decide(present);
   if (close == OpenRound::Close::No) return;
   if (present < N) round_.fold_rest(uploads_);
   const nlohmann::json missing = missing_nodes();
   if (!missing.empty())
     spdlog::warn("round {}: publishing with {} of {} nodes{}; missing {}", published_.round + 1,
                  present, N, close == OpenRound::Close::Deadline ? " at its deadline" : "",
-                 missing.dump());
-  const int64_t round = published_.round + 1;
+                 missing.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   publish();
-  uploads_.remove_staged(round);
 }
 
-void RoundState::publish() {
-  const auto t0 = Clock::now();
-  const nlohmann::json missing = missing_nodes();
-  const nlohmann::json node_states = [&] {
-    nlohmann::json a = nlohmann::json::array();
-    for (size_t i = 0; i < members_.size(); ++i) a.push_back(node_state(i));
-    return a;
-  }();
-  const RoundOutcome o = round_.finish();
-  const double aggregate_s = seconds_since(t0);
-  const std::string sha = model_->weights_sha256();
-  const auto t1 = Clock::now();
-  const PublishedRound p{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
-  published_.round = p.round;
-  published_.step = p.step;
-  published_.alpha = p.alpha;
-  published_.merged = p.merged;
-  published_.nodes = p.nodes;
-  const auto published_at = Clock::now();
-  const size_t N = members_.size();
-  std::vector<uint64_t> bytes_in(N), wire_in(N), resumed_in(N);
-  uint64_t total_in = 0;
-  for (size_t i = 0; i < N; ++i) {
-    const UploadStaging::Intake in = uploads_.intake(i);
-    bytes_in[i] = in.bytes;
-    total_in += in.bytes;
-    wire_in[i] = in.wire_bytes;
-    resumed_in[i] = in.resumed_bytes;
+bool RoundState::screen_outliers() {
+  const std::vector<UpdateBounds::Outlier> outliers =
+      bounds_.outliers(uploads_.arrived_updates());
+  bool refold = false;
+  for (const auto& o : outliers) {
+    refold = refold || uploads_.state(o.node) == UploadStaging::State::Folded;
+    uploads_.reject_arrived(o.node, fmt::format("upload of node {} round {}: {}", o.node,
+                                                published_.round + 1, o.why));
   }
-  uploads_.next_round(o.round + 1);
-  nlohmann::json line = {{"round", o.round},
-                         {"step", o.step},
-                         {"nodes", o.nodes},
-                         {"tokens", o.tokens},
-                         {"weights", o.weights},
-                         {"bytes_in", total_in},
-                         {"bytes_in_per_node", bytes_in},
-                         {"bytes_in_wire_per_node", wire_in},
-                         {"bytes_in_resumed_per_node", resumed_in},
-                         {"alpha", o.alpha},
-                         {"merged", o.merged},
-                         {"gate_cos", o.gate_cos},
-                         {"seconds", round_.seconds_open()},
-                         {"aggregate_s", aggregate_s},
-                         {"model_sha256", sha},
-                         {"node_states", node_states},
-                         {"missing", missing}};
-  if (o.merged) line["gate_cos_before"] = o.gate_cos_before;
-  // Persisted before anyone can see the round: a crash now loses nothing, and a restarted
-  // server continues from here (the line is kept in state.json for rounds.jsonl).
-  store_.persist(p, line);
-  published_.sha256 = sha;
-  const double persist_s = seconds_since(t1);
-  line["persist_s"] = persist_s;
-  log_->published(std::move(line), o.nodes, N, published_at);
-  round_.begin(o.round + 1);
-  spdlog::info("round {} (step {}) published: {} nodes, {} in, alpha {:.4g}, aggregate {:.2f} s, "
-               "persist {:.2f} s, sha256 {}", o.round, o.step, o.nodes.size(),
-               human_bytes(static_cast<double>(total_in)), o.alpha, aggregate_s, persist_s,
-               sha.substr(0, 16));
+  if (refold) round_.refold(uploads_);
+  return !outliers.empty();
+}
+
+bool RoundState::publish() {
+  const auto t0 = Clock::now();
+  if (!closing_) {
+    // Close the round: its result is computed once, whatever happens to the save.
+    const nlohmann::json missing = missing_nodes();
+    nlohmann::json node_states = nlohmann::json::array();
+    for (size_t i = 0; i < members_.size(); ++i) node_states.push_back(node_state(i));
+    uploads_.close_round();
+    const RoundOutcome o = round_.finish();
+    const double aggregate_s = seconds_since(t0);
+    const std::string sha = model_->weights_sha256();
+    const size_t N = members_.size();
+    std::vector<uint64_t> bytes_in(N), wire_in(N), resumed_in(N);
+    uint64_t total_in = 0;
+    for (size_t i = 0; i < N; ++i) {
+      const UploadStaging::Intake in = uploads_.intake(i);
+      bytes_in[i] = in.bytes;
+      total_in += in.bytes;
+      wire_in[i] = in.wire_bytes;
+      resumed_in[i] = in.resumed_bytes;
+    }
+    closing_ = std::make_unique<Closing>();
+    closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
+    closing_->change = o.change;
+    closing_->closed_at = Clock::now();
+    closing_->line = {{"round", o.round},
+                      {"step", o.step},
+                      {"nodes", o.nodes},
+                      {"tokens", o.tokens},
+                      {"weights", o.weights},
+                      {"bytes_in", total_in},
+                      {"bytes_in_per_node", bytes_in},
+                      {"bytes_in_wire_per_node", wire_in},
+                      {"bytes_in_resumed_per_node", resumed_in},
+                      {"alpha", o.alpha},
+                      {"merged", o.merged},
+                      {"gate_cos", o.gate_cos},
+                      {"seconds", round_.seconds_open()},
+                      {"aggregate_s", aggregate_s},
+                      {"model_sha256", sha},
+                      {"node_states", node_states},
+                      {"missing", missing}};
+    if (o.merged) closing_->line["gate_cos_before"] = o.gate_cos_before;
+  }
+  Closing& c = *closing_;
+  c.last_try = Clock::now();
+  const auto t1 = Clock::now();
+  try {
+    // Saved before anyone can see the round: a crash now loses nothing, and a restarted
+    // server continues from here (the line is kept in state.json for rounds.jsonl).
+    store_.persist(c.round, c.line);
+  } catch (const std::exception& e) {
+    c.error = printable(e.what(), kMaxDetailBytes);
+    spdlog::error("round {}: saving the published model failed, so the round is not published; "
+                  "it is retried every {:.0f} s (free disk space in '{}'): {}", c.round.round,
+                  kPublishRetryS, opts_.out_dir, c.error);
+    return false;
+  }
+  if (!c.error.empty())
+    spdlog::info("round {}: saved after an earlier failure ({})", c.round.round, c.error);
+  const PublishedRound p = c.round;
+  nlohmann::json line = std::move(c.line);
+  const std::vector<double> change = std::move(c.change);
+  const auto published_at = Clock::now();
+  closing_.reset();
+  published_ = p;
+  line["persist_s"] = seconds_since(t1);
+  log_->published(std::move(line), p.nodes, members_.size(), published_at);
+  bounds_.published(change, model_->tensors());
+  uploads_.next_round(p.round + 1);
+  uploads_.remove_staged(p.round);
+  round_.begin(p.round + 1);
+  spdlog::info("round {} (step {}) published: {} nodes, alpha {:.4g}, persist {:.2f} s, sha256 {}",
+               p.round, p.step, p.nodes.size(), p.alpha, seconds_since(t1),
+               p.sha256.substr(0, 16));
   cv_.notify_all();
+  return true;
 }
 
 RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms) {
@@ -311,7 +365,7 @@ void RoundState::leave(const NodeId& node, int64_t step, const std::string& reas
   members_.check(node);
   members_.leave(node.node_id, step);
   spdlog::info("node {} left at step {}{}{}", node.node_id, step, reason.empty() ? "" : ": ",
-               reason);
+               printable(reason));
   maybe_publish(false);  // the round no longer waits for it
 }
 
@@ -340,6 +394,7 @@ ServerStatus RoundState::status() const {
   st.collecting_round = published_.round + 1;
   st.model_sha256 = published_.sha256;
   st.round_open_s = round_.seconds_open();
+  if (closing_) st.publish_error = closing_->error;
   for (size_t i = 0; i < members_.size(); ++i) {
     const Member& m = members_[i];
     NodeState n;
@@ -358,8 +413,14 @@ ServerStatus RoundState::status() const {
 void RoundState::tick() {
   std::lock_guard<std::mutex> lk(mu_);
   if (closed_) return;
-  members_.log_dead();
-  maybe_publish(true);
+  try {
+    members_.log_dead();
+    maybe_publish(true);
+  } catch (const std::exception& e) {
+    // Nothing a node sent may stop the server: log it, keep serving, try again next tick.
+    spdlog::error("sync server: periodic round check failed (retried): {}", printable(e.what()));
+    return;
+  }
   if (!round_.wait_log_due(opts_.wait_log_s)) return;
   std::vector<size_t> waiting;
   for (size_t i = 0; i < members_.size(); ++i)

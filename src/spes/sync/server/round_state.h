@@ -8,6 +8,12 @@
 // waiters), node states and status for `spes status` and the dashboard, and leaving.
 // server.cpp maps gRPC calls onto it one to one; tests drive it directly.
 //
+// Publication is a transaction: the round's result is computed once, then saved (round_store);
+// only a saved round is published (the round number advances, waiters wake). When saving
+// fails (a full disk), the round stays closed but unpublished, uploads are refused as
+// Unavailable, the error shows in status and logs, and tick() retries every few seconds.
+// Every call contains its errors: input from a node can fail that call, never the server.
+//
 // Round r (r >= 1) is the sync at step r * sync_steps. Round 0 is the initial model. The
 // server accepts uploads for round published+1 only. A round publishes when every node has
 // arrived (uploaded, or is out: upload rejected, dead, left), or once spes_config.round_timeout
@@ -30,6 +36,7 @@
 #include "spes/sync/server/open_round.h"
 #include "spes/sync/server/round_log.h"
 #include "spes/sync/server/round_store.h"
+#include "spes/sync/server/update_bounds.h"
 #include "spes/sync/server/upload_staging.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -86,7 +93,12 @@ class RoundState {
  private:
   // All with the lock held.
   void maybe_publish(bool deadline_check);
-  void publish();
+  // Refuses the accepted uploads that are outliers among the nodes' (update_bounds.h) and
+  // refolds the rest when one was folded; true when any was refused.
+  bool screen_outliers();
+  // Closes the round (computes its result, once) and tries to save and publish it; false
+  // when saving failed (the round then waits for the next try).
+  bool publish();
   std::string node_state(size_t i) const;
   nlohmann::json missing_nodes() const;  // who the collecting round lacks, and why
   std::unique_ptr<SafetensorsStreamWriter> download_writer(int64_t node, int64_t round,
@@ -101,10 +113,20 @@ class RoundState {
   std::condition_variable cv_;
   Membership members_;
   RoundStore store_;
+  UpdateBounds bounds_;
   UploadStaging uploads_;
   OpenRound round_;
   std::unique_ptr<RoundLog> log_;
   PublishedRound published_;
+  // A closed round whose save failed: its result, waiting to be saved and published.
+  struct Closing {
+    PublishedRound round;
+    nlohmann::json line;
+    std::vector<double> change;
+    std::chrono::steady_clock::time_point closed_at, last_try;
+    std::string error;
+  };
+  std::unique_ptr<Closing> closing_;
   bool closed_ = false;
 };
 

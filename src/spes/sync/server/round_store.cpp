@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "spes/common/strings.h"
 #include "spes/common/timing.h"
 #include "spes/io/files.h"
 #include "spes/sync/wire/framing.h"
@@ -19,6 +20,31 @@ RoundStore::RoundStore(const Config& cfg, std::string dir, bool keep_copies, Syn
       incarnation_(incarnation) {
   SPES_CHECK(!dir_.empty(), "sync server: an output directory is required");
   fs::create_directories(dir_);
+  remove_leftovers();
+}
+
+void RoundStore::remove_leftovers() const {
+  // What a crash of this server can leave: temporary files of its atomic writes
+  // (state.json.tmp.PID, published.safetensors.tmp.PID, momentum-R.safetensors.tmp.PID) and
+  // partial kept uploads (rounds/<r>/node<i>.safetensors.partial<k>). Only the server's own
+  // names: DIR may also hold the nodes' folders of a local cluster.
+  auto own_tmp = [](const std::string& name) {
+    return name.find(".tmp.") != std::string::npos &&
+           (starts_with(name, "state.json.") || starts_with(name, "published.safetensors.") ||
+            starts_with(name, "momentum-"));
+  };
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(dir_, ec))
+    if (e.is_regular_file(ec) && own_tmp(e.path().filename().string())) doomed.push_back(e.path());
+  for (const auto& r : fs::directory_iterator(dir_ + "/rounds", ec))
+    for (const auto& e : fs::directory_iterator(r.path(), ec))
+      if (e.path().filename().string().find(".safetensors.partial") != std::string::npos)
+        doomed.push_back(e.path());
+  for (const auto& p : doomed) {
+    spdlog::info("sync server: removing '{}' (left by an interrupted run)", p.string());
+    fs::remove(p, ec);
+  }
 }
 
 std::string RoundStore::momentum_path(int64_t round) const {
@@ -126,7 +152,15 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
                              {"server_incarnation", incarnation_},
                              {"line", line},
                              {"time", unix_time()}};
-  file_write_atomic(dir + "/state.json", st.dump(2));
+  // The published file is the commit point (a restart resumes from it): from here on a
+  // failure is logged, not thrown; state.json is written again with the next round.
+  try {
+    file_write_atomic(dir + "/state.json",
+                      st.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+  } catch (const std::exception& e) {
+    spdlog::error("round {} is published but '{}/state.json' could not be updated ({}); a "
+                  "restart resumes from published.safetensors", p.round, dir, e.what());
+  }
   if (diloco && p.round > 1) {
     std::error_code ec;
     fs::remove(momentum_path(p.round - 1), ec);

@@ -29,7 +29,8 @@ struct PublishedRound {
 
 class RoundStore {
  public:
-  // Creates DIR. `incarnation`: the server's, recorded in state.json.
+  // Creates DIR and removes what a crash of the server left there (temporary files, partial
+  // kept uploads). `incarnation`: the server's, recorded in state.json.
   RoundStore(const Config& cfg, std::string dir, bool keep_copies, SyncModel& model,
              uint64_t incarnation);
   // With a valid DIR/state.json: checks that it holds this run (mode, model, ownership), loads
@@ -38,6 +39,8 @@ class RoundStore {
   // Throws with the fix when DIR is corrupt or holds another run.
   std::optional<PublishedRound> resume();
   // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json.
+  // Throws (nothing replaced) when the published model cannot be written; once it is in place
+  // (the commit point) a failure to update state.json is logged, not thrown.
   void persist(const PublishedRound& p, const nlohmann::json& line);
   // The rounds.jsonl line that state.json keeps (null if none).
   nlohmann::json saved_line() const;
@@ -46,6 +49,7 @@ class RoundStore {
 
  private:
   std::string momentum_path(int64_t round) const;
+  void remove_leftovers() const;
   const Config& cfg_;
   std::string dir_;
   bool keep_copies_;

@@ -46,6 +46,7 @@ struct UploadStream {
   UploadMeta meta;
   std::unique_ptr<UploadAssembly> assembly;  // chunk checks, bytes received, whole digest
   double diff_sq = 0, base_sq = 0;  // ||upload - published||^2, ||published||^2
+  std::vector<double> tensor_diff_sq;  // the same per model tensor
 
   ~UploadStream() { close_file(); }
   void close_file() {
@@ -78,9 +79,11 @@ UploadResult UploadSession::finish(const std::string& expected_sha256) {
 }
 
 // ---------------------------------------------------------------------------------------------
-UploadStaging::UploadStaging(const Config& cfg, const SyncModel& model, std::string dir,
-                             bool keep_uploads, std::mutex& mu, UploadEvents events)
-    : cfg_(cfg), model_(model), dir_(std::move(dir)), keep_uploads_(keep_uploads), mu_(mu),
+UploadStaging::UploadStaging(const Config& cfg, const SyncModel& model,
+                             const UpdateBounds& bounds, std::string dir, bool keep_uploads,
+                             std::mutex& mu, UploadEvents events)
+    : cfg_(cfg), model_(model), bounds_(bounds), dir_(std::move(dir)),
+      keep_uploads_(keep_uploads), mu_(mu),
       events_(std::move(events)), slots_(cfg.spes_config.num_peers) {
   fs::remove_all(dir_ + "/staging");
   fs::create_directories(dir_ + "/staging");
@@ -111,6 +114,7 @@ void UploadStaging::drop_kept(int64_t node, const char* why) {
 
 void UploadStaging::next_round(int64_t round) {
   collecting_ = round;
+  round_closed_ = false;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     s.state = State::None;
@@ -139,10 +143,31 @@ uint64_t UploadStaging::resume_offset(const NodeId& node, int64_t round, int64_t
 
 void UploadStaging::reject(Slot& slot, int64_t node, int64_t round, const std::string& why) {
   slot.state = State::Rejected;
-  slot.detail = why;
+  slot.detail = printable(why, kMaxDetailBytes);  // shown in status, rounds.jsonl and replies
   spdlog::warn("round {}: upload of node {} rejected, the node is out of this round: {}", round,
                node, why);
   events_.out(node);
+}
+
+std::vector<std::pair<int64_t, const std::vector<double>*>> UploadStaging::arrived_updates()
+    const {
+  std::vector<std::pair<int64_t, const std::vector<double>*>> out;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (arrived(i)) out.emplace_back(static_cast<int64_t>(i), &slots_[i].diff_sq);
+  return out;
+}
+
+void UploadStaging::reject_arrived(size_t node, const std::string& why) {
+  Slot& slot = slots_[node];
+  slot.state = State::Rejected;
+  slot.detail = printable(why, kMaxDetailBytes);
+  spdlog::warn("round {}: upload of node {} rejected when the round closed, the node is out of "
+               "this round: {}", collecting_, node, slot.detail);
+  // Its file never counts: kept aside as NAME.rejected with keep_uploads (so that `spes
+  // aggregate` over DIR/rounds/<r>/*.safetensors redoes the published round), else deleted.
+  std::error_code ec;
+  if (keep_uploads_) fs::rename(slot.path, slot.path + ".rejected", ec);
+  else fs::remove(slot.path, ec);
 }
 
 void UploadStaging::reject_stream(const UploadStream& s, const std::string& why) {
@@ -199,6 +224,9 @@ std::unique_ptr<UploadSession> UploadStaging::begin(std::unique_lock<std::mutex>
     sync_fail(SyncErrc::FailedPrecondition, "node {}: upload for round {} refused: the server "
               "collects round {} (latest published {})", node.node_id, round, collecting_,
               collecting_ - 1);
+  } else if (round_closed_) {
+    sync_fail(SyncErrc::Unavailable, "node {}: round {} is closed and being published; send the "
+              "upload again in a few seconds", node.node_id, round);
   } else if (slot.state == State::Rejected) {
     sync_fail(SyncErrc::InvalidArgument, "node {}: its upload for round {} was rejected ({}); "
               "it is out of this round: take the published model when the round publishes",
@@ -207,7 +235,8 @@ std::unique_ptr<UploadSession> UploadStaging::begin(std::unique_lock<std::mutex>
     s->duplicate = true;
     s->stale = slot.accepted_incarnation != node.incarnation;
   } else {
-    const uint64_t limit = 8 + kMaxHeaderBytes + model_.plan().upload_data_bytes(node.node_id);
+    const uint64_t limit = 8 + model_.plan().max_upload_header_bytes(node.node_id) +
+                           model_.plan().upload_data_bytes(node.node_id);
     if (total_bytes < 8 || total_bytes > limit) {
       const std::string why = fmt::format("node {}: an upload of {} bytes is impossible (its "
                                           "tensors take at most {} bytes)", node.node_id,
@@ -246,8 +275,10 @@ void UploadStaging::open_staged_file(UploadStream& s) {
         if (sp->meta.round != sp->round || sp->meta.step != sp->step)
           sync_fail(SyncErrc::InvalidArgument, "{}: payload says round {} step {}", origin,
                     sp->meta.round, sp->meta.step);
+        check_upload_tokens(cfg_, sp->meta, origin);
       },
-      nullptr, kMaxHeaderBytes);
+      nullptr, model_.plan().max_upload_header_bytes(s.node));
+  s.tensor_diff_sq.assign(model_.tensors().size(), 0.0);
   // Values are checked piece by piece as they arrive (memory: one chunk per upload), and
   // their distance from the published model is accumulated for the update-size bound.
   s.reader->set_slice_handler(
@@ -257,7 +288,9 @@ void UploadStaging::open_staged_file(UploadStream& s) {
         if (i < 0 || run.numel() == 0) return;
         const torch::Tensor pub =
             model_.tensors()[i].view({-1}).slice(0, first, first + run.numel());
-        sp->diff_sq += (run.to(torch::kFloat32) - pub).pow(2).sum().item<double>();
+        const double d = (run.to(torch::kFloat32) - pub).pow(2).sum().item<double>();
+        sp->diff_sq += d;
+        sp->tensor_diff_sq[static_cast<size_t>(i)] += d;
         sp->base_sq += pub.pow(2).sum().item<double>();
       });
 }
@@ -321,6 +354,8 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
                 "{:.4g} x the norm of the published model, above "
                 "spes_config.max_update_norm_ratio={}; the upload is rejected", s.node, s.round,
                 ratio, limit);
+    bounds_.check_upload(s.node, s.tensor_diff_sq,
+                         fmt::format("upload of node {} round {}", s.node, s.round));
   } catch (const std::exception& e) {
     reject_stream(s, e.what());
     throw;
@@ -337,7 +372,7 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   }
   std::lock_guard<std::mutex> lk(mu_);
   Slot& slot = slots_[s.node];
-  if (s.round != collecting_)
+  if (s.round != collecting_ || round_closed_)
     sync_fail(SyncErrc::OutOfRange, "node {}: round {} was published without this upload "
               "(it arrived after the deadline); take the published model and carry on", s.node,
               s.round);
@@ -354,6 +389,7 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   slot.path = s.path;
   slot.bytes_in = r.bytes;
   slot.accepted_round = s.round;
+  slot.diff_sq = std::move(s.tensor_diff_sq);
   spdlog::info("round {}: upload of node {} accepted ({}, {} tokens)", s.round, s.node,
                human_bytes(static_cast<double>(r.bytes)), s.meta.tokens);
   events_.ready(s.node);

@@ -1,9 +1,10 @@
 // Uploads of the round being collected (the one after the published round), one slot per node:
 // the state of each node's upload (none, uploading, ready, folded, rejected) and the rules of a
 // new stream (round ids, repeats and restarted nodes, the size bound, resuming an interrupted
-// stream); each stream's checks while its bytes arrive (chunk checksums and order, the header
-// against the plan, finite values, and its distance from the published model for
-// spes_config.max_update_norm_ratio); its bytes staged on disk (DIR/staging/, or
+// stream); each stream's checks while its bytes arrive (chunk checksums and order, a header no
+// longer than the node's tensor set needs, the header against the plan, the token count,
+// finite values, and its distance from the published model, per tensor, for
+// spes_config.max_update_norm_ratio and the bounds of update_bounds.h); its bytes staged on disk (DIR/staging/, or
 // DIR/rounds/<r>/ with keep_uploads); and the verified bytes of an interrupted stream, kept
 // for a resume. Every UploadStaging method runs under its owner's (RoundState's) lock, which it
 // is given: the UploadSession methods take it. The owner hears what happens through
@@ -18,6 +19,7 @@
 
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/server/update_bounds.h"
 #include "spes/sync/wire/protocol.h"
 
 namespace spes::sync {
@@ -60,8 +62,8 @@ class UploadStaging {
  public:
   enum class State { None, Uploading, Ready, Folded, Rejected };
   // Empties DIR/staging. Collects round 1 until next_round() says otherwise.
-  UploadStaging(const Config& cfg, const SyncModel& model, std::string dir, bool keep_uploads,
-                std::mutex& mu, UploadEvents events);
+  UploadStaging(const Config& cfg, const SyncModel& model, const UpdateBounds& bounds,
+                std::string dir, bool keep_uploads, std::mutex& mu, UploadEvents events);
   ~UploadStaging();
 
   int64_t collecting() const { return collecting_; }
@@ -86,6 +88,12 @@ class UploadStaging {
   void mark_folded(size_t node) { slots_[node].state = State::Folded; }
   // Why the node's upload was rejected ("" if it was not).
   const std::string& rejection(size_t node) const { return slots_[node].detail; }
+  // The accepted uploads (ready or folded): node and ||upload_t - published_t||^2 per tensor.
+  std::vector<std::pair<int64_t, const std::vector<double>*>> arrived_updates() const;
+  // Rejects an accepted upload when the round closes (its update is an outlier among the
+  // nodes'): the node is out of the round, its staged file set aside (NAME.rejected with
+  // keep_uploads) or deleted. The owner refolds if it was folded.
+  void reject_arrived(size_t node, const std::string& why);
   // Bytes of the node's accepted upload, chunk bytes received over every stream (repeats
   // included), and bytes a resumed stream did not need to send again.
   struct Intake {
@@ -93,6 +101,9 @@ class UploadStaging {
   };
   Intake intake(size_t node) const;
 
+  // The collecting round closed (its result is being saved): new uploads are refused as
+  // Unavailable and streams still open cannot be accepted into it.
+  void close_round() { round_closed_ = true; }
   // The round before `round` was published: every slot starts over for `round` and kept bytes
   // are dropped.
   void next_round(int64_t round);
@@ -112,7 +123,8 @@ class UploadStaging {
     uint64_t bytes_in = 0;
     int64_t accepted_round = 0;  // latest round whose upload was accepted
     uint64_t accepted_incarnation = 0;  // the node incarnation that sent it
-    std::string detail;          // why its upload was rejected
+    std::string detail;          // why its upload was rejected (printable, bounded)
+    std::vector<double> diff_sq;  // accepted upload: ||upload_t - published_t||^2 per tensor
     std::unique_ptr<UploadStream> kept;  // an interrupted stream, kept for a resume
     uint64_t wire_bytes = 0;     // chunk bytes received for the collecting round, every stream
     uint64_t resumed_bytes = 0;  // bytes of it that resumed streams did not need to send again
@@ -124,12 +136,14 @@ class UploadStaging {
 
   const Config& cfg_;
   const SyncModel& model_;
+  const UpdateBounds& bounds_;
   std::string dir_;
   bool keep_uploads_;
   std::mutex& mu_;
   UploadEvents events_;
   std::vector<Slot> slots_;
   int64_t collecting_ = 1;
+  bool round_closed_ = false;
   uint64_t next_session_ = 1;
 };
 

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "spes/common/error.h"
+#include "spes/common/strings.h"
 #include "spes/io/files.h"
 
 namespace spes::sync {
@@ -201,12 +202,40 @@ void SafetensorsStreamReader::feed(const char* data, size_t n) {
   }
 }
 
+namespace {
+// Deepest nesting of arrays and objects in JSON text (strings skipped), stopping past `limit`:
+// a safetensors header nests 3 deep, and a deeply nested one costs memory and time to parse.
+int json_depth(std::string::const_iterator it, std::string::const_iterator end, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (; it != end && deepest <= limit; ++it) {
+    const char c = *it;
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+constexpr int kMaxHeaderDepth = 4;
+}  // namespace
+
 void SafetensorsStreamReader::parse_header() {
+  SPES_CHECK(json_depth(head_.begin() + 8, head_.end(), kMaxHeaderDepth) <= kMaxHeaderDepth,
+             "{}: safetensors header nests deeper than {} levels (a header is an object of "
+             "tensor objects)", origin_, kMaxHeaderDepth);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(head_.begin() + 8, head_.end());
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: safetensors header is not valid JSON ({})", origin_, e.what());
+    fail("{}: safetensors header is not valid JSON ({})", origin_, printable(e.what()));
   }
   SPES_CHECK(j.is_object(), "{}: safetensors header must be a JSON object", origin_);
   header_.header_bytes = head_.size();
@@ -217,7 +246,7 @@ void SafetensorsStreamReader::parse_header() {
       SPES_CHECK(it->is_object(), "{}: __metadata__ must be an object of strings", origin_);
       for (auto m = it->begin(); m != it->end(); ++m) {
         SPES_CHECK(m->is_string(), "{}: __metadata__ value '{}' is not a string", origin_,
-                   m.key());
+                   printable(m.key()));
         header_.metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -229,18 +258,19 @@ void SafetensorsStreamReader::parse_header() {
                    v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned() &&
                    v["data_offsets"][1].is_number_unsigned(),
                "{}: tensor '{}' needs dtype, shape and data_offsets [begin, end]", origin_,
-               it.key());
+               printable(it.key()));
     StreamEntry e;
     e.name = it.key();
+    const std::string name = printable(e.name);  // for messages: the name came from outside
     e.dtype = safetensors_dtype_from_name(v["dtype"].get<std::string>(), origin_);
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
       SPES_CHECK(d.is_number_unsigned(), "{}: tensor '{}' has a negative or non-integer "
-                 "dimension", origin_, e.name);
+                 "dimension", origin_, name);
       const uint64_t x = d.get<uint64_t>();
       SPES_CHECK(x <= data_size && (x == 0 || numel <= data_size / x),
                  "{}: tensor '{}' has an absurd shape (more elements than the stream has bytes)",
-                 origin_, e.name);
+                 origin_, name);
       numel *= x;
       e.shape.push_back(static_cast<int64_t>(x));
     }
@@ -248,9 +278,9 @@ void SafetensorsStreamReader::parse_header() {
     e.end = v["data_offsets"][1].get<uint64_t>();
     SPES_CHECK(e.begin <= e.end && e.end <= data_size,
                "{}: tensor '{}' data_offsets [{}, {}] lie outside the data section ({} bytes)",
-               origin_, e.name, e.begin, e.end, data_size);
+               origin_, name, e.begin, e.end, data_size);
     SPES_CHECK(e.end - e.begin == numel * c10::elementSize(e.dtype),
-               "{}: tensor '{}' occupies {} bytes but dtype x shape needs {}", origin_, e.name,
+               "{}: tensor '{}' occupies {} bytes but dtype x shape needs {}", origin_, name,
                e.end - e.begin, numel * c10::elementSize(e.dtype));
     header_.entries.push_back(std::move(e));
   }
@@ -262,7 +292,7 @@ void SafetensorsStreamReader::parse_header() {
   for (const auto& e : es) {
     if (e.begin == e.end) continue;
     SPES_CHECK(e.begin == expect, "{}: tensor '{}' starts at byte {} but the previous tensor "
-               "ends at {} (overlap or hole)", origin_, e.name, e.begin, expect);
+               "ends at {} (overlap or hole)", origin_, printable(e.name), e.begin, expect);
     expect = e.end;
   }
   SPES_CHECK(expect == data_size, "{}: data section has {} bytes but tensors cover {}", origin_,

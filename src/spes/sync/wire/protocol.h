@@ -18,6 +18,7 @@ constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver a
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
 constexpr uint64_t kMaxHeaderBytes = 16ull << 20;  // largest safetensors header in a stream
 constexpr uint32_t kMaxWaitMs = 30000;             // cap of one WaitRound long-poll
+constexpr size_t kMaxDetailBytes = 500;  // refusal text kept in status, history and rounds.jsonl
 
 // What went wrong, mapped one to one onto gRPC status codes by the transport.
 enum class SyncErrc {
@@ -128,6 +129,7 @@ struct ServerStatus {
   double round_open_s = 0;
   std::vector<NodeState> nodes;
   uint32_t protocol_version = kProtocolVersion;
+  std::string publish_error;  // the collecting round closed but could not be saved (retried)
 };
 
 }  // namespace spes::sync
