@@ -2,7 +2,8 @@
 # Installs what the project needs, safe to run any number of times:
 #   - Debian packages: compiler and build tools, gRPC/protobuf, tokenizer and config libraries,
 #     GoogleTest, gloo's headers (libtorch's Gloo process group includes them; the wheel does
-#     not ship them), the default corpus (two public-domain Bibles);
+#     not ship them), the default corpus (two public-domain Bibles), iproute2 (ip, tc: the
+#     emulated WAN links of scripts/wan_cluster.sh);
 #   - PyTorch 2.11.0 from PyPI (the CUDA 13.0 build; its libtorch is what CMake builds against)
 #     into the project-local virtual environment .venv/ (git-ignored), with the packages of
 #     scripts/requirements.txt.
@@ -17,7 +18,7 @@ with_tests=0
 for arg in "$@"; do
   case "$arg" in
     --tests) with_tests=1 ;;
-    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (use --tests or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -31,6 +32,7 @@ PKGS=(
   libzstd-dev libssl-dev zlib1g-dev libcpp-httplib-dev
   libgloo-dev
   bible-kjv sword-text-web diatheke
+  iproute2
 )
 if [ "$with_tests" = 1 ]; then
   PKGS+=(chromium fonts-dejavu-core)

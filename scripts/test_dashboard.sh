@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end check of the sync server's live dashboard in headless Chromium (CTest:
-# dashboard_headless_chromium). Tokenizes a small real corpus (the license texts every Debian
-# system ships in /usr/share/common-licenses), starts a tiny two-node cluster with
+# dashboard_headless_chromium). Tokenizes a small real corpus (scripts/tiny_job.sh: the
+# license texts every Debian system ships), starts a tiny two-node cluster with
 # `spes launch` (the dashboard on a free loopback port; its URL from launch's "dashboard:"
 # line), waits until 3 rounds are published, then loads the page while the nodes train and
 # checks the rendered DOM: a row per node with a step > 0 and a loss, at least 3 round rows,
@@ -40,34 +40,15 @@ fail() {
 }
 t0=$SECONDS
 
-# A small real corpus and a tiny model that syncs every 5 steps (merging every 10).
-for f in GPL-3 GPL-2 LGPL-2.1 GFDL-1.3 Apache-2.0 MPL-2.0 Artistic; do
-  if [ -f "/usr/share/common-licenses/$f" ]; then cat "/usr/share/common-licenses/$f"; echo; fi
-done > "$tmp/corpus.txt"
-[ "$(wc -c < "$tmp/corpus.txt")" -gt 50000 ] || fail "too little text in /usr/share/common-licenses"
-"$spes" prepare --input "$tmp/corpus.txt" --out "$tmp/tokens" --vocab-size 512 \
-  > "$tmp/prepare.log" 2>&1 || { cat "$tmp/prepare.log"; fail "spes prepare"; }
-cat > "$tmp/config.yaml" <<EOF
-run_name: dashboard_check
-model: {d_model: 32, n_layers: 2, n_heads: 2, mlp_hidden_size: 64, moe_num_experts: 4,
-        moe_top_k: 2, vocab_size: 512, max_sequence_length: 32, rope_theta: 10000}
-optimizer: {learning_rate: 0.003}
-scheduler: {t_warmup: 5}
-data: {paths: [$tmp/tokens], validation_fraction: 0.05}
-spes_config: {mode: spes, num_peers: 2, sync_steps: 5, merge_interval: 10,
-              merge_alpha_start: 0.1, merge_decay_steps: 1000, merge_topk: 1,
-              heartbeat_timeout: 4, dashboard_port: 0}
-max_duration: 3000
-global_train_batch_size: 4
-device_train_microbatch_size: 4
-eval_interval: 0
-eval_batches: 2
-threads: 1
-EOF
+# The tiny job (scripts/tiny_job.sh: syncs every 5 steps, merging every 10), running long
+# enough for the page to be loaded while it trains.
+bash "$root/scripts/tiny_job.sh" "$spes" "$tmp" > "$tmp/prepare.log" 2>&1 \
+  || { cat "$tmp/prepare.log"; fail "scripts/tiny_job.sh"; }
 
 # The cluster, in its own process group (cleanup can always stop all of it).
 setsid "$spes" launch --config "$tmp/config.yaml" --nodes 2 --out "$tmp/run" --no-summary \
-  > "$tmp/launch.log" 2>&1 &
+  --set max_duration=3000 --set spes_config.heartbeat_timeout=4 \
+  --set spes_config.dashboard_port=0 > "$tmp/launch.log" 2>&1 &
 launch_pid=$!
 url=""
 for _ in $(seq 600); do
