@@ -1,18 +1,19 @@
 // safetensors: an 8-byte little-endian header length, a JSON header (name -> dtype, shape,
 // data_offsets; optional "__metadata__" of string pairs), then raw little-endian data.
-// The reader trusts nothing: sizes, offsets, overlaps and dtypes are all checked.
+// The reader trusts nothing: sizes, offsets, overlaps and dtypes are all checked (the header
+// codec is safetensors_header.h, shared with the sync streams).
 #pragma once
 #include <torch/torch.h>
 
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "spes/io/safetensors_header.h"
+
 namespace spes {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
-using Metadata = std::map<std::string, std::string>;
 
 // Serialises tensors (any device; copied to CPU contiguous) into safetensors bytes.
 std::string safetensors_serialize(const NamedTensors& tensors, const Metadata& metadata = {});
@@ -23,9 +24,5 @@ NamedTensors safetensors_parse(const std::string& bytes, Metadata* metadata = nu
 void safetensors_save(const std::string& path, const NamedTensors& tensors,
                       const Metadata& metadata = {});
 NamedTensors safetensors_load(const std::string& path, Metadata* metadata = nullptr);
-
-// "F32", "BF16", ... <-> torch dtype.
-std::string safetensors_dtype_name(torch::ScalarType t);
-torch::ScalarType safetensors_dtype_from_name(const std::string& name, const std::string& origin);
 
 }  // namespace spes

@@ -4,8 +4,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <cerrno>
@@ -14,7 +12,6 @@
 #include <unordered_map>
 
 #include "spes/common/error.h"
-#include "spes/common/strings.h"
 #include "spes/io/files.h"
 
 namespace spes::sync {
@@ -58,31 +55,14 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(NamedTensors tensors, torch::Sc
 void SafetensorsStreamWriter::build_header(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes, Metadata metadata) {
   // Same header as safetensors_serialize: metadata first, tensors in the given order.
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  const uint64_t es = c10::elementSize(dtype_);
-  uint64_t offset = 0;
-  for (size_t k = 0; k < shapes.size(); ++k) {
-    const auto& [name, shape] = shapes[k];
-    SPES_CHECK(name != "__metadata__" && !header.contains(name),
-               "stream writer: duplicate or reserved tensor name '{}'", name);
-    uint64_t numel = 1;
-    for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
-    const uint64_t n = numel * es;
-    header[name] = {{"dtype", safetensors_dtype_name(dtype_)},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + n}}};
-    items_[k].begin = offset;
-    items_[k].end = offset + n;
-    offset += n;
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, shape] : shapes) entries.push_back({name, dtype_, shape});
+  header_ = safetensors_header_encode(entries, metadata);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    items_[k].begin = entries[k].begin;
+    items_[k].end = entries[k].end;
   }
-  data_bytes_ = offset;
-  std::string h = header.dump();
-  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
-  header_.resize(8);
-  const uint64_t hl = h.size();
-  for (int i = 0; i < 8; ++i) header_[i] = static_cast<char>((hl >> (8 * i)) & 0xff);
-  header_ += h;
+  data_bytes_ = entries.empty() ? 0 : entries.back().end;
 }
 
 SafetensorsStreamWriter SafetensorsStreamWriter::from_file(const std::string& path,
@@ -179,9 +159,7 @@ void SafetensorsStreamReader::feed(const char* data, size_t n) {
     }
     uint64_t want = 8;
     if (head_.size() >= 8) {
-      uint64_t hl = 0;
-      for (int i = 0; i < 8; ++i) hl |= static_cast<uint64_t>(static_cast<uint8_t>(head_[i])) << (8 * i);
-      want = 8 + hl;
+      want = 8 + safetensors_header_length(head_.data());
     }
     const size_t take = static_cast<size_t>(std::min<uint64_t>(want - head_.size(), n));
     head_.append(data, take);
@@ -189,8 +167,7 @@ void SafetensorsStreamReader::feed(const char* data, size_t n) {
     n -= take;
     consumed_ += take;
     if (head_.size() == 8) {
-      uint64_t hl = 0;
-      for (int i = 0; i < 8; ++i) hl |= static_cast<uint64_t>(static_cast<uint8_t>(head_[i])) << (8 * i);
+      const uint64_t hl = safetensors_header_length(head_.data());
       SPES_CHECK(hl <= max_header_, "{}: safetensors header of {} bytes exceeds the {} byte limit",
                  origin_, hl, max_header_);
       SPES_CHECK(8 + hl <= total_, "{}: safetensors header of {} bytes runs past the end of the "
@@ -202,101 +179,9 @@ void SafetensorsStreamReader::feed(const char* data, size_t n) {
   }
 }
 
-namespace {
-// Deepest nesting of arrays and objects in JSON text (strings skipped), stopping past `limit`:
-// a safetensors header nests 3 deep, and a deeply nested one costs memory and time to parse.
-int json_depth(std::string::const_iterator it, std::string::const_iterator end, int limit) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (; it != end && deepest <= limit; ++it) {
-    const char c = *it;
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-constexpr int kMaxHeaderDepth = 4;
-}  // namespace
-
 void SafetensorsStreamReader::parse_header() {
-  SPES_CHECK(json_depth(head_.begin() + 8, head_.end(), kMaxHeaderDepth) <= kMaxHeaderDepth,
-             "{}: safetensors header nests deeper than {} levels (a header is an object of "
-             "tensor objects)", origin_, kMaxHeaderDepth);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(head_.begin() + 8, head_.end());
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: safetensors header is not valid JSON ({})", origin_, printable(e.what()));
-  }
-  SPES_CHECK(j.is_object(), "{}: safetensors header must be a JSON object", origin_);
-  header_.header_bytes = head_.size();
-  header_.total_bytes = total_;
-  const uint64_t data_size = total_ - head_.size();
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      SPES_CHECK(it->is_object(), "{}: __metadata__ must be an object of strings", origin_);
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        SPES_CHECK(m->is_string(), "{}: __metadata__ value '{}' is not a string", origin_,
-                   printable(m.key()));
-        header_.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    const auto& v = *it;
-    SPES_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") &&
-                   v.contains("data_offsets") && v["dtype"].is_string() &&
-                   v["shape"].is_array() && v["data_offsets"].is_array() &&
-                   v["data_offsets"].size() == 2 && v["data_offsets"][0].is_number_unsigned() &&
-                   v["data_offsets"][1].is_number_unsigned(),
-               "{}: tensor '{}' needs dtype, shape and data_offsets [begin, end]", origin_,
-               printable(it.key()));
-    StreamEntry e;
-    e.name = it.key();
-    const std::string name = printable(e.name);  // for messages: the name came from outside
-    e.dtype = safetensors_dtype_from_name(v["dtype"].get<std::string>(), origin_);
-    uint64_t numel = 1;
-    for (const auto& d : v["shape"]) {
-      SPES_CHECK(d.is_number_unsigned(), "{}: tensor '{}' has a negative or non-integer "
-                 "dimension", origin_, name);
-      const uint64_t x = d.get<uint64_t>();
-      SPES_CHECK(x <= data_size && (x == 0 || numel <= data_size / x),
-                 "{}: tensor '{}' has an absurd shape (more elements than the stream has bytes)",
-                 origin_, name);
-      numel *= x;
-      e.shape.push_back(static_cast<int64_t>(x));
-    }
-    e.begin = v["data_offsets"][0].get<uint64_t>();
-    e.end = v["data_offsets"][1].get<uint64_t>();
-    SPES_CHECK(e.begin <= e.end && e.end <= data_size,
-               "{}: tensor '{}' data_offsets [{}, {}] lie outside the data section ({} bytes)",
-               origin_, name, e.begin, e.end, data_size);
-    SPES_CHECK(e.end - e.begin == numel * c10::elementSize(e.dtype),
-               "{}: tensor '{}' occupies {} bytes but dtype x shape needs {}", origin_, name,
-               e.end - e.begin, numel * c10::elementSize(e.dtype));
-    header_.entries.push_back(std::move(e));
-  }
-  auto& es = header_.entries;
-  std::stable_sort(es.begin(), es.end(), [](const StreamEntry& a, const StreamEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t expect = 0;
-  for (const auto& e : es) {
-    if (e.begin == e.end) continue;
-    SPES_CHECK(e.begin == expect, "{}: tensor '{}' starts at byte {} but the previous tensor "
-               "ends at {} (overlap or hole)", origin_, printable(e.name), e.begin, expect);
-    expect = e.end;
-  }
-  SPES_CHECK(expect == data_size, "{}: data section has {} bytes but tensors cover {}", origin_,
-             data_size, expect);
+  header_ = safetensors_header_decode(head_.data() + 8, head_.size() - 8, total_ - head_.size(),
+                                      origin_);
   parsed_ = true;
   head_.clear();
   head_.shrink_to_fit();

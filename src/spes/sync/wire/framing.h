@@ -59,20 +59,9 @@ class SafetensorsStreamWriter {
   uint64_t data_bytes_ = 0;
 };
 
-// One tensor's entry in a stream header.
-struct StreamEntry {
-  std::string name;
-  torch::ScalarType dtype;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;  // byte offsets in the data section
-};
-
-struct StreamHeader {
-  std::vector<StreamEntry> entries;  // in data order (ascending offsets, contiguous)
-  Metadata metadata;
-  uint64_t header_bytes = 0;  // 8 + JSON length
-  uint64_t total_bytes = 0;   // the whole stream
-};
+// A stream's header: the safetensors header (the codec shared with files).
+using StreamEntry = SafetensorsEntry;
+using StreamHeader = SafetensorsHeader;
 
 // Parses a safetensors stream fed in pieces of any size. `on_header` sees the parsed header
 // before any data (throw to reject); `on_tensor` receives each tensor (CPU, the stream's dtype)
