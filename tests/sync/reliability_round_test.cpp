@@ -102,15 +102,6 @@ void join_with_initial_model(RoundState& st, std::initializer_list<Peer*> peers)
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 torch::Tensor published(const RoundState& st, const std::string& name) {
   return st.model().tensors().at(st.model().plan().index(name)).clone();
 }
