@@ -25,6 +25,7 @@
 #include "spes/io/files.h"
 #include "spes/io/safetensors.h"
 #include "spes/sync/server/server.h"
+#include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
 #include "sync/sync_process_util.h"
 
@@ -232,6 +233,7 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
     std::ofstream f(dir + "/tokens.yaml");
     for (int i = 0; i < 3; ++i) f << i << ": " << tokens[i] << "\n";
   }
+  fs::permissions(dir + "/tokens.yaml", fs::perms::owner_read | fs::perms::owner_write);
   const std::string cfg = write_config(
       dir, 3, "  round_timeout: 6\n  min_nodes: 2\n  max_update_norm_ratio: 10\n"
               "  auth_tokens_file: " + dir + "/tokens.yaml\n");
@@ -260,11 +262,12 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
     auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
     auto stub = ::spes::sync::v1::SpesSync::NewStub(channel);
     grpc::ClientContext ctx;
+    ctx.AddMetadata(kNodeIdMetadata, "0");
+    ctx.AddMetadata(kNodeTokenMetadata, tokens[0]);
     ::spes::sync::v1::UploadReply rep;
     auto w = stub->Upload(&ctx, &rep);
     ::spes::sync::v1::UploadChunk c;
     c.mutable_node()->set_node_id(0);
-    c.mutable_node()->set_auth_token(tokens[0]);
     c.set_round(1);
     c.set_step(5);
     c.set_total_bytes(9u << 20);
