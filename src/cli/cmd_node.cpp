@@ -23,6 +23,7 @@ struct NodeArgs {
   double connect_timeout = 120;
   std::vector<std::string> sets;
   int64_t nproc = 1;
+  bool insecure = false;
 };
 
 void run_node(const NodeArgs& a) {
@@ -38,6 +39,7 @@ void run_node(const NodeArgs& a) {
     no.server = a.server.empty() ? cfg.spes_config.server_addr : a.server;
     no.connect_timeout_s = a.connect_timeout;
     no.auth_token = spes::sync::node_token(a.token_file);
+    no.insecure = a.insecure;
     no.faults = spes::sync::node_faults_from_env();
     node = std::make_unique<spes::sync::SyncNode>(no);
   }
@@ -81,7 +83,11 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   sub.add_option("--connect-timeout", a->connect_timeout,
                  "Seconds to keep retrying while the server is not up");
   sub.add_option("--token-file", a->token_file, "File holding this node's secret token "
-                 "(default: $SPES_NODE_TOKEN; see spes_config.auth_tokens_file)");
+                 "(default: $SPES_NODE_TOKEN; see spes_config.auth_tokens_file); must not be "
+                 "readable by group or others (chmod 600)");
+  sub.add_flag("--insecure", a->insecure, "Allow a plaintext connection to a server that is not "
+               "on loopback (the token and the model cross the network unprotected; default: "
+               "refused without spes_config.tls_ca)");
   sub.add_option("--nproc-per-node", a->nproc,
                  "Processes for this node, data parallel over torch.distributed: one per GPU "
                  "(NCCL), or on CPU sharing the cores (Gloo); rank 0 syncs with the server");

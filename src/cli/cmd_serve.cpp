@@ -25,6 +25,9 @@ struct ServeArgs {
   std::string config, out = "runs/server", listen;
   std::vector<std::string> sets;
   bool keep_uploads = false, overwrite = false, keep_running = false;
+  bool insecure = false, bind_client_certs = false;
+  std::string read_token_file;
+  double first_message_timeout = 10;
 };
 
 void run_serve(const ServeArgs& a) {
@@ -51,6 +54,10 @@ void run_serve(const ServeArgs& a) {
   o.exit_when_done = !a.keep_running;
   o.state.out_dir = a.out;
   o.state.keep_uploads = a.keep_uploads;
+  o.insecure = a.insecure;
+  o.read_token_file = a.read_token_file;
+  o.bind_client_certs = a.bind_client_certs;
+  o.first_message_timeout_s = a.first_message_timeout;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
@@ -67,7 +74,18 @@ spes::cli::SubcommandRegistrar register_serve("serve", "Run the SPES sync server
   sub.add_option("--listen", a->listen,
                  "host:port to bind (default: 127.0.0.1 and the port of spes_config.server_addr; "
                  "port 0 picks a free one, written to OUT/server.json; a non-loopback address "
-                 "needs spes_config.auth_tokens_file)");
+                 "needs spes_config.auth_tokens_file, and TLS or --insecure)");
+  sub.add_flag("--insecure", a->insecure, "Allow listening off loopback without TLS (tokens and "
+               "models cross the network in cleartext; warned on every start)");
+  sub.add_option("--read-token-file", a->read_token_file, "File with the read token that "
+                 "`spes status` and the dashboard must present (required for them off "
+                 "loopback; chmod 600)");
+  sub.add_flag("--bind-client-certs", a->bind_client_certs, "Node i's TLS client certificate "
+               "must name node<i> (common name or subject alternative name; needs "
+               "spes_config.tls_client_ca)");
+  sub.add_option("--first-message-timeout", a->first_message_timeout, "Seconds an upload "
+                 "stream may take to send its first message before the server ends it")
+      ->check(CLI::Range(0.1, 3600.0));
   sub.add_option("--set", a->sets, "Override a config key (repeatable)");
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep OUT/rounds/<round>/node<i>.safetensors and published.safetensors");

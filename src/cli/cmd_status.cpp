@@ -1,6 +1,6 @@
 // `spes status --server HOST:PORT`: asks a running sync server for its rounds and every node's
-// state, step, last loss and tokens/s (the Status RPC, which needs no token) and prints them
-// as a table, or as JSON.
+// state, step, last loss and tokens/s (the Status RPC; with --read-token-file the read token
+// the server asks for off loopback) and prints them as a table, or as JSON.
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
@@ -22,17 +22,20 @@ nlohmann::json figure_json(double x) {
 }
 
 struct StatusArgs {
-  std::string server = "127.0.0.1:50551", tls_ca;
-  bool json = false;
+  std::string server = "127.0.0.1:50551", tls_ca, read_token_file;
+  bool json = false, insecure = false;
 };
 
 void run_status(const StatusArgs& a) {
   spes::sync::ClientTls tls;
   tls.root_pem = spes::sync::read_pem(a.tls_ca, "tls_ca");
+  tls.insecure = a.insecure;
+  const std::string read_token =
+      spes::sync::read_token_file(a.read_token_file, "--read-token-file");
   spes::sync::SyncClient client(a.server, spes::sync::NodeId{}, tls);
   spes::sync::ServerStatus s;
   try {
-    s = client.status();
+    s = client.status(read_token);
   } catch (const spes::sync::SyncError& e) {
     spes::fail("cannot get the status of sync server {}: {} (is `spes serve` running there?)",
                a.server, e.what());
@@ -71,6 +74,9 @@ spes::cli::SubcommandRegistrar register_status("status", "Show a sync server's r
   auto a = std::make_shared<StatusArgs>();
   sub.add_option("--server", a->server, "host:port of `spes serve`");
   sub.add_option("--tls-ca", a->tls_ca, "PEM roots to verify a TLS server (spes_config.tls_ca)");
+  sub.add_option("--read-token-file", a->read_token_file, "File with the server's read token "
+                 "(spes serve --read-token-file)");
+  sub.add_flag("--insecure", a->insecure, "Allow plaintext to a server that is not on loopback");
   sub.add_flag("--json", a->json, "Print JSON instead of a table");
   sub.callback([a] { run_status(*a); });
 });

@@ -41,17 +41,6 @@ NamedTensors sample_tensors() {
           {"c", torch::randn({2, 2, 3})}};
 }
 
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 // ---- framing -------------------------------------------------------------------------------

@@ -60,15 +60,6 @@ SafetensorsStreamWriter upload_of(const FakeNode& n, int64_t round, NamedTensors
                                                   n.id.incarnation, n.reg->fingerprint()}));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // Every rounds.jsonl line parses as JSON (strictly: valid UTF-8).
 void expect_round_log_valid(const std::string& dir) {
   std::ifstream in(dir + "/rounds.jsonl");

@@ -25,10 +25,13 @@
 #include "spes/io/files.h"
 #include "spes/io/safetensors.h"
 #include "spes/sync/server/server.h"
+#include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
+#include "sync/sync_process_util.h"
 
 using namespace spes;
 using namespace spes::sync;
+using namespace spes::sync::testing;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -37,66 +40,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 std::string g_dir;  // corpus and tokens, shared by the tests of this suite
-
-std::string read_or_empty(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// A child process whose output is collected; `log()` gives it all so far.
-struct Proc {
-  std::string name;
-  std::unique_ptr<Subprocess> p;
-  std::vector<std::string> lines;
-  int code = -1;
-  bool exited = false;
-  Proc(std::string n, const std::vector<std::string>& argv,
-       const std::vector<std::pair<std::string, std::string>>& env = {})
-      : name(std::move(n)), p(std::make_unique<Subprocess>(argv, env)) {}
-  bool poll() {
-    p->read_lines(&lines);
-    if (!exited && p->poll_exit(&code)) {
-      exited = true;
-      while (p->read_lines(&lines)) {
-      }
-    }
-    return exited;
-  }
-  bool saw(const std::string& s) const {
-    for (const auto& l : lines)
-      if (l.find(s) != std::string::npos) return true;
-    return false;
-  }
-  std::string log() const {
-    std::string s;
-    for (const auto& l : lines) s += "[" + name + "] " + l + "\n";
-    return s;
-  }
-  void kill9() {
-    p->kill(SIGKILL);
-    code = p->wait();
-    exited = true;
-    while (p->read_lines(&lines)) {
-    }
-  }
-};
-
-// Polls every process until `done` or the timeout; false on timeout.
-bool pump_until(std::vector<Proc*> procs, const std::function<bool()>& done, double timeout_s) {
-  const auto t0 = Clock::now();
-  while (Clock::now() - t0 < std::chrono::duration<double>(timeout_s)) {
-    for (Proc* p : procs) p->poll();
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
-std::string all_logs(const std::vector<Proc*>& procs) {
-  std::string s;
-  for (const Proc* p : procs) s += p->log();
-  return s;
-}
 
 std::string write_config(const std::string& dir, int nodes, const std::string& extra) {
   fs::create_directories(dir);
@@ -113,26 +56,6 @@ std::string write_config(const std::string& dir, int nodes, const std::string& e
          "max_duration: 25\nsave_interval: 5\nglobal_train_batch_size: 2\n"
          "device_train_microbatch_size: 2\neval_interval: 0\neval_batches: 1\nthreads: 1\n";
   return path;
-}
-
-std::unique_ptr<Proc> start_server(const std::string& cfg, const std::string& dir,
-                                   const std::string& listen = "127.0.0.1:0") {
-  return std::make_unique<Proc>("server", std::vector<std::string>{
-      SPES_BINARY, "serve", "--config", cfg, "--out", dir, "--listen", listen});
-}
-
-// Waits for DIR/server.json written by the server process `srv` (a restarted server rewrites
-// it: `pid` tells the runs apart).
-std::string server_address(Proc& srv, const std::string& dir) {
-  std::string address;
-  pump_until({&srv}, [&] {
-    if (srv.exited || !fs::exists(dir + "/server.json")) return srv.exited;
-    const auto j = nlohmann::json::parse(read_or_empty(dir + "/server.json"), nullptr, false);
-    if (!j.is_object() || j.value("pid", -1) != srv.p->pid()) return false;
-    address = j["address"];
-    return true;
-  }, 120);
-  return address;
 }
 
 std::unique_ptr<Proc> start_node(const std::string& cfg, int id, const std::string& address,
@@ -310,6 +233,7 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
     std::ofstream f(dir + "/tokens.yaml");
     for (int i = 0; i < 3; ++i) f << i << ": " << tokens[i] << "\n";
   }
+  fs::permissions(dir + "/tokens.yaml", fs::perms::owner_read | fs::perms::owner_write);
   const std::string cfg = write_config(
       dir, 3, "  round_timeout: 6\n  min_nodes: 2\n  max_update_norm_ratio: 10\n"
               "  auth_tokens_file: " + dir + "/tokens.yaml\n");
@@ -338,11 +262,12 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
     auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
     auto stub = ::spes::sync::v1::SpesSync::NewStub(channel);
     grpc::ClientContext ctx;
+    ctx.AddMetadata(kNodeIdMetadata, "0");
+    ctx.AddMetadata(kNodeTokenMetadata, tokens[0]);
     ::spes::sync::v1::UploadReply rep;
     auto w = stub->Upload(&ctx, &rep);
     ::spes::sync::v1::UploadChunk c;
     c.mutable_node()->set_node_id(0);
-    c.mutable_node()->set_auth_token(tokens[0]);
     c.set_round(1);
     c.set_step(5);
     c.set_total_bytes(9u << 20);

@@ -102,15 +102,6 @@ void join_with_initial_model(RoundState& st, std::initializer_list<Peer*> peers)
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 torch::Tensor published(const RoundState& st, const std::string& name) {
   return st.model().tensors().at(st.model().plan().index(name)).clone();
 }
@@ -280,6 +271,8 @@ TEST(RoundStateReliability, TokensAreCheckedAndNeverEchoed) {
     std::ofstream f(tmp.path + "/tokens.yaml");
     f << "0: " << t0 << "\n1: " << t1 << "\n";
   }
+  std::filesystem::permissions(tmp.path + "/tokens.yaml", std::filesystem::perms::owner_read |
+                                                            std::filesystem::perms::owner_write);
   const Config cfg = tiny_config({"spes_config.auth_tokens_file=" + tmp.path + "/tokens.yaml"});
   RoundState st(cfg, {tmp.path + "/srv"});
   Peer wrong(cfg, 0, t1), none(cfg, 1), good(cfg, 0, t0);
@@ -300,6 +293,8 @@ TEST(RoundStateReliability, TokensAreCheckedAndNeverEchoed) {
     std::ofstream f(tmp.path + "/short.yaml");
     f << "0: abc\n1: " << t1 << "\n";
   }
+  std::filesystem::permissions(tmp.path + "/short.yaml", std::filesystem::perms::owner_read |
+                                                           std::filesystem::perms::owner_write);
   EXPECT_THAT(error_of([&] {
                 RoundState bad(tiny_config({"spes_config.auth_tokens_file=" + tmp.path +
                                             "/short.yaml"}),

@@ -1,6 +1,6 @@
 // Helpers shared by the sync tests: a self-deleting temporary directory, a tiny MoE config,
 // hand-made uploads, a node as the server sees it (FakeNode, send_upload) to drive RoundState,
-// and the SyncErrc a call fails with (code_of).
+// and what a call fails with (error_of, code_of).
 #pragma once
 #include <torch/torch.h>
 #include <unistd.h>
@@ -123,6 +123,16 @@ inline UploadResult send_upload(RoundState& st, const NodeId& id, int64_t round,
     s->chunk(off, data, sha);
   }
   return s->finish();
+}
+
+// The message of what f() throws ("" when it throws nothing).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // The SyncErrc that f() throws (Internal when it throws none).

@@ -7,6 +7,8 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <thread>
 
@@ -21,8 +23,20 @@ struct DashboardServer::Impl {
   int port = 0;
 };
 
+std::string host_header_name(const std::string& value) {
+  std::string h = value;
+  if (!h.empty() && h[0] == '[') {
+    const size_t close = h.find(']');
+    h = close == std::string::npos ? h : h.substr(1, close - 1);
+  } else if (std::count(h.begin(), h.end(), ':') == 1) {
+    h = h.substr(0, h.find(':'));
+  }
+  std::transform(h.begin(), h.end(), h.begin(), [](unsigned char c) { return std::tolower(c); });
+  return h;
+}
+
 DashboardServer::DashboardServer(const std::string& host, int port,
-                                 std::function<nlohmann::json()> status)
+                                 std::function<nlohmann::json()> status, DashboardAccess access)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
   // httplib's default also sets SO_REUSEPORT, which would let a second server share a port
@@ -31,17 +45,43 @@ DashboardServer::DashboardServer(const std::string& host, int port,
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  // Before any route: a page served under a name the user did not configure (DNS rebinding)
+  // gets nothing.
+  impl_->http.set_pre_routing_handler([access](const httplib::Request& req,
+                                               httplib::Response& res) {
+    const std::string name = host_header_name(req.get_header_value("Host"));
+    if (name.empty() || (access.host_allowed && !access.host_allowed(name))) {
+      res.status = 421;
+      res.set_content("unknown Host: use an IP address, localhost or "
+                      "spes_config.dashboard_host\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   impl_->http.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(dashboard_page_html(), "text/html; charset=utf-8");
   });
-  impl_->http.Get("/api/status", [status](const httplib::Request&, httplib::Response& res) {
+  impl_->http.Get("/api/status", [status, access](const httplib::Request& req,
+                                                  httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    if (access.token_ok) {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string bearer = "Bearer ";
+      if (auth.rfind(bearer, 0) != 0 || !access.token_ok(auth.substr(bearer.size()))) {
+        res.status = 401;
+        res.set_content(nlohmann::json{{"error", "read token required: open the page as "
+                                                 "http://HOST:PORT/#token=READ_TOKEN (spes serve "
+                                                 "--read-token-file)"}}.dump(),
+                        "application/json");
+        return;
+      }
+    }
     try {
       res.set_content(status().dump(), "application/json");
     } catch (const std::exception& e) {
       res.status = 500;
       res.set_content(nlohmann::json{{"error", e.what()}}.dump(), "application/json");
     }
-    res.set_header("Cache-Control", "no-store");
   });
   if (port == 0) {
     impl_->port = impl_->http.bind_to_any_port(host);

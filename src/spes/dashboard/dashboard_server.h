@@ -2,7 +2,10 @@
 // serves one self-contained page (inline CSS and JavaScript, no external scripts or fonts, so it
 // works without internet) that polls GET /api/status every two seconds and redraws the nodes,
 // the rounds, loss curves per node and per-layer expert similarity; GET /api/status returns the
-// JSON that `status` builds at the time of the request. Runs on its own thread.
+// JSON that `status` builds at the time of the request. Runs on its own thread. Every request
+// must name an allowed host in its Host header (421 otherwise: a defence against DNS
+// rebinding), and /api/status may require a read token (`Authorization: Bearer TOKEN`; the
+// page takes it from its URL fragment, `#token=TOKEN`, and 401 without it). Leaves out: TLS.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -12,11 +15,21 @@
 
 namespace spes::dashboard {
 
+// Who may use the page. Null functions: any Host, no token.
+struct DashboardAccess {
+  std::function<bool(const std::string& host)> host_allowed;  // lower case, no port/brackets
+  std::function<bool(const std::string& token)> token_ok;     // null: /api/status needs none
+};
+
+// The host of an HTTP Host header value, lower case, without port or IPv6 brackets.
+std::string host_header_name(const std::string& value);
+
 class DashboardServer {
  public:
   // Binds host:port (port 0: any free port) and starts serving; fails with a clear error when
   // the address cannot be bound.
-  DashboardServer(const std::string& host, int port, std::function<nlohmann::json()> status);
+  DashboardServer(const std::string& host, int port, std::function<nlohmann::json()> status,
+                  DashboardAccess access = {});
   ~DashboardServer();  // stops serving
   DashboardServer(const DashboardServer&) = delete;
   DashboardServer& operator=(const DashboardServer&) = delete;

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "spes/io/files.h"
+#include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
@@ -31,12 +32,21 @@ SyncErrc errc_of(grpc::StatusCode c) {
     case grpc::StatusCode::NOT_FOUND: return SyncErrc::NotJoined;
     case grpc::StatusCode::PERMISSION_DENIED: return SyncErrc::PermissionDenied;
     case grpc::StatusCode::UNAUTHENTICATED: return SyncErrc::PermissionDenied;
+    // The server ends a stream (CANCELLED to the client) when a newer stream of the same node
+    // supersedes it or it sat idle too long: like ABORTED, worth a retry.
+    case grpc::StatusCode::CANCELLED: return SyncErrc::Aborted;
     default: return SyncErrc::Internal;
   }
 }
 
 void check(const grpc::Status& s, const char* rpc, const std::string& address) {
   if (s.ok()) return;
+  // The server's thread cap refused the call (a flood of calls, maybe from someone else):
+  // transient, unlike the server's own RESOURCE_EXHAUSTED refusals of oversized uploads.
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      s.error_message() == "Server Threadpool Exhausted")
+    throw SyncError(SyncErrc::Unavailable, fmt::format("{} to sync server {}: the server is "
+                    "busy (thread cap reached); retrying", rpc, address));
   throw SyncError(errc_of(s.error_code()),
                   fmt::format("{} to sync server {}: {}", rpc, address, s.error_message()));
 }
@@ -44,6 +54,13 @@ void check(const grpc::Status& s, const char* rpc, const std::string& address) {
 void set_deadline(grpc::ClientContext& ctx, double seconds) {
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+}
+
+// Every call: its deadline and the node's credentials as metadata (never in a message body).
+void prepare(grpc::ClientContext& ctx, const NodeId& id, double seconds) {
+  set_deadline(ctx, seconds);
+  ctx.AddMetadata(kNodeIdMetadata, std::to_string(id.node_id));
+  if (!id.auth_token.empty()) ctx.AddMetadata(kNodeTokenMetadata, id.auth_token);
 }
 
 }  // namespace
@@ -62,6 +79,18 @@ SyncClient::SyncClient(const std::string& address, NodeId id, const ClientTls& t
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  SPES_CHECK(tls.cert_pem.empty() || !tls.root_pem.empty(), "spes_config.tls_client_cert is set "
+             "but tls_ca is not: without tls_ca the connection would be plaintext and the "
+             "certificate unused; set spes_config.tls_ca to the PEM roots of the server's "
+             "certificate");
+  SPES_CHECK(!tls.root_pem.empty() || tls.insecure || is_loopback_host(address), "refusing a "
+             "plaintext connection to sync server '{}', which is not on loopback: a listener "
+             "could take the node's token and a man in the middle could change the model. Set "
+             "spes_config.tls_ca (the server needs tls_cert/tls_key), or pass --insecure to "
+             "accept that risk", address);
+  if (tls.root_pem.empty() && !is_loopback_host(address))
+    spdlog::warn("--insecure: plaintext connection to sync server {}: its token and the model "
+                 "cross the network unprotected", address);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!tls.root_pem.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -85,7 +114,6 @@ bool SyncClient::wait_connected(double timeout_s) {
 static void fill(pb::NodeIdentity* n, const NodeId& id) {
   n->set_node_id(id.node_id);
   n->set_incarnation(id.incarnation);
-  n->set_auth_token(id.auth_token);
 }
 
 // The fields every chunk of an upload stream (and a resume query) carries.
@@ -113,7 +141,7 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   req.set_step(info.step);
   pb::JoinReply rep;
   grpc::ClientContext ctx;
-  set_deadline(ctx, 60);
+  prepare(ctx, info.node, 60);
   check(impl_->stub->Join(&ctx, req, &rep), "Join", impl_->address);
   JoinResult r;
   r.server_incarnation = rep.server_incarnation();
@@ -128,7 +156,7 @@ JoinResult SyncClient::join(const JoinInfo& info) {
 
 uint64_t SyncClient::resume_offset(int64_t round, int64_t step, uint64_t total_bytes) {
   grpc::ClientContext ctx;
-  set_deadline(ctx, 60);
+  prepare(ctx, id_, 60);
   pb::UploadReply rep;
   std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
   pb::UploadChunk c = upload_chunk(id_, round, step, total_bytes);
@@ -163,7 +191,7 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
     whole.update(data.data(), data.size());
   }
   grpc::ClientContext ctx;
-  set_deadline(ctx, 3600);
+  prepare(ctx, id_, 3600);
   pb::UploadReply rep;
   std::unique_ptr<grpc::ClientWriter<pb::UploadChunk>> w(impl_->stub->Upload(&ctx, &rep));
   pb::UploadChunk c = upload_chunk(id_, round, step, total);
@@ -210,7 +238,7 @@ RoundStatus SyncClient::wait_round(int64_t round, uint32_t max_wait_ms) {
   req.set_max_wait_ms(max_wait_ms);
   pb::RoundInfo rep;
   grpc::ClientContext ctx;
-  set_deadline(ctx, max_wait_ms / 1000.0 + 30);
+  prepare(ctx, id_, max_wait_ms / 1000.0 + 30);
   check(impl_->stub->WaitRound(&ctx, req, &rep), "WaitRound", impl_->address);
   RoundStatus r;
   r.round = rep.round();
@@ -236,7 +264,7 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
   req.set_offset(offset);
   req.set_selection(selection == Selection::All ? pb::SELECTION_ALL : pb::SELECTION_FOR_NODE);
   grpc::ClientContext ctx;
-  set_deadline(ctx, 3600);
+  prepare(ctx, id_, 3600);
   std::unique_ptr<grpc::ClientReader<pb::DownloadChunk>> rd(impl_->stub->Download(&ctx, req));
   pb::DownloadChunk c;
   uint64_t received = offset, total = 0;
@@ -285,16 +313,17 @@ int64_t SyncClient::heartbeat(int64_t step, const NodeMetrics& metrics) {
   }
   pb::HeartbeatReply rep;
   grpc::ClientContext ctx;
-  set_deadline(ctx, 10);
+  prepare(ctx, id_, 10);
   check(impl_->stub->Heartbeat(&ctx, req, &rep), "Heartbeat", impl_->address);
   return rep.published_round();
 }
 
-ServerStatus SyncClient::status() {
+ServerStatus SyncClient::status(const std::string& read_token) {
   pb::StatusRequest req;
   pb::StatusReply rep;
   grpc::ClientContext ctx;
   set_deadline(ctx, 10);
+  if (!read_token.empty()) ctx.AddMetadata(kReadTokenMetadata, read_token);
   check(impl_->stub->Status(&ctx, req, &rep), "Status", impl_->address);
   ServerStatus s;
   s.published_round = rep.published_round();
@@ -317,7 +346,7 @@ void SyncClient::leave(int64_t step, const std::string& reason) {
   req.set_reason(reason);
   pb::LeaveReply rep;
   grpc::ClientContext ctx;
-  set_deadline(ctx, 30);
+  prepare(ctx, id_, 30);
   check(impl_->stub->Leave(&ctx, req, &rep), "Leave", impl_->address);
 }
 

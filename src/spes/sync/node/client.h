@@ -1,8 +1,10 @@
 // The node's side of the protocol: one call per RPC over a gRPC channel with raised message
 // limits. Errors come back as SyncError with the server's status mapped onto SyncErrc
 // (Unavailable: the server cannot be reached, the caller may retry). TLS when given root
-// certificates. Leaves out: retry policy and what to send (node.h), fault injection (faults.h,
-// through UploadStreamFilter).
+// certificates; plaintext only to a loopback server unless told `insecure`. Every call carries
+// the node id and token (and for Status the read token) as call metadata, never in a body.
+// Leaves out: retry policy and what to send (node.h), fault injection (faults.h, through
+// UploadStreamFilter).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,9 +16,11 @@
 
 namespace spes::sync {
 
-// TLS for the channel (PEM contents). Empty root_pem: plaintext.
+// TLS for the channel (PEM contents). Empty root_pem: plaintext, refused for a server off
+// loopback unless `insecure`; a client certificate without root_pem is refused.
 struct ClientTls {
   std::string root_pem, cert_pem, key_pem;
+  bool insecure = false;  // allow plaintext to a non-loopback server (--insecure)
 };
 
 // One chunk of an upload stream as the client sends it.
@@ -61,7 +65,8 @@ class SyncClient {
   void leave(int64_t step, const std::string& reason);
   // Reports the node's step and metrics; returns the server's latest published round.
   int64_t heartbeat(int64_t step, const NodeMetrics& metrics = {});
-  ServerStatus status();
+  // Needs `read_token` when the server has one or listens off loopback.
+  ServerStatus status(const std::string& read_token = "");
   // Sends every upload stream through `filter` from now on (null: none).
   void set_upload_filter(std::shared_ptr<UploadStreamFilter> filter) {
     filter_ = std::move(filter);

@@ -194,6 +194,7 @@ void SyncNode::on_start(Trainer& t) {
   tls.root_pem = read_pem(cfg.spes_config.tls_ca, "tls_ca");
   tls.cert_pem = read_pem(cfg.spes_config.tls_client_cert, "tls_client_cert");
   tls.key_pem = read_pem(cfg.spes_config.tls_client_key, "tls_client_key");
+  tls.insecure = opts_.insecure;
   client_ = std::make_unique<SyncClient>(opts_.server, id, tls);
   if (opts_.faults.any()) {
     faults_ = std::make_unique<NodeFaultInjection>(opts_.faults, id.node_id);

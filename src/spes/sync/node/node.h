@@ -37,6 +37,7 @@ struct NodeOptions {
   double round_wait_s = 0;                 // give up waiting for a round (0: max(600, 2 x
                                            // spes_config.round_timeout))
   std::string auth_token;                  // this node's secret (never logged)
+  bool insecure = false;                   // allow plaintext to a non-loopback server
   NodeFaults faults;                       // test fault injection (faults.h)
 };
 

@@ -1,17 +1,24 @@
-// gRPC glue of the sync server (see server.h): each RPC maps onto one RoundState call, and
-// SyncError codes map onto gRPC status codes.
+// gRPC glue of the sync server (see server.h): each RPC checks the caller's credentials from
+// its metadata (call_auth.h) before it reads anything, then maps onto one RoundState call;
+// streams take their node's slot and are watched for idleness (stream_limits.h); SyncError
+// codes map onto gRPC status codes.
 #include "spes/sync/server/server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <thread>
 
 #include "spes/dashboard/dashboard_server.h"
 #include "spes/io/files.h"
+#include "spes/sync/server/call_auth.h"
 #include "spes/sync/server/dashboard_status.h"
+#include "spes/sync/server/stream_limits.h"
 #include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
 
@@ -19,6 +26,9 @@ namespace spes::sync {
 namespace pb = ::spes::sync::v1;
 
 namespace {
+
+constexpr int kMaxStreamsPerConnection = 64;  // an honest node has at most 4 calls open
+constexpr int kMaxMetadataBytes = 16 << 10;
 
 grpc::StatusCode grpc_code(SyncErrc c) {
   switch (c) {
@@ -37,9 +47,6 @@ grpc::StatusCode grpc_code(SyncErrc c) {
   return grpc::StatusCode::INTERNAL;
 }
 
-NodeId from_pb(const pb::NodeIdentity& n) {
-  return NodeId{n.node_id(), n.incarnation(), n.auth_token()};
-}
 
 // Runs `body`, turning exceptions into a status (and logging refusals).
 template <class F>
@@ -61,13 +68,14 @@ grpc::Status guarded(const char* rpc, F&& body) {
 
 class Service final : public pb::SpesSync::Service {
  public:
-  explicit Service(RoundState& st) : st_(st) {}
+  Service(RoundState& st, const CallAuth& auth, StreamLimits& limits)
+      : st_(st), auth_(auth), limits_(limits) {}
 
-  grpc::Status Join(grpc::ServerContext*, const pb::JoinRequest* req,
+  grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                     pb::JoinReply* rep) override {
     return guarded("Join", [&] {
       JoinInfo j;
-      j.node = from_pb(req->node());
+      j.node = caller(*ctx, req->node());
       j.protocol_version = req->protocol_version();
       j.model_fingerprint = req->model_fingerprint();
       j.ownership_fingerprint = req->ownership_fingerprint();
@@ -88,12 +96,23 @@ class Service final : public pb::SpesSync::Service {
     });
   }
 
-  grpc::Status Upload(grpc::ServerContext*, grpc::ServerReader<pb::UploadChunk>* reader,
+  grpc::Status Upload(grpc::ServerContext* ctx, grpc::ServerReader<pb::UploadChunk>* reader,
                       pb::UploadReply* rep) override {
     return guarded("Upload", [&] {
+      // Credentials first: a stranger's stream ends here, before any of its bytes are read.
+      const NodeId who = auth_.node(*ctx);
+      const auto lease =
+          limits_.open(who.node_id, StreamKind::Upload, [ctx] { ctx->TryCancel(); });
       pb::UploadChunk c;
-      if (!reader->Read(&c)) sync_fail(SyncErrc::InvalidArgument, "empty upload stream");
-      const NodeId node = from_pb(c.node());
+      const auto read = [&] {
+        lease->waiting();
+        const bool got = reader->Read(&c);
+        lease->received();
+        if (!got) stream_end_reason(*lease, who.node_id, "upload");
+        return got;
+      };
+      if (!read()) sync_fail(SyncErrc::InvalidArgument, "empty upload stream");
+      const NodeId node = caller(*ctx, c.node());
       const int64_t round = c.round(), step = c.step();
       const uint64_t total = c.total_bytes();
       if (c.resume_query()) {
@@ -109,7 +128,7 @@ class Service final : public pb::SpesSync::Service {
           sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
         if (!c.upload_sha256().empty()) whole_sha256 = c.upload_sha256();
         s->chunk(c.offset(), c.data(), c.sha256());
-      } while (reader->Read(&c));
+      } while (read());
       const UploadResult r = s->finish(whole_sha256);
       rep->set_accepted(r.accepted);
       rep->set_bytes_received(r.bytes);
@@ -118,10 +137,10 @@ class Service final : public pb::SpesSync::Service {
     });
   }
 
-  grpc::Status WaitRound(grpc::ServerContext*, const pb::WaitRoundRequest* req,
+  grpc::Status WaitRound(grpc::ServerContext* ctx, const pb::WaitRoundRequest* req,
                          pb::RoundInfo* rep) override {
     return guarded("WaitRound", [&] {
-      const RoundStatus r = st_.wait_round(from_pb(req->node()), req->round(),
+      const RoundStatus r = st_.wait_round(caller(*ctx, req->node()), req->round(),
                                            req->max_wait_ms());
       rep->set_round(r.round);
       rep->set_published(r.published);
@@ -141,30 +160,36 @@ class Service final : public pb::SpesSync::Service {
     return guarded("Download", [&] {
       const Selection sel =
           req->selection() == pb::SELECTION_ALL ? Selection::All : Selection::ForNode;
-      std::unique_ptr<DownloadSession> s = st_.begin_download(from_pb(req->node()),
-                                                              req->round(), sel, req->offset());
+      const NodeId node = caller(*ctx, req->node());
+      // One download per node: a newer one ends this one (and this one ends an older one).
+      const auto lease =
+          limits_.open(node.node_id, StreamKind::Download, [ctx] { ctx->TryCancel(); });
+      std::unique_ptr<DownloadSession> s = st_.begin_download(node, req->round(), sel,
+                                                              req->offset());
       pb::DownloadChunk c;
       std::string data;
       uint64_t offset = 0;
       while (s->next(&data, &offset)) {
-        if (ctx->IsCancelled()) sync_fail(SyncErrc::Aborted, "download cancelled by the node");
+        if (ctx->IsCancelled()) stream_end_reason(*lease, node.node_id, "download");
         c.set_round(s->round());
         c.set_offset(offset);
         c.set_total_bytes(s->total_bytes());
         c.set_sha256(chunk_sha256(data));
         c.set_data(std::move(data));
-        if (!writer->Write(c)) sync_fail(SyncErrc::Aborted, "node went away mid-download");
+        if (!writer->Write(c)) stream_end_reason(*lease, node.node_id, "download");
         data = std::move(*c.mutable_data());
       }
     });
   }
 
-  grpc::Status Leave(grpc::ServerContext*, const pb::LeaveRequest* req,
+  grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
                      pb::LeaveReply*) override {
-    return guarded("Leave", [&] { st_.leave(from_pb(req->node()), req->step(), req->reason()); });
+    return guarded("Leave", [&] {
+      st_.leave(caller(*ctx, req->node()), req->step(), req->reason());
+    });
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
                          pb::HeartbeatReply* rep) override {
     return guarded("Heartbeat", [&] {
       NodeMetrics m;
@@ -173,13 +198,14 @@ class Service final : public pb::SpesSync::Service {
       const size_t n = std::min<size_t>(req->losses_size(), kMaxHeartbeatLosses);
       for (size_t i = 0; i < n; ++i)
         m.losses.push_back({req->losses(i).step(), req->losses(i).loss()});
-      rep->set_published_round(st_.heartbeat(from_pb(req->node()), req->step(), m));
+      rep->set_published_round(st_.heartbeat(caller(*ctx, req->node()), req->step(), m));
     });
   }
 
-  grpc::Status Status(grpc::ServerContext*, const pb::StatusRequest*,
+  grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
                       pb::StatusReply* rep) override {
     return guarded("Status", [&] {
+      auth_.check_read(*ctx);
       const ServerStatus s = st_.status();
       rep->set_published_round(s.published_round);
       rep->set_published_step(s.published_step);
@@ -201,25 +227,64 @@ class Service final : public pb::SpesSync::Service {
   }
 
  private:
+  // The caller as its metadata proves it; the message's node id must be the same node, and
+  // gives the incarnation.
+  NodeId caller(const grpc::ServerContext& ctx, const pb::NodeIdentity& body) const {
+    NodeId n = auth_.node(ctx, body.incarnation());
+    if (body.node_id() != n.node_id)
+      sync_fail(SyncErrc::PermissionDenied, "the message names node {} but the call's "
+                "credentials are node {}'s", body.node_id(), n.node_id);
+    return n;
+  }
+  // Why a stream ended early: the server ended it (superseded, idle), or (a download) the node
+  // went away. Throws, except for an upload whose node simply ended it.
+  static void stream_end_reason(const StreamLimits::Lease& lease, int64_t node,
+                                const char* what) {
+    if (lease.superseded())
+      sync_fail(SyncErrc::Aborted, "{} stream of node {} superseded by a newer one of the same "
+                "node", what, node);
+    if (lease.timed_out())
+      sync_fail(SyncErrc::DeadlineExceeded, "{} stream of node {} sent nothing for too long "
+                "and was ended", what, node);
+    if (std::string(what) == "download")
+      sync_fail(SyncErrc::Aborted, "download cancelled by the node, or it went away");
+  }
+
   RoundState& st_;
+  const CallAuth& auth_;
+  StreamLimits& limits_;
 };
 
-}  // namespace
-
-bool is_loopback_host(const std::string& hp) {
-  std::string host = hp;
-  if (!host.empty() && host[0] == '[') {
-    host = host.substr(1, host.find(']') - 1);
-  } else if (std::count(host.begin(), host.end(), ':') == 1) {
-    host = host.substr(0, host.find(':'));
+// Who may use the status page: the Host header must be an IP address, "localhost" or the
+// configured dashboard_host (a DNS-rebinding page sends its own name); its data needs the read
+// token whenever Status does, or whenever the page listens off loopback.
+dashboard::DashboardAccess dashboard_access(const std::string& dashboard_host,
+                                            const CallAuth& auth) {
+  dashboard::DashboardAccess a;
+  std::string name = dashboard_host;
+  std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+  a.host_allowed = [name](const std::string& host) {
+    return host == "localhost" || host == name || is_ip_literal(host);
+  };
+  if (auth.read_needs_token() || !is_loopback_host(dashboard_host)) {
+    const CallAuth* p = &auth;
+    a.token_ok = [p](const std::string& token) { return !token.empty() && p->read_allowed(token); };
+    if (!is_loopback_host(dashboard_host))
+      spdlog::warn("dashboard on {} over plain HTTP: its read token crosses the network in "
+                   "cleartext (put it behind a TLS proxy, or keep dashboard_host on loopback)",
+                   dashboard_host);
   }
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  return a;
 }
+
+}  // namespace
 
 struct SyncServer::Impl {
   ServerOptions opts;
   Config cfg;
   std::unique_ptr<RoundState> state;
+  std::unique_ptr<CallAuth> auth;
+  std::unique_ptr<StreamLimits> limits;
   std::unique_ptr<Service> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<dashboard::DashboardServer> dashboard;  // destroyed first: it reads `state`
@@ -241,6 +306,29 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
              "rand -hex 16)`), set spes_config.auth_tokens_file to it, and give each node its "
              "token with --token-file or SPES_NODE_TOKEN (TLS: spes_config.tls_cert/tls_key)",
              listen);
+  const bool loopback = is_loopback_host(listen);
+  if (!loopback && sc.tls_cert.empty()) {
+    SPES_CHECK(impl_->opts.insecure, "refusing to listen on '{}' without TLS: node tokens, "
+               "uploads and the published model (and its digest) would cross the network in "
+               "cleartext, so a listener could act as a node and a man in the middle could "
+               "change the model. Set spes_config.tls_cert and tls_key (nodes: tls_ca), or pass "
+               "--insecure to accept that risk", listen);
+    spdlog::warn("--insecure: listening on {} WITHOUT TLS: anyone on the network path can read "
+                 "the node tokens and act as a node, and can alter downloads and their "
+                 "digests; use spes_config.tls_cert/tls_key", listen);
+  }
+  SPES_CHECK(!impl_->opts.bind_client_certs || !sc.tls_client_ca.empty(), "--bind-client-certs "
+             "needs client certificates: set spes_config.tls_client_ca (and tls_cert/tls_key)");
+  CallAuthOptions ao;
+  ao.loopback_only = loopback;
+  ao.read_token = read_token_file(impl_->opts.read_token_file, "--read-token-file");
+  ao.bind_client_certs = impl_->opts.bind_client_certs;
+  impl_->auth = std::make_unique<CallAuth>(cfg, ao);
+  if (impl_->auth->read_needs_token() && ao.read_token.empty())
+    spdlog::warn("sync server: off loopback without --read-token-file: Status (`spes status`) "
+                 "and the dashboard's data are refused");
+  impl_->limits = std::make_unique<StreamLimits>(impl_->opts.first_message_timeout_s,
+                                                 impl_->opts.stream_idle_timeout_s);
   impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
   // The status page (spes_config.dashboard_port, -1: off) starts before the sync port is
   // bound, so that a dashboard port in use stops the server before any node can join.
@@ -252,9 +340,9 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
           const double up =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
           return dashboard_status(impl->cfg, *impl->state, up);
-        });
+        }, dashboard_access(sc.dashboard_host, *impl_->auth));
   }
-  impl_->service = std::make_unique<Service>(*impl_->state);
+  impl_->service = std::make_unique<Service>(*impl_->state, *impl_->auth, *impl_->limits);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!sc.tls_cert.empty()) {
     grpc::SslServerCredentialsOptions ssl(
@@ -272,6 +360,15 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
   b.AddListeningPort(listen, creds, &impl_->port);
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Caps against floods: threads (each open call holds one; past the cap a call is refused
+  // with RESOURCE_EXHAUSTED), streams per connection, and the size of a call's metadata.
+  grpc::ResourceQuota quota("spes-sync-server");
+  const int64_t threads = impl_->opts.max_threads > 0 ? impl_->opts.max_threads
+                                                      : 64 + 8 * sc.num_peers;
+  quota.SetMaxThreads(static_cast<int>(std::min<int64_t>(threads, 4096)));
+  b.SetResourceQuota(quota);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  b.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxMetadataBytes);
   b.RegisterService(impl_->service.get());
   impl_->server = b.BuildAndStart();
   SPES_CHECK(impl_->server && impl_->port > 0, "sync server: cannot listen on '{}' (address in "

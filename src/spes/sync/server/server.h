@@ -1,7 +1,10 @@
 // The sync server process: the gRPC service (proto/spes_sync.proto) over RoundState, with TLS
 // when spes_config.tls_cert/tls_key are set. Without node tokens (spes_config.auth_tokens_file)
-// it binds loopback only. Serves the status page (dashboard/dashboard_server.h, data from
-// dashboard_status.h) on spes_config.dashboard_host:dashboard_port unless the port is -1.
+// it binds loopback only; off loopback it needs TLS unless told --insecure (then it warns).
+// Credentials come from call metadata before anything is read (call_auth.h); one upload and one
+// download stream per node, idle streams ended (stream_limits.h), threads and streams capped.
+// Serves the status page (dashboard/dashboard_server.h, data from dashboard_status.h; Host
+// checked, read token off loopback) on spes_config.dashboard_host:dashboard_port unless -1.
 // Writes DIR/server.json with the bound address (port 0 picks a free port) and the dashboard's
 // URL, ticks RoundState (deadlines, dead nodes, logs), and runs until every node has left,
 // stop() is called or the stop flag is raised. Leaves out: the round logic (round_state.h).
@@ -19,6 +22,13 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0: any free port (non-loopback
                                        // needs spes_config.auth_tokens_file)
   bool exit_when_done = true;          // return from run() once every node has left
+  bool insecure = false;               // allow plaintext off loopback (warns on every start)
+  std::string read_token_file;         // Status and the dashboard need this token ("": only
+                                       // on loopback, without a token)
+  bool bind_client_certs = false;      // node i's TLS client certificate must name "node<i>"
+  double first_message_timeout_s = 10; // a stream's first message must come within this
+  double stream_idle_timeout_s = 120;  // later messages of a stream within this
+  int max_threads = 0;                 // gRPC thread cap (0: 64 + 8 per node)
   ServeOptions state;                  // out_dir, keep_uploads
 };
 
@@ -38,8 +48,5 @@ class SyncServer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// True for 127.0.0.0/8, ::1 and "localhost".
-bool is_loopback_host(const std::string& host_port);
 
 }  // namespace spes::sync
