@@ -240,24 +240,9 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
   auto srv = start_server(cfg, dir + "/server");
   const std::string address = server_address(*srv, dir + "/server");
   ASSERT_FALSE(address.empty()) << srv->log();
-  auto tok = [&](int i) { return std::pair<std::string, std::string>{"SPES_NODE_TOKEN", tokens[i]}; };
-  // Node 1: a corrupt chunk in round 1 (retried), a replay of round 2 after it was published,
-  // a straggler in round 3 (past the 6 s deadline). Node 2: a NaN in round 1, node 0's expert
-  // in round 2, an update 1e6 x too large in round 4.
-  auto n0 = start_node(cfg, 0, address, dir + "/node0", {tok(0)});
-  auto n1 = start_node(cfg, 1, address, dir + "/node1",
-                       {tok(1), {"SPES_SYNC_FAULTS", "corrupt@1,replay@2,stall@3:9"}});
-  auto n2 = start_node(cfg, 2, address, dir + "/node2",
-                       {tok(2), {"SPES_SYNC_FAULTS", "nan@1,foreign@2,scaled@4"}});
-  // An impostor with node 0's id and the wrong token is refused and exits with the reason.
-  auto impostor = start_node(cfg, 0, address, dir + "/impostor", {tok(1)});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get(), n2.get(), impostor.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return impostor->exited; }, 120)) << all_logs(all);
-  EXPECT_NE(impostor->code, 0);
-  EXPECT_TRUE(impostor->saw("wrong or missing token")) << impostor->log();
-  EXPECT_FALSE(impostor->saw(tokens[1])) << "a token was logged";
-
-  // An oversized message (9 MiB, above the 8 MiB gRPC limit) is refused by the transport.
+  // An oversized message (9 MiB, above the 8 MiB gRPC limit) is refused by the transport. Sent
+  // before the nodes start: a node's own upload stream would supersede this one (one upload
+  // stream per node), which ends it as CANCELLED instead.
   {
     auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
     auto stub = ::spes::sync::v1::SpesSync::NewStub(channel);
@@ -277,6 +262,23 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
     const grpc::Status s = w->Finish();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   }
+  auto tok = [&](int i) { return std::pair<std::string, std::string>{"SPES_NODE_TOKEN", tokens[i]}; };
+  // Node 1: a corrupt chunk in round 1 (retried), a replay of round 2 after it was published,
+  // a straggler in round 3 (past the 6 s deadline). Node 2: a NaN in round 1, node 0's expert
+  // in round 2, an update 1e6 x too large in round 4.
+  auto n0 = start_node(cfg, 0, address, dir + "/node0", {tok(0)});
+  auto n1 = start_node(cfg, 1, address, dir + "/node1",
+                       {tok(1), {"SPES_SYNC_FAULTS", "corrupt@1,replay@2,stall@3:9"}});
+  auto n2 = start_node(cfg, 2, address, dir + "/node2",
+                       {tok(2), {"SPES_SYNC_FAULTS", "nan@1,foreign@2,scaled@4"}});
+  // An impostor with node 0's id and the wrong token is refused and exits with the reason.
+  auto impostor = start_node(cfg, 0, address, dir + "/impostor", {tok(1)});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get(), n2.get(), impostor.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return impostor->exited; }, 120)) << all_logs(all);
+  EXPECT_NE(impostor->code, 0);
+  EXPECT_TRUE(impostor->saw("wrong or missing token")) << impostor->log();
+  EXPECT_FALSE(impostor->saw(tokens[1])) << "a token was logged";
+
   // `spes status` while the run is going.
   {
     Proc status("status", {SPES_BINARY, "status", "--server", address});
