@@ -177,7 +177,8 @@ int main(int argc, char** argv) {
       }
     }
 
-    const spes::sync::WireDtype wire = spes::sync::wire_dtype_from_string(a.dtype);
+    const spes::sync::WireDtype wire =
+        spes::sync::wire_dtype_of(spes::Choice<spes::TransferDtype>(a.dtype));
     std::vector<NodeTimes> times(a.nodes);
     std::vector<double> round_s(a.rounds + 1, 0);
     std::vector<Clock::time_point> round_t0(a.rounds + 1);

@@ -30,7 +30,7 @@ void run_aggregate(const AggregateArgs& a) {
     model.load(spes::safetensors_load(a.previous), a.previous);
   }
   if (!a.momentum.empty()) model.load_momentum(spes::safetensors_load(a.momentum), a.momentum);
-  SPES_CHECK(cfg.spes_config.mode != "diloco" || !a.momentum.empty() ||
+  SPES_CHECK(cfg.spes_config.mode != spes::SyncMode::Diloco || !a.momentum.empty() ||
                  a.step == spes::sync::RoundClock(cfg).step_of(1),
              "mode diloco after round 1 needs --momentum (the server keeps it in "
              "rounds/<round-1>/momentum.safetensors)");

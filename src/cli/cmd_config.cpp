@@ -114,7 +114,7 @@ nlohmann::json to_json(const spes::Config& cfg, const std::vector<ParamCounts>& 
   nlohmann::json weights = nlohmann::json::object();
   for (const auto& [dtype, bytes] : mem.weights_by_dtype) weights[dtype] = bytes;
   return {{"node", me},
-          {"mode", cfg.spes_config.mode},
+          {"mode", cfg.spes_config.mode.name()},
           {"parameters",
            {{"total", c.total},
             {"active_per_token", c.active_per_token},
@@ -127,7 +127,7 @@ nlohmann::json to_json(const spes::Config& cfg, const std::vector<ParamCounts>& 
            {{"node", me},
             {"micro_batch", cfg.device_train_microbatch_size},
             {"sequence", cfg.model.max_sequence_length},
-            {"precision", cfg.precision},
+            {"precision", cfg.precision.name()},
             {"weights_by_dtype", weights},
             {"weights", mem.weights()},
             {"gradients", mem.gradients},

@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "spes/io/config.h"
+#include "spes/io/run_layout.h"
 #include "spes/sync/server/server.h"
 #include "spes/train/device.h"
 
@@ -39,11 +40,13 @@ void run_serve(const ServeArgs& a) {
 #endif
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);
-  if (a.overwrite && fs::exists(a.out + "/state.json")) {
+  namespace layout = spes::run_layout;
+  if (a.overwrite && fs::exists(layout::server_state(a.out))) {
     spdlog::info("--overwrite: starting over in '{}'", a.out);
-    for (const char* f : {"state.json", "published.safetensors", "rounds.jsonl"})
-      fs::remove(a.out + "/" + f);
-    fs::remove_all(a.out + "/rounds");
+    for (const std::string& f :
+         {layout::server_state(a.out), layout::published(a.out), layout::rounds_log(a.out)})
+      fs::remove(f);
+    fs::remove_all(layout::kept_rounds(a.out));
     for (const auto& e : fs::directory_iterator(a.out))  // diloco momentum-<round>.safetensors
       if (e.path().filename().string().rfind("momentum-", 0) == 0) fs::remove(e.path());
   }

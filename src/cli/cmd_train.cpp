@@ -20,10 +20,10 @@ struct TrainArgs {
 
 void run_train(const TrainArgs& a) {
   spes::Config cfg = spes::config_load(a.config, a.sets);
-  if (cfg.spes_config.mode != "centralized") {
+  if (cfg.spes_config.mode != spes::SyncMode::Centralized) {
     spdlog::info("spes train runs one node that trains every expert (spes_config.mode '{}' "
                  "applies to `spes launch` and `spes node`)", cfg.spes_config.mode);
-    cfg.spes_config.mode = "centralized";
+    cfg.spes_config.mode = spes::SyncMode::Centralized;
   }
   if (spes::cli::run_node_ranks(cfg, a.nproc)) return;  // started the ranks, which are done
   std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();

@@ -11,6 +11,7 @@
 #include "spes/eval/generate.h"
 #include "spes/eval/unigram_baseline.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 #include "spes/train/loaded_model.h"
 
 namespace spes::cli {
@@ -49,8 +50,9 @@ void print_run_summary(Trainer& trainer, const EvalResult& final_eval) {
 }
 
 void print_cluster_summary(const std::string& dir) {
-  const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
-  LoadedModel lm = load_model_from_checkpoint(dir + "/node0/checkpoint");
+  const auto summary = nlohmann::json::parse(file_read(run_layout::cluster_summary(dir)));
+  const std::string node0 = run_layout::cluster_node(dir, 0);
+  LoadedModel lm = load_model_from_checkpoint(run_layout::checkpoint(node0));
   RunResult r;
   double loss = 0;
   int64_t n = 0;
@@ -66,7 +68,7 @@ void print_cluster_summary(const std::string& dir) {
   if (n > 0) {
     r.validation.loss = loss / static_cast<double>(n);
     r.validation.perplexity = std::exp(r.validation.loss);
-    for (const auto& line : read_jsonl(dir + "/node0/metrics.jsonl"))
+    for (const auto& line : read_jsonl(run_layout::metrics(node0)))
       if (line.contains("val_tokens")) r.validation.tokens = line["val_tokens"].get<int64_t>();
   }
   print_run_result(lm.config, *lm.model, r);

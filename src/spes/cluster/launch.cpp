@@ -21,6 +21,7 @@
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 #include "spes/sync/wire/auth.h"
 
 namespace spes {
@@ -77,24 +78,25 @@ int launch_cluster(const LaunchOptions& o) {
                                 : (base.spes_config.num_peers > 1 ? base.spes_config.num_peers : 4);
   std::vector<std::string> sets = o.sets;
   sets.push_back("spes_config.num_peers=" + std::to_string(N));
-  if (base.spes_config.mode == "centralized") sets.push_back("spes_config.mode=spes");
+  if (base.spes_config.mode == SyncMode::Centralized) sets.push_back("spes_config.mode=spes");
   if (base.threads == 0)  // share the cores instead of oversubscribing them N times
     sets.push_back("threads=" + std::to_string(std::max(1, cpu_cores() / static_cast<int>(N))));
   const Config cfg = config_load(o.config, sets);
 
   // Output directory: refuse to mix with an earlier run unless asked to replace it.
   fs::create_directories(o.out);
-  const bool earlier = fs::exists(o.out + "/server") || fs::exists(o.out + "/node0");
+  const bool earlier = fs::exists(run_layout::cluster_server(o.out)) ||
+                       fs::exists(run_layout::cluster_node(o.out, 0));
   SPES_CHECK(!earlier || o.overwrite, "'{}' holds an earlier run (server/, node0/); choose "
              "another --out or pass --overwrite", o.out);
-  fs::remove_all(o.out + "/server");
+  fs::remove_all(run_layout::cluster_server(o.out));
   for (const auto& e : fs::directory_iterator(o.out)) {
     const std::string n = e.path().filename().string();
     if (e.is_directory() && n.rfind("node", 0) == 0 && n.size() > 4 &&
         n.find_first_not_of("0123456789", 4) == std::string::npos)
       fs::remove_all(e.path());
   }
-  const std::string cfg_path = o.out + "/config.yaml";
+  const std::string cfg_path = run_layout::cluster_config(o.out);
   file_write_atomic(cfg_path, config_to_yaml(cfg));
   const std::string exe = o.executable.empty() ? executable_path() : o.executable;
 
@@ -118,9 +120,10 @@ int launch_cluster(const LaunchOptions& o) {
           ? std::vector<std::string>()
           : sync::load_node_tokens(cfg.spes_config.auth_tokens_file, N);
   std::vector<std::string> serve = {exe, "serve", "--config", cfg_path, "--out",
-                                    o.out + "/server", "--listen", "127.0.0.1:0", "--overwrite"};
+                                    run_layout::cluster_server(o.out), "--listen",
+                                    "127.0.0.1:0", "--overwrite"};
   if (o.keep_uploads) serve.push_back("--keep-uploads");
-  start(parts[0], "server", o.out + "/server", serve);
+  start(parts[0], "server", run_layout::cluster_server(o.out), serve);
   fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}\n", N,
              cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out);
   std::fflush(stdout);
@@ -137,7 +140,7 @@ int launch_cluster(const LaunchOptions& o) {
                  parts[0].code);
       return 1;
     }
-    const std::string sj = o.out + "/server/server.json";
+    const std::string sj = run_layout::server_info(run_layout::cluster_server(o.out));
     if (fs::exists(sj)) {
       try {
         const nlohmann::json info = nlohmann::json::parse(file_read(sj));
@@ -153,11 +156,11 @@ int launch_cluster(const LaunchOptions& o) {
   for (int64_t i = 0; i < N; ++i) {
     std::vector<std::string> argv = {exe, "node", "--config", cfg_path, "--node-id",
                                      std::to_string(i), "--server", address, "--out",
-                                     fmt::format("{}/node{}", o.out, i), "--progress", "lines",
+                                     run_layout::cluster_node(o.out, i), "--progress", "lines",
                                      "--resume", "none"};
     if (o.nproc_per_node > 1)
       argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
-    start(parts[i + 1], fmt::format("node {}", i), fmt::format("{}/node{}", o.out, i), argv,
+    start(parts[i + 1], fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
           tokens.empty() ? std::vector<std::pair<std::string, std::string>>()
                          : std::vector<std::pair<std::string, std::string>>{
                                {"SPES_NODE_TOKEN", tokens[i]}});
@@ -216,8 +219,8 @@ int launch_cluster(const LaunchOptions& o) {
   for (auto& p : parts) pump(p);
 
   nlohmann::json rep = cluster_report(o.out, N);
-  if (o.keep_uploads) rep["verify"] = verify_kept_rounds(cfg, o.out + "/server");
-  file_write_atomic(o.out + "/summary.json", rep.dump(2) + "\n");
+  if (o.keep_uploads) rep["verify"] = verify_kept_rounds(cfg, run_layout::cluster_server(o.out));
+  file_write_atomic(run_layout::cluster_summary(o.out), rep.dump(2) + "\n");
   fmt::print("\n=== summary ({}) ===\n{}", o.out, format_cluster_report(rep));
   std::fflush(stdout);
   bool ok = rep["all_nodes_same_model_after_every_sync"].get<bool>();

@@ -11,6 +11,7 @@
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 #include "spes/io/safetensors.h"
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/round_clock.h"
@@ -29,7 +30,7 @@ double mean(const std::vector<double>& v) {
 
 nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
   nlohmann::json rep;
-  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  const auto rounds = read_jsonl(run_layout::rounds_log(run_layout::cluster_server(dir)));
   std::map<int64_t, std::string> server_sha;
   std::vector<double> round_s, download_s, bytes_in, bytes_out;
   double server_rss = 0;
@@ -55,7 +56,7 @@ nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
   std::set<std::string> join_sha;
   rep["nodes"] = nlohmann::json::array();
   for (int64_t i = 0; i < nodes; ++i) {
-    const auto lines = read_jsonl(fmt::format("{}/node{}/metrics.jsonl", dir, i));
+    const auto lines = read_jsonl(run_layout::metrics(run_layout::cluster_node(dir, i)));
     nlohmann::json n = {{"node", i}};
     double rss = 0;
     std::vector<double> up, down, sync_s;
@@ -134,11 +135,11 @@ std::string format_cluster_report(const nlohmann::json& rep) {
 nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_dir) {
   nlohmann::json out = {{"checked", 0}, {"equal", 0}, {"mismatched", nlohmann::json::array()}};
   sync::SyncModel model(cfg);
-  const bool diloco = cfg.spes_config.mode == "diloco";
+  const bool diloco = cfg.spes_config.mode == SyncMode::Diloco;
   const sync::RoundClock clock(cfg);
   for (int64_t r = 1;; ++r) {
-    const std::string rdir = fmt::format("{}/rounds/{}", server_dir, r);
-    const std::string published = rdir + "/published.safetensors";
+    const std::string rdir = run_layout::kept_round(server_dir, r);
+    const std::string published = run_layout::kept_published(server_dir, r);
     if (!fs::exists(published)) break;
     std::vector<std::string> uploads;
     for (const auto& e : fs::directory_iterator(rdir)) {
@@ -146,11 +147,11 @@ nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_d
       if (starts_with(name, "node") && ends_with(name, ".safetensors"))
         uploads.push_back(e.path().string());
     }
-    const std::string prev = fmt::format("{}/rounds/{}/published.safetensors", server_dir, r - 1);
+    const std::string prev = run_layout::kept_published(server_dir, r - 1);
     if (fs::exists(prev)) model.load(safetensors_load(prev), prev);
     if (diloco) {
       for (auto& m : model.momentum()) m = torch::Tensor();
-      const std::string mom = fmt::format("{}/rounds/{}/momentum.safetensors", server_dir, r - 1);
+      const std::string mom = run_layout::kept_momentum(server_dir, r - 1);
       if (fs::exists(mom)) model.load_momentum(safetensors_load(mom), mom);
     }
     const sync::RoundOutcome o = sync::aggregate_offline(model, uploads, clock.step_of(r));

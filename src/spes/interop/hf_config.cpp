@@ -11,14 +11,14 @@ using json = nlohmann::json;
 
 HfArchitecture hf_architecture_for(const ModelConfig& m) {
   if (m.is_moe()) {
-    if (m.qk_norm == "whole") return {"OlmoeForCausalLM", "olmoe"};
-    if (m.qk_norm == "per_head") return {"Qwen3MoeForCausalLM", "qwen3_moe"};
+    if (m.qk_norm == QkNorm::Whole) return {"OlmoeForCausalLM", "olmoe"};
+    if (m.qk_norm == QkNorm::PerHead) return {"Qwen3MoeForCausalLM", "qwen3_moe"};
     fail("model.qk_norm is '{}' with model.block_type 'moe': no transformers MoE class without "
          "QK-norm computes this model (OLMoE needs qk_norm whole, Qwen3-MoE per_head)",
          m.qk_norm);
   }
-  if (m.qk_norm == "per_head") return {"Qwen3ForCausalLM", "qwen3"};
-  if (m.qk_norm == "none") return {"LlamaForCausalLM", "llama"};
+  if (m.qk_norm == QkNorm::PerHead) return {"Qwen3ForCausalLM", "qwen3"};
+  if (m.qk_norm == QkNorm::None) return {"LlamaForCausalLM", "llama"};
   fail("model.qk_norm is 'whole' with model.block_type 'dense': no transformers class computes "
        "this model (OLMo-2 has whole-vector QK-norm but normalises after each sub-layer); use "
        "qk_norm per_head (Qwen3) or none (Llama) for dense models");
@@ -164,8 +164,8 @@ HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
   const bool moe = type == "olmoe" || type == "qwen3_moe";
 
   ModelConfig& m = out.model;
-  m.block_type = moe ? "moe" : "dense";
-  m.qk_norm = type == "olmoe" ? "whole" : (type == "llama" ? "none" : "per_head");
+  m.block_type = moe ? BlockType::Moe : BlockType::Dense;
+  m.qk_norm = type == "olmoe" ? QkNorm::Whole : (type == "llama" ? QkNorm::None : QkNorm::PerHead);
   m.d_model = r.integer("hidden_size");
   m.n_layers = r.integer("num_hidden_layers");
   m.n_heads = r.integer("num_attention_heads");

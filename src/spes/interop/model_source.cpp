@@ -8,6 +8,7 @@
 #include "spes/interop/hf_import.h"
 #include "spes/interop/hf_tokenizer.h"
 #include "spes/interop/model_build.h"
+#include "spes/io/run_layout.h"
 #include "spes/train/loaded_model.h"
 
 namespace spes {
@@ -15,7 +16,7 @@ namespace fs = std::filesystem;
 
 ModelDirKind model_dir_kind(const std::string& dir) {
   SPES_CHECK(fs::is_directory(dir), "'{}' is not a directory", dir);
-  if (fs::exists(dir + "/state.json")) return ModelDirKind::Checkpoint;
+  if (fs::exists(run_layout::checkpoint_state(dir))) return ModelDirKind::Checkpoint;
   if (fs::exists(dir + "/config.json")) return ModelDirKind::HuggingFace;
   fail("'{}' is neither a spes checkpoint (state.json) nor a Hugging Face model directory "
        "(config.json)", dir);

@@ -62,7 +62,7 @@ ModelConfig upcycle_config(const ModelConfig& dense, const UpcycleOptions& o) {
              "found '{}'", o.router_init);
   SPES_CHECK(o.router_std > 0, "upcycle: --router-std must be positive, found {}", o.router_std);
   ModelConfig m = dense;
-  m.block_type = "moe";
+  m.block_type = BlockType::Moe;
   m.moe_num_experts = o.experts;
   m.moe_top_k = o.top_k;
   m.moe_norm_topk_prob = o.norm_topk_prob;

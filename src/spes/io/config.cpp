@@ -31,6 +31,10 @@ template <> std::string type_name<std::vector<std::string>>() { return "a list o
 template <> std::string type_name<std::vector<std::vector<int64_t>>>() {
   return "a list of lists of integers";
 }
+template <class E> struct TypeName { static std::string get() { return type_name<E>(); } };
+template <class E> struct TypeName<Choice<E>> {
+  static std::string get() { return Choice<E>::allowed(); }
+};
 
 // Reads fields from a YAML map, remembering which keys were used.
 struct Reader {
@@ -46,8 +50,10 @@ struct Reader {
     try {
       read(v, field);
     } catch (const YAML::Exception&) {
-      fail("{}: key '{}{}' must be {}, found '{}'", origin, prefix, key, type_name<T>(),
+      fail("{}: key '{}{}' must be {}, found '{}'", origin, prefix, key, TypeName<T>::get(),
            YAML::Dump(v));
+    } catch (const Error& e) {  // a name a Choice does not know: "must be a or b, found 'c'"
+      fail("{}: {}{} {}", origin, prefix, key, e.what());
     }
   }
   template <class S> void section(const char* key, S& s) {
@@ -63,6 +69,10 @@ struct Reader {
   static void read(const YAML::Node& v, std::string& f) {
     if (!v.IsScalar()) throw YAML::BadConversion(v.Mark());
     f = v.as<std::string>();
+  }
+  template <class E> static void read(const YAML::Node& v, Choice<E>& f) {
+    if (!v.IsScalar()) throw YAML::BadConversion(v.Mark());
+    f = Choice<E>(v.as<std::string>());
   }
   static void read(const YAML::Node& v, int64_t& f) { f = v.as<int64_t>(); }
   static void read(const YAML::Node& v, double& f) { f = v.as<double>(); }
@@ -95,6 +105,7 @@ struct Writer {
     out << YAML::EndMap;
   }
   void write(const std::string& s) { out << YAML::DoubleQuoted << s; }
+  template <class E> void write(const Choice<E>& c) { write(c.name()); }
   void write(double d) { out << YAML::Precision(17) << d; }
   template <class T> void write(const T& v) { out << YAML::Flow << v; }
 };
@@ -330,10 +341,6 @@ void config_validate(const Config& c, const std::string& o) {
   SPES_CHECK(m.n_kv_heads >= 0 && m.n_heads % m.kv_heads() == 0,
              "{}: model.n_heads ({}) must be a multiple of model.n_kv_heads ({})", o, m.n_heads,
              m.kv_heads());
-  SPES_CHECK(m.block_type == "moe" || m.block_type == "dense",
-             "{}: model.block_type must be 'moe' or 'dense', found '{}'", o, m.block_type);
-  SPES_CHECK(m.qk_norm == "whole" || m.qk_norm == "per_head" || m.qk_norm == "none",
-             "{}: model.qk_norm must be whole, per_head or none, found '{}'", o, m.qk_norm);
   if (m.is_moe()) {
     positive("model.moe_num_experts", m.moe_num_experts);
     SPES_CHECK(m.moe_top_k >= 1 && m.moe_top_k <= m.moe_num_experts,
@@ -359,8 +366,6 @@ void config_validate(const Config& c, const std::string& o) {
   SPES_CHECK(c.scheduler.name == "cosine_with_warmup" || c.scheduler.name == "constant",
              "{}: scheduler.name must be cosine_with_warmup or constant, found '{}'", o,
              c.scheduler.name);
-  SPES_CHECK(c.precision == "auto" || c.precision == "fp32" || c.precision == "amp_bf16",
-             "{}: precision must be auto, fp32 or amp_bf16, found '{}'", o, c.precision);
   try {
     (void)c.checkpoint_every();
   } catch (const Error& e) {
@@ -371,19 +376,11 @@ void config_validate(const Config& c, const std::string& o) {
              c.data.validation_fraction);
   (void)c.total_steps();  // throws on a malformed max_duration
   const auto& s = c.spes_config;
-  const std::set<std::string> modes = {"centralized", "spes", "fedavg", "diloco"};
-  SPES_CHECK(modes.count(s.mode), "{}: spes_config.mode must be centralized, spes, fedavg or "
-             "diloco, found '{}'", o, s.mode);
   positive("spes_config.num_peers", s.num_peers);
   positive("spes_config.sync_steps", s.sync_steps);
   SPES_CHECK(s.peer_id >= 0 && s.peer_id < s.num_peers,
              "{}: spes_config.peer_id must be in [0, num_peers={}), found {}", o, s.num_peers,
              s.peer_id);
-  SPES_CHECK(s.transfer_dtype == "fp32" || s.transfer_dtype == "bf16",
-             "{}: spes_config.transfer_dtype must be fp32 or bf16, found '{}'", o,
-             s.transfer_dtype);
-  SPES_CHECK(s.weighting == "equal" || s.weighting == "tokens",
-             "{}: spes_config.weighting must be equal or tokens, found '{}'", o, s.weighting);
   SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
   SPES_CHECK(s.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
   SPES_CHECK(s.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers ({}); "
@@ -404,11 +401,7 @@ void config_validate(const Config& c, const std::string& o) {
   SPES_CHECK(s.outlier_factor == 0 || s.outlier_factor >= 1, "{}: spes_config.outlier_factor "
              "must be 0 (off) or >= 1 (x the median of the other nodes' updates), found {}", o,
              s.outlier_factor);
-  SPES_CHECK(s.aggregation == "mean" || s.aggregation == "trimmed_mean" ||
-                 s.aggregation == "median",
-             "{}: spes_config.aggregation must be mean, trimmed_mean or median, found '{}'", o,
-             s.aggregation);
-  SPES_CHECK(s.aggregation == "mean" || s.weighting == "equal", "{}: "
+  SPES_CHECK(s.aggregation == Aggregation::Mean || s.weighting == Weighting::Equal, "{}: "
              "spes_config.aggregation={} takes each node's value once, so it cannot weigh nodes "
              "by tokens; set spes_config.weighting: equal, or aggregation: mean", o,
              s.aggregation);

@@ -9,7 +9,49 @@
 #include <string>
 #include <vector>
 
+#include "spes/io/choice.h"
+
 namespace spes {
+
+// The settings that take one of a few names, parsed once (io/choice.h).
+enum class SyncMode { Centralized, Spes, Fedavg, Diloco };
+enum class TransferDtype { Fp32, Bf16 };
+enum class Weighting { Equal, Tokens };
+enum class Aggregation { Mean, TrimmedMean, Median };
+enum class QkNorm { Whole, PerHead, None };
+enum class BlockType { Moe, Dense };
+enum class Precision { Auto, Fp32, AmpBf16 };
+
+template <> struct ChoiceNames<SyncMode> {
+  static constexpr std::array<std::pair<SyncMode, std::string_view>, 4> names{
+      {{SyncMode::Centralized, "centralized"}, {SyncMode::Spes, "spes"},
+       {SyncMode::Fedavg, "fedavg"}, {SyncMode::Diloco, "diloco"}}};
+};
+template <> struct ChoiceNames<TransferDtype> {
+  static constexpr std::array<std::pair<TransferDtype, std::string_view>, 2> names{
+      {{TransferDtype::Fp32, "fp32"}, {TransferDtype::Bf16, "bf16"}}};
+};
+template <> struct ChoiceNames<Weighting> {
+  static constexpr std::array<std::pair<Weighting, std::string_view>, 2> names{
+      {{Weighting::Equal, "equal"}, {Weighting::Tokens, "tokens"}}};
+};
+template <> struct ChoiceNames<Aggregation> {
+  static constexpr std::array<std::pair<Aggregation, std::string_view>, 3> names{
+      {{Aggregation::Mean, "mean"}, {Aggregation::TrimmedMean, "trimmed_mean"},
+       {Aggregation::Median, "median"}}};
+};
+template <> struct ChoiceNames<QkNorm> {
+  static constexpr std::array<std::pair<QkNorm, std::string_view>, 3> names{
+      {{QkNorm::Whole, "whole"}, {QkNorm::PerHead, "per_head"}, {QkNorm::None, "none"}}};
+};
+template <> struct ChoiceNames<BlockType> {
+  static constexpr std::array<std::pair<BlockType, std::string_view>, 2> names{
+      {{BlockType::Moe, "moe"}, {BlockType::Dense, "dense"}}};
+};
+template <> struct ChoiceNames<Precision> {
+  static constexpr std::array<std::pair<Precision, std::string_view>, 3> names{
+      {{Precision::Auto, "auto"}, {Precision::Fp32, "fp32"}, {Precision::AmpBf16, "amp_bf16"}}};
+};
 
 struct ModelConfig {
   int64_t d_model = 256;
@@ -23,9 +65,9 @@ struct ModelConfig {
   int64_t mlp_ratio = 4;
   int64_t moe_num_experts = 8;
   int64_t moe_top_k = 2;
-  std::string block_type = "moe";     // moe | dense
+  Choice<BlockType> block_type = BlockType::Moe;  // moe | dense
   bool moe_norm_topk_prob = false;    // renormalise the top-k weights to sum 1 (Qwen-MoE style)
-  std::string qk_norm = "whole";      // whole (OLMoE) | per_head (Qwen3) | none
+  Choice<QkNorm> qk_norm = QkNorm::Whole;  // whole (OLMoE) | per_head (Qwen3) | none
   double rope_theta = 500000.0;
   int64_t vocab_size = 8192;
   int64_t embedding_size = 0;         // rows of the embedding and LM head (>= vocab_size, padding
@@ -43,7 +85,7 @@ struct ModelConfig {
   // directory (spes import-hf / upcycle output, or an export). Architecture must match.
   std::string init_checkpoint;
 
-  bool is_moe() const { return block_type == "moe"; }
+  bool is_moe() const { return block_type == BlockType::Moe; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return d_model / n_heads; }
   // F: the hidden size of each expert (or of the dense MLP), OLMo's
@@ -110,15 +152,15 @@ struct DataConfig {
 };
 
 struct SpesConfig {
-  std::string mode = "centralized";     // centralized | spes | fedavg | diloco
+  Choice<SyncMode> mode = SyncMode::Centralized;  // centralized | spes | fedavg | diloco
   int64_t num_peers = 1;
   int64_t peer_id = 0;
   int64_t num_train_experts_per_node = 0;  // 0: E / num_peers (contiguous blocks)
   std::vector<std::vector<int64_t>> expert_owners;  // [layer][expert] -> node; one row = all layers
   int64_t sync_steps = 100;
   std::string server_addr = "127.0.0.1:50551";
-  std::string transfer_dtype = "fp32";  // fp32 | bf16
-  std::string weighting = "equal";      // equal | tokens
+  Choice<TransferDtype> transfer_dtype = TransferDtype::Fp32;  // fp32 | bf16
+  Choice<Weighting> weighting = Weighting::Equal;  // equal | tokens
   int64_t merge_interval = 500;         // 0 disables expert merging
   double merge_alpha_start = 0.01;
   int64_t merge_decay_steps = 10000;
@@ -139,7 +181,7 @@ struct SpesConfig {
   int64_t drift_window_rounds = 10;
   double max_drift_ratio = 20.0;
   double outlier_factor = 8.0;
-  std::string aggregation = "mean";     // mean | trimmed_mean | median (shared tensors)
+  Choice<Aggregation> aggregation = Aggregation::Mean;  // mean | trimmed_mean | median (shared)
   double trim_fraction = 0.25;          // trimmed_mean: share of nodes dropped at each end
   double retry_max_s = 600.0;           // node: keep retrying an unreachable server this long
   double retry_backoff_max_s = 5.0;     // node: longest pause between retries
@@ -183,7 +225,7 @@ struct Config {
   int64_t device_train_microbatch_size = 8;  // sequences per forward/backward
   int64_t seed = 6198;
   double max_grad_norm = 1.0;
-  std::string precision = "auto";       // auto | fp32 | amp_bf16 (bf16 autocast, fp32 master)
+  Choice<Precision> precision = Precision::Auto;  // auto | fp32 | amp_bf16 (bf16 autocast)
   std::string device = "auto";          // auto | cpu | cuda | cuda:N
   // Recompute block activations in backward instead of keeping them (OLMo's key): none (or
   // false) | whole_layer (or true): every block | one_in_two | one_in_three | one_in_four.

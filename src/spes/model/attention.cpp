@@ -247,13 +247,13 @@ torch::Tensor attention_forward(const BlockWeights& b, const torch::Tensor& x,
   torch::Tensor q = torch::matmul(xc, b.q.t());
   torch::Tensor k = torch::matmul(xc, b.k.t());
   torch::Tensor v = torch::matmul(xc, b.v.t());
-  if (cfg.qk_norm == "whole") {
+  if (cfg.qk_norm == QkNorm::Whole) {
     q = rms_norm(q, b.q_norm, cfg.layer_norm_eps);
     k = rms_norm(k, b.k_norm, cfg.layer_norm_eps);
   }
   q = q.view({B, T, H, hd});
   k = k.view({B, T, Hkv, hd});
-  if (cfg.qk_norm == "per_head") {
+  if (cfg.qk_norm == QkNorm::PerHead) {
     q = rms_norm(q, b.q_norm, cfg.layer_norm_eps);
     k = rms_norm(k, b.k_norm, cfg.layer_norm_eps);
   }

@@ -57,7 +57,7 @@ Ownership Ownership::from_config(const Config& cfg) {
                "uneven map", m, m, E, N);
     for (int64_t e = 0; e < E; ++e) row[e] = e / m;
   } else {
-    SPES_CHECK(E % N == 0 || s.mode != "spes",
+    SPES_CHECK(E % N == 0 || s.mode != SyncMode::Spes,
                "spes_config: {} experts cannot be split evenly over num_peers={} nodes; set "
                "spes_config.expert_owners to give an explicit (uneven) map", E, N);
     const int64_t m = std::max<int64_t>(1, E / N);

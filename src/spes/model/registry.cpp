@@ -39,7 +39,7 @@ std::vector<std::vector<bool>> trainable_expert_table(const Config& cfg,
                                                       const Ownership& ownership,
                                                       int64_t node_id) {
   auto table = frozen_expert_table(cfg);
-  const bool own_only = cfg.spes_config.mode == "spes";
+  const bool own_only = cfg.spes_config.mode == SyncMode::Spes;
   for (size_t l = 0; l < table.size(); ++l)
     for (size_t e = 0; e < table[l].size(); ++e)
       table[l][e] = (!own_only || ownership.owner(l, e) == node_id) && !table[l][e];

@@ -51,8 +51,8 @@ Transformer::Transformer(const ModelConfig& cfg, torch::Device device, ModelRunt
     add_param(p + "self_attn.k_proj.weight", b.k);
     add_param(p + "self_attn.v_proj.weight", b.v);
     add_param(p + "self_attn.o_proj.weight", b.o);
-    if (cfg.qk_norm != "none") {
-      const bool per_head = cfg.qk_norm == "per_head";
+    if (cfg.qk_norm != QkNorm::None) {
+      const bool per_head = cfg.qk_norm == QkNorm::PerHead;
       b.q_norm = ones(per_head ? cfg.head_dim() : D);
       b.k_norm = ones(per_head ? cfg.head_dim() : kv_dim);
       add_param(p + "self_attn.q_norm.weight", b.q_norm);

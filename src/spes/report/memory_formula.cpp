@@ -22,10 +22,11 @@ ActivationShape activation_shape(const Config& cfg) {
   s.ffn_hidden = m.ffn_hidden_size();
   s.vocab = m.embedding_rows();
   // "auto" trains in bf16 autocast on a GPU and in fp32 on a CPU; counted as fp32 here.
-  s.value_bytes = cfg.precision == "amp_bf16" ? 2 : 4;
+  s.value_bytes = cfg.precision == Precision::AmpBf16 ? 2 : 4;
   s.checkpoint_every = cfg.checkpoint_every();
   // fp32 on CPU uses the fused head kernel; amp_bf16 the chunked one (model/losses.h).
-  if (cfg.precision == "amp_bf16") s.logits_chunk_rows = lm_head_default_chunk_rows(s.vocab);
+  if (cfg.precision == Precision::AmpBf16)
+    s.logits_chunk_rows = lm_head_default_chunk_rows(s.vocab);
   return s;
 }
 
@@ -60,7 +61,7 @@ NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
   const int64_t frozen = counts.total - counts.trainable;  // frozen expert values
   const bool frozen_bf16 = rt.frozen_dtype == torch::kBFloat16;
   m.weights_by_dtype["fp32"] = 4 * (counts.total - (frozen_bf16 ? frozen : 0));
-  if (cfg.precision == "amp_bf16") {
+  if (cfg.precision == Precision::AmpBf16) {
     m.weights_by_dtype["bf16"] = 2 * counts.total;
     // Experts in the grouped layout keep their bf16 stack between steps; everything else is
     // copied by autocast during a step.

@@ -37,8 +37,8 @@ std::string markdown_comparison(const std::vector<RunData>& runs) {
     const bool have = run.config.has_value();
     TransferFormula f;
     if (have) f = transfer_formula(*run.config, 0);
-    const std::string mode = have ? (run.cluster ? f.mode : std::string("centralized")) : "-";
-    if (have && !run.cluster) f.mode = "centralized";
+    if (have && !run.cluster) f.mode = SyncMode::Centralized;
+    const std::string mode = have ? Choice<SyncMode>(f.mode).name() : "-";
     const double mem = static_cast<double>(s.grad_bytes + s.optimizer_state_bytes);
     out += fmt::format(
         "| {} | {} | {} | {} | {} | {:.0f} MiB | {} | {} | {} | {} | {} |\n", run.label, mode,

@@ -1,4 +1,5 @@
 // Run directories for reports and plots (see run_data.h).
+#include "spes/io/run_layout.h"
 #include "spes/report/run_data.h"
 
 #include <fmt/format.h>
@@ -19,16 +20,18 @@ RunData load_run(const std::string& dir, const std::string& label) {
   run.dir = dir;
   run.label = label.empty() ? fs::path(dir).lexically_normal().filename().string() : label;
   if (run.label.empty()) run.label = dir;
-  if (fs::exists(dir + "/node0/metrics.jsonl")) {
+  namespace layout = run_layout;
+  if (fs::exists(layout::metrics(layout::cluster_node(dir, 0)))) {
     run.cluster = true;
-    for (int64_t i = 0; fs::exists(fmt::format("{}/node{}/metrics.jsonl", dir, i)); ++i)
-      run.nodes.push_back(read_jsonl(fmt::format("{}/node{}/metrics.jsonl", dir, i)));
-    run.rounds = read_jsonl(dir + "/server/rounds.jsonl");
-    if (fs::exists(dir + "/config.yaml")) run.config = config_load(dir + "/config.yaml");
-  } else if (fs::exists(dir + "/metrics.jsonl")) {
-    run.nodes.push_back(read_jsonl(dir + "/metrics.jsonl"));
-    if (fs::exists(dir + "/checkpoint/config.yaml"))
-      run.config = config_load(dir + "/checkpoint/config.yaml");
+    for (int64_t i = 0; fs::exists(layout::metrics(layout::cluster_node(dir, i))); ++i)
+      run.nodes.push_back(read_jsonl(layout::metrics(layout::cluster_node(dir, i))));
+    run.rounds = read_jsonl(layout::rounds_log(layout::cluster_server(dir)));
+    if (fs::exists(layout::cluster_config(dir)))
+      run.config = config_load(layout::cluster_config(dir));
+  } else if (fs::exists(layout::metrics(dir))) {
+    run.nodes.push_back(read_jsonl(layout::metrics(dir)));
+    const std::string ckpt_config = layout::checkpoint_config(layout::checkpoint(dir));
+    if (fs::exists(ckpt_config)) run.config = config_load(ckpt_config);
   } else {
     fail("'{}' is not a run directory: expected metrics.jsonl (`spes train --out`) or "
          "node0/metrics.jsonl (`spes launch --out`)", dir);

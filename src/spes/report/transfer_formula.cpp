@@ -7,7 +7,7 @@
 namespace spes::report {
 
 int64_t TransferFormula::trainable_numel() const {
-  return mode == "spes" ? shared_numel + own_expert_numel : total_numel();
+  return mode == SyncMode::Spes ? shared_numel + own_expert_numel : total_numel();
 }
 
 int64_t TransferFormula::grad_and_optimizer_bytes() const {
@@ -15,27 +15,27 @@ int64_t TransferFormula::grad_and_optimizer_bytes() const {
 }
 
 int64_t TransferFormula::upload_bytes() const {
-  if (mode == "centralized") return 0;
+  if (mode == SyncMode::Centralized) return 0;
   return value_bytes * trainable_numel();
 }
 
 int64_t TransferFormula::download_bytes() const {
-  if (mode == "centralized") return 0;
-  return value_bytes * (mode == "spes" ? total_numel() - own_expert_numel : total_numel());
+  if (mode == SyncMode::Centralized) return 0;
+  return value_bytes * (mode == SyncMode::Spes ? total_numel() - own_expert_numel : total_numel());
 }
 
 int64_t TransferFormula::download_merge_bytes() const {
-  return mode == "centralized" ? 0 : value_bytes * total_numel();
+  return mode == SyncMode::Centralized ? 0 : value_bytes * total_numel();
 }
 
 TransferFormula transfer_formula(const Config& cfg, int64_t node) {
   TransferFormula f;
   f.mode = cfg.spes_config.mode;
-  f.value_bytes = cfg.spes_config.transfer_dtype == "bf16" ? 2 : 4;
+  f.value_bytes = cfg.spes_config.transfer_dtype == TransferDtype::Bf16 ? 2 : 4;
   const ParamCounts c = param_counts(cfg, node);
   f.shared_numel = c.shared;
   f.expert_numel = c.experts;
-  f.own_expert_numel = f.mode == "spes" ? c.own_experts : c.experts;
+  f.own_expert_numel = f.mode == SyncMode::Spes ? c.own_experts : c.experts;
   return f;
 }
 

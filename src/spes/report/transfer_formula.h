@@ -14,7 +14,7 @@
 namespace spes::report {
 
 struct TransferFormula {
-  std::string mode;               // spes_config.mode
+  SyncMode mode = SyncMode::Centralized;  // spes_config.mode
   int64_t shared_numel = 0;       // S
   int64_t expert_numel = 0;       // X (all experts of all layers)
   int64_t own_expert_numel = 0;   // X_i (experts node i owns; X in full-model modes)

@@ -1,4 +1,5 @@
 // Checkpoint directories (see checkpoint.h).
+#include "spes/io/run_layout.h"
 #include "spes/train/checkpoint.h"
 
 #include <fmt/ranges.h>
@@ -75,13 +76,13 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
                        {"model_fingerprint", registry.fingerprint()},
                        {"extra", state.extra},
                        {"files", files}};
-  file_write_atomic(tmp + "/state.json", st.dump(2));
+  file_write_atomic(run_layout::checkpoint_state(tmp), st.dump(2));
   dir_fsync(tmp);
   dir_commit(tmp, dir);
 }
 
 static nlohmann::json read_state(const std::string& dir) {
-  const std::string path = dir + "/state.json";
+  const std::string path = run_layout::checkpoint_state(dir);
   SPES_CHECK(fs::exists(path), "'{}' is not a checkpoint directory (no state.json)", dir);
   try {
     return nlohmann::json::parse(file_read(path));

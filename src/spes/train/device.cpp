@@ -36,8 +36,8 @@ torch::Device select_device(const Config& cfg) {
 }
 
 bool use_bf16_autocast(const Config& cfg, const torch::Device& device) {
-  if (cfg.precision == "fp32") return false;
-  if (cfg.precision == "amp_bf16") return true;  // on CPU too (slow without bf16 units)
+  if (cfg.precision == Precision::Fp32) return false;
+  if (cfg.precision == Precision::AmpBf16) return true;  // on CPU too (slow without bf16 units)
   return device.is_cuda();  // auto
 }
 
@@ -51,8 +51,8 @@ ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
   if (!m.is_moe() || !shapes_ok || !(device.is_cuda() || bf16)) return rt;
   rt.grouped_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   rt.trainable_experts = trainable;
-  const bool synced = cfg.spes_config.mode != "centralized";
-  const bool exact_fp32_weights = synced && cfg.spes_config.transfer_dtype == "fp32";
+  const bool synced = cfg.spes_config.mode != SyncMode::Centralized;
+  const bool exact_fp32_weights = synced && cfg.spes_config.transfer_dtype == TransferDtype::Fp32;
   rt.frozen_dtype = bf16 && !exact_fp32_weights ? torch::kBFloat16 : torch::kFloat32;
   return rt;
 }

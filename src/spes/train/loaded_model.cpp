@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 LoadedModel load_model_from_checkpoint(const std::string& dir) {
   LoadedModel m;
   m.config = checkpoint_config(dir);
-  m.config.spes_config.mode = "centralized";  // a loaded model is a plain model
+  m.config.spes_config.mode = SyncMode::Centralized;  // a loaded model is a plain model
   m.config.spes_config.num_peers = 1;
   m.config.spes_config.peer_id = 0;
   m.config.spes_config.expert_owners.clear();

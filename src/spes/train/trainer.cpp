@@ -1,4 +1,5 @@
 // The training loop (see trainer.h).
+#include "spes/io/run_layout.h"
 #include "spes/train/trainer.h"
 
 #include <array>
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 int64_t data_nodes(const Config& cfg) {
-  return cfg.spes_config.mode == "centralized" ? 1 : cfg.spes_config.num_peers;
+  return cfg.spes_config.mode == SyncMode::Centralized ? 1 : cfg.spes_config.num_peers;
 }
 }  // namespace
 
@@ -71,8 +72,9 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
     reducer_ = std::make_unique<GradientAllReduce>(*opts_.dist, *model_, *optimizer_);
 
   std::string resume = opts_.resume_from;
-  if (resume == "auto") resume = fs::exists(out_dir_ + "/checkpoint/state.json")
-                                     ? out_dir_ + "/checkpoint" : "";
+  const std::string checkpoint_dir = run_layout::checkpoint(out_dir_);
+  if (resume == "auto")
+    resume = fs::exists(run_layout::checkpoint_state(checkpoint_dir)) ? checkpoint_dir : "";
   if (!resume.empty()) {
     state_ = checkpoint_load(resume, *registry_, optimizer_.get());
     train_loader_->restore(state_.loader);
@@ -83,7 +85,7 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
     broadcast_from_rank0(*opts_.dist, all);
   }
   if (is_rank0())
-    metrics_ = std::make_unique<MetricsLog>(out_dir_ + "/metrics.jsonl", !resume.empty());
+    metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_), !resume.empty());
 }
 
 Trainer::~Trainer() = default;
@@ -236,11 +238,11 @@ EvalResult Trainer::run() {
     if (metrics_) metrics_->write(rec);
     progress.update(state_.step, rec["loss"].get<double>(), rec["tokens_per_s"].get<double>(), val);
     if (cfg_.save_interval > 0 && state_.step % cfg_.save_interval == 0 && !final_step)
-      save_checkpoint(out_dir_ + "/checkpoint");
+      save_checkpoint(run_layout::checkpoint(out_dir_));
   }
   progress.finish();
   if (!evaluated_last) last = evaluate(cfg_.eval_batches);
-  save_checkpoint(out_dir_ + "/checkpoint");
+  save_checkpoint(run_layout::checkpoint(out_dir_));
   if (opts_.observer) opts_.observer->on_finish(*this);
   if (opts_.dist) check_ranks_agree();
   return last;

@@ -186,9 +186,9 @@ void SyncNode::on_start(Trainer& t) {
   trainer_ = &t;
   const Config& cfg = t.config();
   const ParamRegistry& reg = t.registry();
-  SPES_CHECK(cfg.spes_config.mode != "centralized", "spes node: spes_config.mode is centralized; "
-             "set it to spes, fedavg or diloco (the server uses the same config)");
-  const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
+  SPES_CHECK(cfg.spes_config.mode != SyncMode::Centralized, "spes node: spes_config.mode is "
+             "centralized; set it to spes, fedavg or diloco (the server uses the same config)");
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
   NodeId id{reg.node_id(), random_incarnation(), opts_.auth_token};
   ClientTls tls;
   tls.root_pem = read_pem(cfg.spes_config.tls_ca, "tls_ca");
@@ -315,7 +315,7 @@ void SyncNode::record_metrics(const nlohmann::json& rec, int64_t step) {
 nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
   const Config& cfg = t.config();
   const ParamRegistry& reg = t.registry();
-  const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
   const int64_t node = reg.node_id();
   const double retry = cfg.spes_config.retry_max_s;
   const auto t0 = Clock::now();
@@ -376,7 +376,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
 nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
   const Config& cfg = t.config();
   const ParamRegistry& reg = t.registry();
-  const WireDtype wire = wire_dtype_from_string(cfg.spes_config.transfer_dtype);
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
   const int64_t node = reg.node_id();
   const int64_t round = RoundClock(cfg).round_at(step);
   const double retry = cfg.spes_config.retry_max_s;

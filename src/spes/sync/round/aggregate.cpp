@@ -18,11 +18,11 @@ namespace {
 // Coordinate-wise median (the mean of the two middle values for an even count) or trimmed
 // mean (dropping floor(trim x n) values at each end) of the nodes' values of one tensor.
 torch::Tensor robust_combine(const std::vector<torch::Tensor>& values,
-                             const std::string& statistic, double trim) {
+                             Aggregation statistic, double trim) {
   const int64_t n = static_cast<int64_t>(values.size());
   if (n == 1) return values[0];
   const torch::Tensor sorted = std::get<0>(torch::stack(values).sort(0));
-  if (statistic == "median") {
+  if (statistic == Aggregation::Median) {
     if (n % 2 == 1) return sorted[n / 2].clone();
     return (sorted[n / 2 - 1] + sorted[n / 2]).mul_(0.5);
   }
@@ -117,7 +117,7 @@ void RoundAggregator::begin_node(int64_t node, int64_t tokens, const std::string
              plan.num_nodes());
   SPES_CHECK(node > last_node_, "aggregator: node {} folded after node {} (uploads are folded "
              "once each, in ascending node order)", node, last_node_);
-  const bool by_tokens = model_.config().spes_config.weighting == "tokens";
+  const bool by_tokens = model_.config().spes_config.weighting == Weighting::Tokens;
   SPES_CHECK(!by_tokens || tokens > 0, "aggregator: node {} reports {} tokens; weighting=tokens "
              "needs a positive count", node, tokens);
   node_ = node;
@@ -152,7 +152,7 @@ void RoundAggregator::add_run(const std::string& name, int64_t first, const torc
              first, first + run.numel(), numel);
   torch::NoGradGuard ng;
   const bool owner_copy = t.rule == Combine::OwnerCopy;
-  if (!owner_copy && statistic_ != "mean") {
+  if (!owner_copy && statistic_ != Aggregation::Mean) {
     // Median / trimmed mean: each node's value is kept until finish().
     if (first == 0) held_[i].push_back(torch::empty(t.shape, torch::kFloat32));
     held_[i].back().view({-1}).slice(0, first, first + run.numel())
@@ -195,7 +195,7 @@ RoundOutcome RoundAggregator::finish() {
   SPES_CHECK(active_ && node_ < 0, "aggregator: finish() without a complete round");
   const RoundPlan& plan = model_.plan();
   const auto& pub = model_.tensors();
-  const bool diloco = plan.mode() == "diloco";
+  const bool diloco = plan.mode() == SyncMode::Diloco;
   const double lr = model_.config().spes_config.outer_lr;
   const double mu = model_.config().spes_config.outer_momentum;
   torch::NoGradGuard ng;
@@ -224,7 +224,8 @@ RoundOutcome RoundAggregator::finish() {
       out_.change[i] = std::sqrt(out_.change[i]);
       continue;
     }
-    if (plan.tensors()[i].rule == Combine::Mean && statistic_ == "mean" && wsum_[i] != 1.0)
+    if (plan.tensors()[i].rule == Combine::Mean && statistic_ == Aggregation::Mean &&
+        wsum_[i] != 1.0)
       acc.div_(wsum_[i]);
     if (diloco) {
       // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m), computed

@@ -113,7 +113,7 @@ class RoundAggregator {
   std::vector<torch::Tensor> acc_;
   std::vector<double> wsum_;
   std::vector<int64_t> first_node_;  // node whose values initialised acc_[i]
-  std::string statistic_;            // spes_config.aggregation
+  Aggregation statistic_;            // spes_config.aggregation
   std::vector<std::vector<torch::Tensor>> held_;  // median/trimmed_mean: [tensor][node k]
   std::vector<double> owner_change_sq_;           // owner copies read back in finish()
   std::vector<std::pair<int64_t, std::string>> owner_files_;  // read back in finish()

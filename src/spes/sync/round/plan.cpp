@@ -14,10 +14,10 @@ namespace spes::sync {
 
 RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
     : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
-      wire_(wire_dtype_from_string(cfg.spes_config.transfer_dtype)) {
-  SPES_CHECK(mode_ == "spes" || mode_ == "fedavg" || mode_ == "diloco",
-             "spes_config.mode is '{}': a sync server needs mode spes, fedavg or diloco "
-             "(centralized training has nothing to synchronise)", mode_);
+      wire_(wire_dtype_of(cfg.spes_config.transfer_dtype)) {
+  SPES_CHECK(mode_ != SyncMode::Centralized,
+             "spes_config.mode is centralized: a sync server needs mode spes, fedavg or diloco "
+             "(centralized training has nothing to synchronise)");
   const Ownership ownership = Ownership::from_config(cfg);
   for (const auto& p : model.params()) {
     PlanTensor t;
@@ -27,7 +27,8 @@ RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
     t.layer = p.layer;
     t.expert = p.expert;
     if (p.role == ParamRole::Expert) t.owner = ownership.owner(p.layer, p.expert);
-    t.rule = (p.role == ParamRole::Expert && mode_ == "spes") ? Combine::OwnerCopy : Combine::Mean;
+    t.rule = (p.role == ParamRole::Expert && mode_ == SyncMode::Spes) ? Combine::OwnerCopy
+                                                                     : Combine::Mean;
     by_name_[t.name] = tensors_.size();
     tensors_.push_back(std::move(t));
   }
@@ -185,7 +186,7 @@ void check_upload_tokens(const Config& cfg, const UploadMeta& meta, const std::s
               "{}); the upload is rejected", origin, meta.tokens, sc.sync_steps,
               cfg.global_train_batch_size, cfg.model.max_sequence_length,
               static_cast<int64_t>(most));
-  if (sc.weighting == "tokens" && meta.tokens == 0)
+  if (sc.weighting == Weighting::Tokens && meta.tokens == 0)
     sync_fail(SyncErrc::InvalidArgument, "{}: the upload claims 0 tokens; with "
               "spes_config.weighting=tokens a round's upload must report the tokens it trained "
               "(a positive count); the upload is rejected", origin);
@@ -212,8 +213,8 @@ JoinInfo node_join_info(const Config& cfg, const ParamRegistry& registry, const 
   j.model_fingerprint = registry.fingerprint();
   j.ownership_fingerprint = Ownership::from_config(cfg).fingerprint();
   j.model_config_sha256 = model_config_sha256(cfg);
-  j.mode = cfg.spes_config.mode;
-  j.transfer_dtype = cfg.spes_config.transfer_dtype;
+  j.mode = cfg.spes_config.mode.name();
+  j.transfer_dtype = cfg.spes_config.transfer_dtype.name();
   j.num_peers = cfg.spes_config.num_peers;
   j.sync_steps = cfg.spes_config.sync_steps;
   j.step = step;

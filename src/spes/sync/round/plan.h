@@ -44,7 +44,7 @@ class RoundPlan {
   const std::vector<PlanTensor>& tensors() const { return tensors_; }
   int64_t index(const std::string& name) const;  // -1 when not a tensor of the model
   int64_t num_nodes() const { return num_nodes_; }
-  const std::string& mode() const { return mode_; }
+  SyncMode mode() const { return mode_; }
   WireDtype wire() const { return wire_; }
   // Indices (model order) of the tensors `node` uploads each round.
   const std::vector<size_t>& upload_of(int64_t node) const { return upload_.at(node); }
@@ -63,7 +63,7 @@ class RoundPlan {
   std::unordered_map<std::string, size_t> by_name_;
   std::vector<std::vector<size_t>> upload_;
   int64_t num_nodes_ = 0;
-  std::string mode_;
+  SyncMode mode_;
   WireDtype wire_ = WireDtype::F32;
 };
 

@@ -28,10 +28,10 @@ nlohmann::json dashboard_status(const Config& cfg, const RoundState& state, doub
   const ServerStatus s = state.status();
   const auto& sc = cfg.spes_config;
   nlohmann::json out = {{"run_name", cfg.run_name},
-                        {"mode", sc.mode},
+                        {"mode", sc.mode.name()},
                         {"num_peers", sc.num_peers},
                         {"sync_steps", sc.sync_steps},
-                        {"transfer_dtype", sc.transfer_dtype},
+                        {"transfer_dtype", sc.transfer_dtype.name()},
                         {"total_steps", cfg.total_steps()},
                         {"published_round", s.published_round},
                         {"published_step", s.published_step},

@@ -56,10 +56,10 @@ bool Membership::join(const JoinInfo& info) {
                 "{}: the server and every node must use the same spes_config", id, key,
                 printable(node_v, 80), server_v);
   };
-  setting("mode", info.mode, s.mode);
+  setting("mode", info.mode, s.mode.name());
   setting("num_peers", std::to_string(info.num_peers), std::to_string(s.num_peers));
   setting("sync_steps", std::to_string(info.sync_steps), std::to_string(s.sync_steps));
-  setting("transfer_dtype", info.transfer_dtype, s.transfer_dtype);
+  setting("transfer_dtype", info.transfer_dtype, s.transfer_dtype.name());
   if (info.ownership_fingerprint != model_.ownership_fingerprint())
     sync_fail(SyncErrc::FailedPrecondition, "node {}: expert ownership map differs from the "
               "server's (fingerprint {} vs {}); both must build it from the same "

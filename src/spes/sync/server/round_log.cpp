@@ -1,4 +1,5 @@
 // rounds.jsonl and the recent round history (see round_log.h).
+#include "spes/io/run_layout.h"
 #include "spes/sync/server/round_log.h"
 
 #include <spdlog/spdlog.h>
@@ -22,7 +23,7 @@ bool all_true(const std::vector<bool>& v) {
 
 RoundLog::RoundLog(const std::string& dir, bool resumed, int64_t published_round,
                    const nlohmann::json& saved_line) {
-  const std::string path = dir + "/rounds.jsonl";
+  const std::string path = run_layout::rounds_log(dir);
   file_ = std::fopen(path.c_str(), resumed ? "a" : "w");
   SPES_CHECK(file_, "cannot open '{}/rounds.jsonl' for writing", dir);
   if (!resumed) return;

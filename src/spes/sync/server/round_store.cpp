@@ -1,4 +1,5 @@
 // The sync server's state on disk and its restart (see round_store.h).
+#include "spes/io/run_layout.h"
 #include "spes/sync/server/round_store.h"
 
 #include <spdlog/spdlog.h>
@@ -37,7 +38,7 @@ void RoundStore::remove_leftovers() const {
   std::vector<fs::path> doomed;
   for (const auto& e : fs::directory_iterator(dir_, ec))
     if (e.is_regular_file(ec) && own_tmp(e.path().filename().string())) doomed.push_back(e.path());
-  for (const auto& r : fs::directory_iterator(dir_ + "/rounds", ec))
+  for (const auto& r : fs::directory_iterator(run_layout::kept_rounds(dir_), ec))
     for (const auto& e : fs::directory_iterator(r.path(), ec))
       if (e.path().filename().string().find(".safetensors.partial") != std::string::npos)
         doomed.push_back(e.path());
@@ -48,15 +49,15 @@ void RoundStore::remove_leftovers() const {
 }
 
 std::string RoundStore::momentum_path(int64_t round) const {
-  return fmt::format("{}/momentum-{}.safetensors", dir_, round);
+  return run_layout::momentum(dir_, round);
 }
 
 std::optional<PublishedRound> RoundStore::resume() {
   const std::string& dir = dir_;
-  if (!fs::exists(dir + "/state.json")) return std::nullopt;
+  if (!fs::exists(run_layout::server_state(dir))) return std::nullopt;
   nlohmann::json st;
   try {
-    st = nlohmann::json::parse(file_read(dir + "/state.json"));
+    st = nlohmann::json::parse(file_read(run_layout::server_state(dir)));
   } catch (const std::exception& e) {
     fail("'{}/state.json' is corrupt ({}); restore it or start over with --overwrite", dir,
          e.what());
@@ -68,7 +69,7 @@ std::optional<PublishedRound> RoundStore::resume() {
                "use the same config, another --out, or --overwrite to start over", dir, key,
                st.value(key, ""), mine);
   };
-  same("mode", cfg_.spes_config.mode);
+  same("mode", cfg_.spes_config.mode.name());
   same("model_fingerprint", model_.model_fingerprint());
   same("ownership_fingerprint", model_.ownership_fingerprint());
   // The published file is authoritative (it is renamed into place before state.json): load it
@@ -110,7 +111,7 @@ std::optional<PublishedRound> RoundStore::resume() {
     p.merged = st.value("merged", false);
     p.nodes = st.value("nodes", std::vector<int64_t>{});
   }
-  if (cfg_.spes_config.mode == "diloco") {
+  if (cfg_.spes_config.mode == SyncMode::Diloco) {
     const std::string mpath = momentum_path(p.round);
     if (p.round > 0) {
       SPES_CHECK(fs::exists(mpath), "'{}' is missing (diloco momentum of round {}); start over "
@@ -123,14 +124,14 @@ std::optional<PublishedRound> RoundStore::resume() {
 }
 
 nlohmann::json RoundStore::saved_line() const {
-  const nlohmann::json st = nlohmann::json::parse(file_read(dir_ + "/state.json"));
+  const nlohmann::json st = nlohmann::json::parse(file_read(run_layout::server_state(dir_)));
   if (st.contains("line") && st["line"].is_object()) return st["line"];
   return nullptr;
 }
 
 void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
   const std::string& dir = dir_;
-  const bool diloco = cfg_.spes_config.mode == "diloco";
+  const bool diloco = cfg_.spes_config.mode == SyncMode::Diloco;
   // Order: momentum of the round, then the published model (authoritative on restart), then
   // state.json; each written to a temporary name, fsynced and renamed.
   if (diloco)
@@ -146,7 +147,7 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
                              {"alpha", p.alpha},
                              {"merged", p.merged},
                              {"nodes", p.nodes},
-                             {"mode", cfg_.spes_config.mode},
+                             {"mode", cfg_.spes_config.mode.name()},
                              {"model_fingerprint", model_.model_fingerprint()},
                              {"ownership_fingerprint", model_.ownership_fingerprint()},
                              {"server_incarnation", incarnation_},
@@ -155,7 +156,7 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
   // The published file is the commit point (a restart resumes from it): from here on a
   // failure is logged, not thrown; state.json is written again with the next round.
   try {
-    file_write_atomic(dir + "/state.json",
+    file_write_atomic(run_layout::server_state(dir),
                       st.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } catch (const std::exception& e) {
     spdlog::error("round {} is published but '{}/state.json' could not be updated ({}); a "
@@ -166,17 +167,16 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
     fs::remove(momentum_path(p.round - 1), ec);
   }
   if (keep_copies_) {
-    const std::string rdir = fmt::format("{}/rounds/{}", dir, p.round);
-    fs::create_directories(rdir);
-    auto keep = [&](const std::string& name, const std::string& as) {
+    fs::create_directories(run_layout::kept_round(dir, p.round));
+    auto keep = [&](const std::string& from, const std::string& as) {
       std::error_code ec;
-      fs::remove(rdir + "/" + as, ec);
-      fs::create_hard_link(dir + "/" + name, rdir + "/" + as, ec);
-      if (ec) fs::copy_file(dir + "/" + name, rdir + "/" + as);
+      fs::remove(as, ec);
+      fs::create_hard_link(from, as, ec);
+      if (ec) fs::copy_file(from, as);
     };
-    keep("published.safetensors", "published.safetensors");
+    keep(published_path(), run_layout::kept_published(dir, p.round));
     if (diloco && p.round > 0)
-      keep(fmt::format("momentum-{}.safetensors", p.round), "momentum.safetensors");
+      keep(momentum_path(p.round), run_layout::kept_momentum(dir, p.round));
   }
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spes/io/config.h"
+#include "spes/io/run_layout.h"
 #include "spes/sync/round/aggregate.h"
 
 namespace spes::sync {
@@ -45,7 +46,7 @@ class RoundStore {
   // The rounds.jsonl line that state.json keeps (null if none).
   nlohmann::json saved_line() const;
   const std::string& dir() const { return dir_; }
-  std::string published_path() const { return dir_ + "/published.safetensors"; }
+  std::string published_path() const { return run_layout::published(dir_); }
 
  private:
   std::string momentum_path(int64_t round) const;

@@ -2,6 +2,7 @@
 // its metadata (call_auth.h) before it reads anything, then maps onto one RoundState call;
 // streams take their node's slot and are watched for idleness (stream_limits.h); SyncError
 // codes map onto gRPC status codes.
+#include "spes/io/run_layout.h"
 #include "spes/sync/server/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -377,7 +378,7 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
   impl_->address = host + ":" + std::to_string(impl_->port);
   nlohmann::json info = {{"address", impl_->address}, {"pid", ::getpid()}};
   if (impl_->dashboard) info["dashboard"] = impl_->dashboard->url();
-  file_write_atomic(impl_->opts.state.out_dir + "/server.json", info.dump() + "\n");
+  file_write_atomic(run_layout::server_info(impl_->opts.state.out_dir), info.dump() + "\n");
   spdlog::info("sync server listening on {}", impl_->address);
 }
 

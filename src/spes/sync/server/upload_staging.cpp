@@ -1,5 +1,6 @@
 // Uploads of the collecting round: streams, their checks and their staging (see
 // upload_staging.h).
+#include "spes/io/run_layout.h"
 #include "spes/sync/server/upload_staging.h"
 
 #include <spdlog/spdlog.h>
@@ -85,16 +86,16 @@ UploadStaging::UploadStaging(const Config& cfg, const SyncModel& model,
     : cfg_(cfg), model_(model), bounds_(bounds), dir_(std::move(dir)),
       keep_uploads_(keep_uploads), mu_(mu),
       events_(std::move(events)), slots_(cfg.spes_config.num_peers) {
-  fs::remove_all(dir_ + "/staging");
-  fs::create_directories(dir_ + "/staging");
+  fs::remove_all(run_layout::staging(dir_));
+  fs::create_directories(run_layout::staging(dir_));
 }
 
 UploadStaging::~UploadStaging() = default;
 
 std::string UploadStaging::staged_path(int64_t round, int64_t node) const {
   if (keep_uploads_)
-    return fmt::format("{}/rounds/{}/node{}.safetensors", dir_, round, node);
-  return fmt::format("{}/staging/round{}.node{}.safetensors", dir_, round, node);
+    return run_layout::kept_upload(dir_, round, node);
+  return run_layout::staged_upload(dir_, round, node);
 }
 
 UploadStaging::Intake UploadStaging::intake(size_t node) const {

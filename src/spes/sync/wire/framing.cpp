@@ -22,10 +22,8 @@ constexpr uint64_t kFileIoBytes = 4ull << 20;
 constexpr uint64_t kMaxStreamHeaderForFiles = 100ull << 20;  // the format's own limit
 }  // namespace
 
-WireDtype wire_dtype_from_string(const std::string& s) {
-  if (s == "fp32") return WireDtype::F32;
-  if (s == "bf16") return WireDtype::BF16;
-  fail("spes_config.transfer_dtype must be fp32 or bf16, found '{}'", s);
+WireDtype wire_dtype_of(TransferDtype d) {
+  return d == TransferDtype::Bf16 ? WireDtype::BF16 : WireDtype::F32;
 }
 
 const char* wire_dtype_name(WireDtype d) { return d == WireDtype::BF16 ? "bf16" : "fp32"; }

@@ -14,13 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "spes/io/config.h"
 #include "spes/io/safetensors.h"
 
 namespace spes::sync {
 
 // The dtype tensors travel in. In memory everything stays fp32.
 enum class WireDtype { F32, BF16 };
-WireDtype wire_dtype_from_string(const std::string& s);  // "fp32" | "bf16"
+WireDtype wire_dtype_of(TransferDtype d);               // spes_config.transfer_dtype
 const char* wire_dtype_name(WireDtype d);                // "fp32" | "bf16"
 torch::ScalarType wire_scalar_type(WireDtype d);
 // Rounds fp32 values in place to what the wire carries (identity for fp32).
