@@ -5,6 +5,7 @@
 
 #include <fmt/ranges.h>
 
+#include "cli/common_options.h"
 #include "cli/command.h"
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
@@ -58,7 +59,7 @@ spes::cli::SubcommandRegistrar register_aggregate("aggregate",
                  "Published model of the previous round (default: the initial model)");
   sub.add_option("--momentum", a->momentum, "diloco: outer momentum of the previous round");
   sub.add_option("--momentum-out", a->momentum_out, "diloco: write the new outer momentum");
-  sub.add_option("--set", a->sets, "Override a config key (repeatable)");
+  spes::cli::add_set_option(sub, a->sets);
   sub.add_option("inputs", a->inputs, "Uploads of the round (node<i>.safetensors)")->required();
   sub.callback([a] { run_aggregate(*a); });
 });

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/common_options.h"
 #include "cli/command.h"
 #include "spes/common/strings.h"
 #include "spes/io/config.h"
@@ -161,8 +162,7 @@ spes::cli::SubcommandRegistrar register_config(
       sub.add_option("--config", a->config,
                      "YAML config, this project's or the reference's (default: the built-in "
                      "configs/default.yaml)");
-      sub.add_option("--set", a->sets,
-                     "Override a config key: --set spes_config.peer_id=4 (repeatable)");
+      spes::cli::add_set_option(sub, a->sets);
       sub.add_flag("--json", a->json,
                    "Print one JSON object (parameters.total, active_per_token, "
                    "trainable_per_node; memory) instead of text");

@@ -3,6 +3,7 @@
 // validation loss next to the unigram baseline with a generated sample.
 #include <cstdlib>
 
+#include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/run_summary.h"
 #include "spes/cluster/launch.h"
@@ -16,7 +17,7 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
   sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
   sub.add_option("--nodes", a->nodes, "Number of nodes (0: spes_config.num_peers, or 4)");
   sub.add_option("--out", a->out, "Run directory (server/, node<i>/, summary.json)");
-  sub.add_option("--set", a->sets, "Override a config key for every part (repeatable)");
+  spes::cli::add_set_option(sub, a->sets, "the server and every node");
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep every upload and published model; the summary re-checks each round");
   sub.add_flag("--overwrite", a->overwrite, "Replace an earlier run in --out");

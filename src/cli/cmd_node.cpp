@@ -7,6 +7,7 @@
 // and hands what it receives to the others (train/rank0_observer.h).
 #include <spdlog/spdlog.h>
 
+#include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "spes/io/config.h"
@@ -77,9 +78,9 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   sub.add_option("--server", a->server, "host:port of `spes serve` "
                  "(default: spes_config.server_addr)");
   sub.add_option("--out", a->out, "Run directory (default: runs/node<I>)");
-  sub.add_option("--set", a->sets, "Override a config key (repeatable)");
-  sub.add_option("--resume", a->resume, "Checkpoint to resume from: auto, none, or a dir");
-  sub.add_option("--progress", a->progress, "Progress display: auto, bar, lines or none");
+  spes::cli::add_set_option(sub, a->sets);
+  spes::cli::add_training_options(sub, a->resume, a->progress, a->nproc,
+                                  "rank 0 syncs with the server");
   sub.add_option("--connect-timeout", a->connect_timeout,
                  "Seconds to keep retrying while the server is not up");
   sub.add_option("--token-file", a->token_file, "File holding this node's secret token "
@@ -88,9 +89,6 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   sub.add_flag("--insecure", a->insecure, "Allow a plaintext connection to a server that is not "
                "on loopback (the token and the model cross the network unprotected; default: "
                "refused without spes_config.tls_ca)");
-  sub.add_option("--nproc-per-node", a->nproc,
-                 "Processes for this node, data parallel over torch.distributed: one per GPU "
-                 "(NCCL), or on CPU sharing the cores (Gloo); rank 0 syncs with the server");
   sub.callback([a] { run_node(*a); });
 });
 

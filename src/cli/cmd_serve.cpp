@@ -10,6 +10,7 @@
 #include <atomic>
 #include <filesystem>
 
+#include "cli/common_options.h"
 #include "cli/command.h"
 #include "spes/io/config.h"
 #include "spes/io/run_layout.h"
@@ -89,7 +90,7 @@ spes::cli::SubcommandRegistrar register_serve("serve", "Run the SPES sync server
   sub.add_option("--first-message-timeout", a->first_message_timeout, "Seconds an upload "
                  "stream may take to send its first message before the server ends it")
       ->check(CLI::Range(0.1, 3600.0));
-  sub.add_option("--set", a->sets, "Override a config key (repeatable)");
+  spes::cli::add_set_option(sub, a->sets);
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep OUT/rounds/<round>/node<i>.safetensors and published.safetensors");
   sub.add_flag("--overwrite", a->overwrite,

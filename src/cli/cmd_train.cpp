@@ -3,6 +3,7 @@
 // unigram baseline of the same data, and a generated sample).
 #include <spdlog/spdlog.h>
 
+#include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "cli/run_summary.h"
@@ -47,14 +48,10 @@ spes::cli::SubcommandRegistrar register_train("train", "Train a model on one nod
   auto a = std::make_shared<TrainArgs>();
   sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
   sub.add_option("--out", a->out, "Run directory (metrics.jsonl, checkpoint/)");
-  sub.add_option("--set", a->sets, "Override a config key: --set model.d_model=512 (repeatable)");
-  sub.add_option("--resume", a->resume,
-                 "Checkpoint to resume from: auto (OUT/checkpoint if present), none, or a dir");
-  sub.add_option("--progress", a->progress, "Progress display: auto, bar, lines or none");
+  spes::cli::add_set_option(sub, a->sets);
+  spes::cli::add_training_options(sub, a->resume, a->progress, a->nproc,
+                                  "the global batch is split");
   sub.add_flag("--no-summary", a->no_summary, "Skip the final baseline and sample");
-  sub.add_option("--nproc-per-node", a->nproc,
-                 "Processes for this node, data parallel over torch.distributed: one per GPU "
-                 "(NCCL), or on CPU sharing the cores (Gloo); the global batch is split");
   sub.callback([a] { run_train(*a); });
 });
 
