@@ -1,6 +1,7 @@
 // `spes status --server HOST:PORT`: asks a running sync server for its rounds and every node's
-// state, step, last loss and tokens/s (the Status RPC; with --read-token-file the read token
-// the server asks for off loopback) and prints them as a table, or as JSON.
+// state, step, last loss and tokens/s, and why a closed round is not published (a failed save),
+// via the Status RPC (with --read-token-file the read token the server asks for off loopback),
+// and prints them as a table, or as JSON.
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
@@ -47,6 +48,7 @@ void run_status(const StatusArgs& a) {
                         {"collecting_round", s.collecting_round},
                         {"round_open_s", s.round_open_s},
                         {"protocol_version", s.protocol_version},
+                        {"publish_error", s.publish_error},
                         {"nodes", nlohmann::json::array()}};
     for (const auto& n : s.nodes)
       j["nodes"].push_back({{"node", n.node_id}, {"state", n.state}, {"step", n.step},
@@ -61,6 +63,9 @@ void run_status(const StatusArgs& a) {
              s.published_step, s.model_sha256.substr(0, 16));
   fmt::print("collecting round {}{}\n", s.collecting_round,
              s.round_open_s > 0 ? fmt::format(", open for {:.1f} s", s.round_open_s) : "");
+  if (!s.publish_error.empty())
+    fmt::print("round {} is closed but NOT published: {} (the server retries)\n",
+               s.collecting_round, s.publish_error);
   fmt::print("{:>5}  {:<11} {:>8}  {:>11}  {:>8}  {:>9}  {}\n", "node", "state", "step",
              "last seen", "loss", "tokens/s", "detail");
   for (const auto& n : s.nodes)

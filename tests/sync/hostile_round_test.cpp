@@ -37,27 +37,10 @@ namespace {
 
 const std::string kNorm = "model.layers.0.input_layernorm.weight";  // 8 values, all 1 at start
 
-// A node's trainable tensors as it would upload them: the published values plus `delta`.
-NamedTensors trained(const FakeNode& n, const RoundState& st, double delta) {
-  NamedTensors t;
-  for (const auto& e : n.reg->entries())
-    if (e.trainable)
-      t.emplace_back(e.name,
-                     st.model().tensors().at(st.model().plan().index(e.name)).clone() + delta);
-  return t;
-}
-
 torch::Tensor& tensor_named(NamedTensors& t, const std::string& name) {
   for (auto& [n, v] : t)
     if (n == name) return v;
   throw std::runtime_error("no tensor " + name);
-}
-
-SafetensorsStreamWriter upload_of(const FakeNode& n, int64_t round, NamedTensors t,
-                                  int64_t tokens = 80) {
-  return SafetensorsStreamWriter(std::move(t), torch::kFloat32,
-                                 upload_metadata({n.id.node_id, round, round * 10, tokens,
-                                                  n.id.incarnation, n.reg->fingerprint()}));
 }
 
 // Every rounds.jsonl line parses as JSON (strictly: valid UTF-8).
@@ -271,22 +254,6 @@ TEST(HostileRound, RoundNumberThatWouldOverflowIsRefused) {
   EXPECT_THROW(RoundClock(10).step_of(huge), std::exception);
   EXPECT_NO_THROW(st.tick());
 }
-
-namespace {
-// Makes writes past `bytes` fail (EFBIG) in this process, as a full disk would.
-struct FileSizeLimit {
-  rlimit old{};
-  explicit FileSizeLimit(rlim_t bytes) {
-    std::signal(SIGXFSZ, SIG_IGN);
-    getrlimit(RLIMIT_FSIZE, &old);
-    rlimit lim = old;
-    lim.rlim_cur = bytes;
-    setrlimit(RLIMIT_FSIZE, &lim);
-  }
-  void lift() { setrlimit(RLIMIT_FSIZE, &old); }
-  ~FileSizeLimit() { lift(); }
-};
-}  // namespace
 
 TEST(HostileRound, FailedSaveKeepsTheRoundUnpublishedAndIsRetried) {
   TempDir dir, ref_dir;

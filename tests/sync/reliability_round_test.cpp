@@ -264,45 +264,6 @@ TEST(RoundStateReliability, SilentNodeIsDeadAndTheRoundStopsWaitingForIt) {
   EXPECT_EQ(lines[0]["node_states"][1], "dead");
 }
 
-TEST(RoundStateReliability, TokensAreCheckedAndNeverEchoed) {
-  TempDir tmp;
-  const std::string t0 = "token-of-node-zero-0123456789", t1 = "token-of-node-one-9876543210";
-  {
-    std::ofstream f(tmp.path + "/tokens.yaml");
-    f << "0: " << t0 << "\n1: " << t1 << "\n";
-  }
-  std::filesystem::permissions(tmp.path + "/tokens.yaml", std::filesystem::perms::owner_read |
-                                                            std::filesystem::perms::owner_write);
-  const Config cfg = tiny_config({"spes_config.auth_tokens_file=" + tmp.path + "/tokens.yaml"});
-  RoundState st(cfg, {tmp.path + "/srv"});
-  Peer wrong(cfg, 0, t1), none(cfg, 1), good(cfg, 0, t0);
-  EXPECT_EQ(code_of([&] { st.join(wrong.join_info()); }), SyncErrc::PermissionDenied);
-  EXPECT_THAT(error_of([&] { st.join(wrong.join_info()); }), Not(HasSubstr(t1)));
-  EXPECT_EQ(code_of([&] { st.join(none.join_info()); }), SyncErrc::PermissionDenied);
-  JoinInfo stranger = good.join_info();
-  stranger.node.node_id = 7;
-  EXPECT_EQ(code_of([&] { st.join(stranger); }), SyncErrc::PermissionDenied);
-  EXPECT_EQ(st.join(good.join_info()).published_round, 0);
-  // A joined node's identity with the wrong token is refused too (every call is checked).
-  NodeId forged = good.id;
-  forged.auth_token = "x" + t0;
-  EXPECT_EQ(code_of([&] { st.heartbeat(forged, 1); }), SyncErrc::PermissionDenied);
-  EXPECT_EQ(st.heartbeat(good.id, 1), 0);
-  // Bad token files are explained.
-  {
-    std::ofstream f(tmp.path + "/short.yaml");
-    f << "0: abc\n1: " << t1 << "\n";
-  }
-  std::filesystem::permissions(tmp.path + "/short.yaml", std::filesystem::perms::owner_read |
-                                                           std::filesystem::perms::owner_write);
-  EXPECT_THAT(error_of([&] {
-                RoundState bad(tiny_config({"spes_config.auth_tokens_file=" + tmp.path +
-                                            "/short.yaml"}),
-                               {tmp.path + "/srv2"});
-              }),
-              HasSubstr("shorter than 16"));
-}
-
 TEST(RoundStateReliability, DownloadsResumeAndSurviveTheNextPublication) {
   TempDir tmp;
   const Config cfg = tiny_config();

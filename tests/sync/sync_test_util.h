@@ -1,9 +1,13 @@
 // Helpers shared by the sync tests: a self-deleting temporary directory, a tiny MoE config,
-// hand-made uploads, a node as the server sees it (FakeNode, send_upload) to drive RoundState,
-// and what a call fails with (error_of, code_of).
+// hand-made uploads, a node as the server sees it (FakeNode, trained, upload_of, send_upload) to
+// drive RoundState, a file size limit that makes writes fail as a full disk does, and what a
+// call fails with (error_of, code_of).
 #pragma once
 #include <torch/torch.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <filesystem>
 #include <functional>
@@ -106,6 +110,37 @@ struct FakeNode {
     r.finish();
     return s->total_bytes();
   }
+};
+
+// A node's trainable tensors as it would upload them: the published values plus `delta`.
+inline NamedTensors trained(const FakeNode& n, const RoundState& st, double delta) {
+  NamedTensors t;
+  for (const auto& e : n.reg->entries())
+    if (e.trainable)
+      t.emplace_back(e.name,
+                     st.model().tensors().at(st.model().plan().index(e.name)).clone() + delta);
+  return t;
+}
+
+inline SafetensorsStreamWriter upload_of(const FakeNode& n, int64_t round, NamedTensors t,
+                                  int64_t tokens = 80) {
+  return SafetensorsStreamWriter(std::move(t), torch::kFloat32,
+                                 upload_metadata({n.id.node_id, round, round * 10, tokens,
+                                                  n.id.incarnation, n.reg->fingerprint()}));
+}
+
+// Makes writes past `bytes` fail (EFBIG) in this process, as a full disk would.
+struct FileSizeLimit {
+  rlimit old{};
+  explicit FileSizeLimit(rlim_t bytes) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &old);
+    rlimit lim = old;
+    lim.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  void lift() { setrlimit(RLIMIT_FSIZE, &old); }
+  ~FileSizeLimit() { lift(); }
 };
 
 // Streams an upload to the server in 1000-byte chunks; `corrupt_chunk` flips a byte of that

@@ -1,9 +1,10 @@
 // Credentials and transport of the sync server (issue 13, items 2 and 3's stream limits):
 // loopback detection by parsing; token files private to their owner; a node and `spes serve`
-// refusing plaintext off loopback unless told --insecure; tokens as call metadata, checked
-// before a stream is read (a token in a message body no longer counts); one upload and one
-// download stream per node; idle streams ended; a flood of streams holding no threads; the read
-// token of Status; client certificates bound to node ids. (The dashboard's Host check and read
+// refusing plaintext off loopback unless told --insecure; node tokens checked in one place
+// (CallAuth), as call metadata, before a stream is read (a token in a message body no longer
+// counts); one upload and one download stream per node; idle streams ended; a flood of streams
+// holding no threads; at most two long-polls per node; the read token of Status; client
+// certificates bound to node ids. (The dashboard's Host check and read
 // token: tests/dashboard/dashboard_server_test.cpp.) Hostile clients are raw gRPC stubs
 // against a real `spes serve` on loopback.
 #include <gmock/gmock.h>
@@ -16,10 +17,13 @@
 
 #include "spes/io/files.h"
 #include "spes/sync/node/client.h"
+#include "spes/sync/server/call_auth.h"
+#include "spes/sync/server/long_poll_limits.h"
 #include "spes/sync/server/server.h"
 #include "spes/sync/server/stream_limits.h"
 #include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
+#include "sync/serve_fixture.h"
 #include "sync/sync_process_util.h"
 #include "sync/sync_test_util.h"
 
@@ -33,14 +37,6 @@ namespace pb = ::spes::sync::v1;
 
 namespace {
 
-void write_secret(const std::string& path, const std::string& text, fs::perms mode) {
-  {
-    std::ofstream f(path);
-    f << text;
-  }
-  fs::permissions(path, mode);
-}
-const fs::perms kPrivate = fs::perms::owner_read | fs::perms::owner_write;
 const fs::perms kWorldReadable = kPrivate | fs::perms::group_read | fs::perms::others_read;
 
 }  // namespace
@@ -75,6 +71,44 @@ TEST(TransportSecurity, SecretFilesReadableByOthersAreRefused) {
   EXPECT_EQ(load_node_tokens(tokens, 2).at(1), "token-of-node-one-0123456789");
   EXPECT_EQ(node_token(node), "token-of-node-zero-0123456789");
   EXPECT_EQ(read_token_file(read, "--read-token-file"), "read-token-0123456789abcdef");
+}
+
+// The one check of a node's credentials (the server's state trusts the NodeId it is given).
+TEST(TransportSecurity, NodeTokensAreCheckedAndNeverEchoed) {
+  TempDir tmp;
+  const std::string t0 = "token-of-node-zero-0123456789", t1 = "token-of-node-one-9876543210";
+  write_secret(tmp.path + "/tokens.yaml", "0: " + t0 + "\n1: " + t1 + "\n", kPrivate);
+  const Config cfg = tiny_config({"spes_config.auth_tokens_file=" + tmp.path + "/tokens.yaml"});
+  const CallAuth auth(cfg, CallAuthOptions{});
+  EXPECT_TRUE(auth.requires_tokens());
+  EXPECT_EQ(code_of([&] { auth.check("0", t1, {}); }), SyncErrc::PermissionDenied);
+  EXPECT_THAT(error_of([&] { auth.check("0", t1, {}); }), Not(HasSubstr(t1)));
+  EXPECT_EQ(code_of([&] { auth.check("1", "", {}); }), SyncErrc::PermissionDenied);
+  EXPECT_EQ(code_of([&] { auth.check("0", "x" + t0, {}); }), SyncErrc::PermissionDenied);
+  for (const char* id : {"7", "-1", "", "0x1", "1 ", "99999999999999999999"})
+    EXPECT_EQ(code_of([&] { auth.check(id, t0, {}); }), SyncErrc::PermissionDenied) << id;
+  const NodeId ok = auth.check("1", t1, {}, 42);
+  EXPECT_EQ(ok.node_id, 1);
+  EXPECT_EQ(ok.incarnation, 42u);
+  // Without a token file (loopback only) any id of the run is taken at its word.
+  const CallAuth open_auth(tiny_config(), CallAuthOptions{});
+  EXPECT_FALSE(open_auth.requires_tokens());
+  EXPECT_EQ(open_auth.check("1", "", {}).node_id, 1);
+  EXPECT_EQ(code_of([&] { open_auth.check("2", "", {}); }), SyncErrc::PermissionDenied);
+  // With --bind-client-certs the certificate must name the node.
+  CallAuthOptions bound;
+  bound.bind_client_certs = true;
+  const CallAuth cert_auth(cfg, bound);
+  EXPECT_EQ(cert_auth.check("0", t0, {"spes-ca", "node0"}).node_id, 0);
+  EXPECT_THAT(error_of([&] { cert_auth.check("0", t0, {"node1"}); }),
+              HasSubstr("does not name 'node0'"));
+  // Bad token files are explained.
+  write_secret(tmp.path + "/short.yaml", "0: abc\n1: " + t1 + "\n", kPrivate);
+  EXPECT_THAT(error_of([&] {
+                CallAuth bad(tiny_config({"spes_config.auth_tokens_file=" + tmp.path +
+                                          "/short.yaml"}), CallAuthOptions{});
+              }),
+              HasSubstr("shorter than 16"));
 }
 
 TEST(TransportSecurity, NodeRefusesPlaintextOffLoopbackAndACertificateWithoutRoots) {
@@ -138,69 +172,34 @@ TEST(TransportSecurity, StreamLimitsSupersedeOlderStreamsAndEndIdleOnes) {
   EXPECT_TRUE(s->timed_out());
 }
 
+TEST(TransportSecurity, LongPollsPerNodeAreLimitedAndANewerOneEndsTheOldest) {
+  LongPollLimits polls(2);
+  std::atomic<int> woken{0};
+  auto wake = [&] { ++woken; };
+  auto a = polls.open(0, wake);
+  auto b = polls.open(0, wake);
+  auto c = polls.open(1, wake);  // another node: its own limit
+  EXPECT_EQ(woken, 0);
+  auto d = polls.open(0, wake);  // node 0's third: its oldest (a) ends
+  EXPECT_EQ(woken, 1);
+  EXPECT_TRUE(a->ended_early());
+  EXPECT_FALSE(b->ended_early() || c->ended_early() || d->ended_early());
+  EXPECT_EQ(polls.open_polls(), 4u);
+  a.reset();  // the ended one answers and goes: it held no place any more
+  auto e = polls.open(0, wake);  // node 0 has b and d running: b ends
+  EXPECT_TRUE(b->ended_early());
+  EXPECT_FALSE(d->ended_early());
+  b.reset();
+  d.reset();
+  auto f = polls.open(0, wake);  // only e runs: nothing ends
+  EXPECT_EQ(woken, 2);
+  EXPECT_EQ(polls.open_polls(), 3u);
+}
+
 namespace {
 
-const char* kToken0 = "token-of-node-zero-0123456789";
-const char* kToken1 = "token-of-node-one-0123456789";
-
-// A `spes serve` process on loopback with node tokens (2 nodes, the tiny model of
-// tiny_config with a larger vocabulary, so that a download is bigger than the transport's
-// flow-control window).
-struct ServeFixture {
-  TempDir tmp;
-  std::string cfg_path;
-  Config cfg;
-  std::unique_ptr<Proc> srv;
-  std::string address;
-  explicit ServeFixture(const std::vector<std::string>& extra_args = {},
-                        const std::string& listen = "127.0.0.1:0",
-                        const std::string& extra_config = "") {
-    write_secret(tmp.path + "/tokens.yaml",
-                 std::string("0: ") + kToken0 + "\n1: " + kToken1 + "\n", kPrivate);
-    cfg_path = tmp.path + "/config.yaml";
-    std::ofstream(cfg_path)
-        << "model:\n  d_model: 32\n  n_layers: 1\n  n_heads: 2\n  mlp_hidden_size: 32\n"
-           "  moe_num_experts: 4\n  moe_top_k: 2\n  vocab_size: 8192\n"
-           "  max_sequence_length: 8\n"
-           "spes_config:\n  mode: spes\n  num_peers: 2\n  sync_steps: 10\n"
-           "  merge_interval: 0\n  dashboard_port: -1\n  auth_tokens_file: "
-        << tmp.path << "/tokens.yaml\n" << extra_config;
-    cfg = config_load(cfg_path, {});
-    srv = start_server(cfg_path, tmp.path + "/srv", listen, extra_args);
-    address = server_address(*srv, tmp.path + "/srv");
-  }
-  ~ServeFixture() {
-    if (srv && !srv->exited) srv->kill9();
-  }
-  std::unique_ptr<pb::SpesSync::Stub> stub(bool own_connection = false) const {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    // No window growth: a download the client does not read stays stuck in the server.
-    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    return pb::SpesSync::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-  }
-  // The number of threads of the server process.
-  size_t threads() const {
-    size_t n = 0;
-    for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(srv->p->pid()) +
-                                                "/task")) {
-      (void)e;
-      ++n;
-    }
-    return n;
-  }
-};
-
-void set_deadline(grpc::ClientContext& ctx, double s) {
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(s * 1000)));
-}
-void credentials(grpc::ClientContext& ctx, int64_t node, const std::string& token) {
-  ctx.AddMetadata(kNodeIdMetadata, std::to_string(node));
-  if (!token.empty()) ctx.AddMetadata(kNodeTokenMetadata, token);
-}
+const std::string kToken0 = ServeFixture::token(0);
+const std::string kToken1 = ServeFixture::token(1);
 
 // Joins node `node` (incarnation `incarnation`) the way a real node does (SyncClient).
 void join_node(const ServeFixture& f, int64_t node, uint64_t incarnation,
@@ -260,7 +259,7 @@ TEST(TransportSecurityServer, TokensTravelAsCallMetadataAndAreCheckedBeforeAStre
 }
 
 TEST(TransportSecurityServer, FloodsOfIdleStreamsEndAndHoldNoThreads) {
-  ServeFixture f({"--first-message-timeout", "2"});
+  ServeFixture f({{"--first-message-timeout", "2"}});
   ASSERT_FALSE(f.address.empty()) << f.srv->log();
   const size_t before = f.threads();
   // 400 streams over 8 connections, none sending a message: 200 without credentials, 200 with
@@ -365,10 +364,76 @@ TEST(TransportSecurityServer, ANewDownloadOfANodeEndsItsOlderOne) {
   EXPECT_TRUE(first_total == 0 || first_got < first_total);
 }
 
+TEST(TransportSecurityServer, ANodeHoldsAtMostTwoLongPollsAndANewerOneEndsTheOldest) {
+  ServeFixture f;
+  ASSERT_FALSE(f.address.empty()) << f.srv->log();
+  join_node(f, 0, 5, kToken0);
+  auto stub = f.stub();
+  grpc::CompletionQueue cq;
+  struct Poll {
+    grpc::ClientContext ctx;
+    pb::RoundInfo rep;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<pb::RoundInfo>> call;
+    bool done = false;
+  };
+  std::vector<std::unique_ptr<Poll>> polls;
+  // Five long-polls of node 0 for round 3, which is not being collected: each would wait the
+  // whole 30 s (before: five server threads held that long, and any number more).
+  for (int i = 0; i < 5; ++i) {
+    auto p = std::make_unique<Poll>();
+    set_deadline(p->ctx, 300);
+    credentials(p->ctx, 0, kToken0);
+    pb::WaitRoundRequest req;
+    req.mutable_node()->set_node_id(0);
+    req.mutable_node()->set_incarnation(5);
+    req.set_round(3);
+    req.set_max_wait_ms(30000);
+    p->call = stub->AsyncWaitRound(&p->ctx, req, &cq);
+    p->call->Finish(&p->rep, &p->status, p.get());
+    polls.push_back(std::move(p));
+  }
+  auto done = [&] {
+    return std::count_if(polls.begin(), polls.end(), [](const auto& p) { return p->done; });
+  };
+  // Collects finished calls until `want` have finished, or none came for `quiet_s`.
+  auto collect = [&](long want, double quiet_s) {
+    while (done() < want) {
+      void* tag = nullptr;
+      bool ok = false;
+      const auto r = cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() +
+                                                 std::chrono::milliseconds(
+                                                     static_cast<int64_t>(quiet_s * 1000)));
+      if (r != grpc::CompletionQueue::GOT_EVENT) return;
+      static_cast<Poll*>(tag)->done = true;
+    }
+  };
+  // The three oldest end at once with the round's state (not published); two keep waiting.
+  collect(3, 120);
+  collect(5, 1);
+  EXPECT_EQ(done(), 3);
+  for (const auto& p : polls)
+    if (p->done) {
+      EXPECT_TRUE(p->status.ok()) << p->status.error_message();
+      EXPECT_EQ(p->rep.round(), 3);
+      EXPECT_FALSE(p->rep.published());
+    }
+  // The server still answers; the two left end when their caller cancels them.
+  grpc::ClientContext st_ctx;
+  set_deadline(st_ctx, 60);
+  pb::StatusReply st;
+  EXPECT_TRUE(stub->Status(&st_ctx, pb::StatusRequest(), &st).ok());
+  for (auto& p : polls)
+    if (!p->done) p->ctx.TryCancel();
+  collect(5, 120);
+  EXPECT_EQ(done(), 5);
+  EXPECT_FALSE(f.srv->exited) << f.srv->log();
+}
+
 TEST(TransportSecurityServer, StatusNeedsTheReadTokenOffLoopback) {
   TempDir keys;
   write_secret(keys.path + "/read.token", "read-token-0123456789abcdef\n", kPrivate);
-  ServeFixture f({"--insecure", "--read-token-file", keys.path + "/read.token"}, "0.0.0.0:0");
+  ServeFixture f({{"--insecure", "--read-token-file", keys.path + "/read.token"}, "0.0.0.0:0"});
   ASSERT_FALSE(f.address.empty()) << f.srv->log();
   EXPECT_TRUE(f.srv->saw("WITHOUT TLS")) << f.srv->log();
   const std::string local = "127.0.0.1:" + f.address.substr(f.address.rfind(':') + 1);
@@ -416,9 +481,9 @@ TEST(TransportSecurityServer, ClientCertificatesAreBoundToNodeIds) {
     ASSERT_TRUE(pump_until({&p}, [&] { return p.exited; }, 120));
     ASSERT_EQ(p.code, 0) << p.log();
   }
-  ServeFixture f({"--bind-client-certs"}, "127.0.0.1:0",
-                 "  tls_cert: " + k + "server.pem\n  tls_key: " + k + "server.key\n"
-                 "  tls_client_ca: " + k + "ca.pem\n");
+  ServeFixture f({{"--bind-client-certs"}, "127.0.0.1:0",
+                  "  tls_cert: " + k + "server.pem\n  tls_key: " + k + "server.key\n"
+                  "  tls_client_ca: " + k + "ca.pem\n"});
   ASSERT_FALSE(f.address.empty()) << f.srv->log();
   auto call_as = [&](const std::string& cert) {
     grpc::SslCredentialsOptions ssl;

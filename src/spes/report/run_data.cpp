@@ -1,5 +1,4 @@
 // Run directories for reports and plots (see run_data.h).
-#include "spes/io/run_layout.h"
 #include "spes/report/run_data.h"
 
 #include <fmt/format.h>
@@ -11,6 +10,7 @@
 
 #include "spes/common/error.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 
 namespace spes::report {
 namespace fs = std::filesystem;

@@ -1,5 +1,4 @@
 // Checkpoint directories (see checkpoint.h).
-#include "spes/io/run_layout.h"
 #include "spes/train/checkpoint.h"
 
 #include <fmt/ranges.h>
@@ -11,6 +10,7 @@
 #include "spes/common/strings.h"
 #include "spes/data/tokenizer_path.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 #include "spes/io/safetensors.h"
 
 namespace spes {

@@ -1,5 +1,4 @@
 // The training loop (see trainer.h).
-#include "spes/io/run_layout.h"
 #include "spes/train/trainer.h"
 
 #include <array>
@@ -9,6 +8,7 @@
 
 #include "spes/common/error.h"
 #include "spes/common/sysinfo.h"
+#include "spes/io/run_layout.h"
 #include "spes/model/losses.h"
 #include "spes/train/device.h"
 #include "spes/train/memory_meter.h"

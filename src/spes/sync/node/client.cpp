@@ -332,6 +332,7 @@ ServerStatus SyncClient::status(const std::string& read_token) {
   s.model_sha256 = rep.model_sha256();
   s.round_open_s = rep.round_open_s();
   s.protocol_version = rep.protocol_version();
+  s.publish_error = rep.publish_error();
   for (const auto& n : rep.nodes())
     s.nodes.push_back({n.node_id(), n.state(), n.step(), n.last_seen_s(), n.detail(),
                        n.has_loss() ? n.loss() : NAN,

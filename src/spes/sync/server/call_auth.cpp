@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/auth_context.h>
 
+#include <algorithm>
 #include <charconv>
 #include <iterator>
 
@@ -33,7 +34,18 @@ CallAuth::CallAuth(const Config& cfg, CallAuthOptions opts)
 }
 
 NodeId CallAuth::node(const grpc::ServerContext& ctx, uint64_t incarnation) const {
-  const std::string id_text = metadata(ctx, kNodeIdMetadata);
+  std::vector<std::string> cert_names;
+  if (opts_.bind_client_certs)
+    if (const auto auth = ctx.auth_context())
+      for (const char* prop : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME})
+        for (const auto& v : auth->FindPropertyValues(prop))
+          cert_names.emplace_back(v.data(), v.size());
+  return check(metadata(ctx, kNodeIdMetadata), metadata(ctx, kNodeTokenMetadata), cert_names,
+               incarnation);
+}
+
+NodeId CallAuth::check(const std::string& id_text, const std::string& token,
+                       const std::vector<std::string>& cert_names, uint64_t incarnation) const {
   int64_t id = -1;
   const auto [end, ec] = std::from_chars(id_text.data(), id_text.data() + id_text.size(), id);
   if (id_text.empty() || ec != std::errc() || end != id_text.data() + id_text.size())
@@ -42,24 +54,17 @@ NodeId CallAuth::node(const grpc::ServerContext& ctx, uint64_t incarnation) cons
   if (id < 0 || id >= num_peers_)
     sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, num_peers={})", id,
               num_peers_);
-  NodeId n{id, incarnation, metadata(ctx, kNodeTokenMetadata)};
-  if (!tokens_.empty() && !token_equal(n.auth_token, tokens_[id]))
+  if (!tokens_.empty() && !token_equal(token, tokens_[id]))
     sync_fail(SyncErrc::PermissionDenied, "node {}: wrong or missing token (set the node's "
               "token from spes_config.auth_tokens_file with --token-file or SPES_NODE_TOKEN)", id);
   if (opts_.bind_client_certs) {
     const std::string want = "node" + std::to_string(id);
-    const auto auth = ctx.auth_context();
-    bool named = false;
-    if (auth)
-      for (const char* prop : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME})
-        for (const auto& v : auth->FindPropertyValues(prop))
-          named = named || std::string(v.data(), v.size()) == want;
-    if (!named)
+    if (std::find(cert_names.begin(), cert_names.end(), want) == cert_names.end())
       sync_fail(SyncErrc::PermissionDenied, "node {}: its TLS client certificate does not name "
                 "'{}' (--bind-client-certs: give node {} a certificate whose common name or "
                 "subject alternative name is {})", id, want, id, want);
   }
-  return n;
+  return NodeId{id, incarnation, token};
 }
 
 bool CallAuth::read_allowed(const std::string& token) const {

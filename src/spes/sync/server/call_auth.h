@@ -3,7 +3,8 @@
 // wire/auth.h); with --bind-client-certs the TLS client certificate must name the node
 // ("node<i>" as its common name or a subject alternative name). Read access (Status) takes the
 // read token (x-spes-read-token) when one is configured, and is refused off loopback without
-// one. Leaves out: whether the node joined (membership.h, which checks the token again).
+// one. This is the only place that checks a node's token: RoundState (membership.h) trusts the
+// NodeId it is handed. Leaves out: whether the node joined (membership.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -31,6 +32,12 @@ class CallAuth {
   // message. Throws SyncError PermissionDenied for a missing or malformed id, an id outside
   // the run, a wrong or missing token, or a certificate of another node.
   NodeId node(const grpc::ServerContext& ctx, uint64_t incarnation = 0) const;
+  // The same decision from what node() takes out of the call: the node id metadata as text,
+  // the token metadata, and the names (common and subject alternative) of the TLS client
+  // certificate.
+  NodeId check(const std::string& id_text, const std::string& token,
+               const std::vector<std::string>& cert_names, uint64_t incarnation = 0) const;
+  bool requires_tokens() const { return !tokens_.empty(); }
   // Throws PermissionDenied unless the call may read the server's status.
   void check_read(const grpc::ServerContext& ctx) const;
   // The same decision for a read token already taken from a request (the dashboard).

@@ -8,7 +8,6 @@
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
 #include "spes/sync/round/plan.h"
-#include "spes/sync/wire/auth.h"
 
 namespace spes::sync {
 
@@ -17,23 +16,16 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 Membership::Membership(const Config& cfg, const SyncModel& model)
-    : cfg_(cfg), model_(model), members_(cfg.spes_config.num_peers) {
-  if (!cfg_.spes_config.auth_tokens_file.empty())
-    tokens_ = load_node_tokens(cfg_.spes_config.auth_tokens_file, cfg_.spes_config.num_peers);
-}
+    : cfg_(cfg), model_(model), members_(cfg.spes_config.num_peers) {}
 
-void Membership::check_token(const NodeId& node) const {
+void Membership::check_id(const NodeId& node) const {
   if (node.node_id < 0 || node.node_id >= static_cast<int64_t>(members_.size()))
     sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, num_peers={})",
               node.node_id, members_.size());
-  if (!tokens_.empty() && !token_equal(node.auth_token, tokens_[node.node_id]))
-    sync_fail(SyncErrc::PermissionDenied, "node {}: wrong or missing token (set the node's "
-              "token from spes_config.auth_tokens_file with --token-file or SPES_NODE_TOKEN)",
-              node.node_id);
 }
 
 void Membership::check(const NodeId& node) {
-  check_token(node);
+  check_id(node);
   Member& m = members_[node.node_id];
   if (!m.joined || m.incarnation != node.incarnation)
     sync_fail(SyncErrc::NotJoined, "node {} (incarnation {:x}) has not joined this server "
@@ -46,7 +38,7 @@ void Membership::check(const NodeId& node) {
 bool Membership::join(const JoinInfo& info) {
   const auto& s = cfg_.spes_config;
   const int64_t id = info.node.node_id;
-  check_token(info.node);
+  check_id(info.node);
   if (info.protocol_version != kProtocolVersion)
     sync_fail(SyncErrc::FailedPrecondition, "node {} speaks protocol version {}, this server "
               "speaks {}", id, info.protocol_version, kProtocolVersion);

@@ -1,8 +1,9 @@
-// Who takes part in the run, as the sync server sees it: each node's credentials (token), its
-// join (the settings it must share with the server), incarnation, last reported step, its
+// Who takes part in the run, as the sync server sees it: each node's join (the settings it must share with the server), incarnation, last reported step, its
 // heartbeats (last loss, throughput and a bounded loss curve), leaving, and whether it is dead
 // (joined, not left, and silent for longer than spes_config.heartbeat_timeout).
-// Not thread-safe: RoundState's lock guards it. Leaves out: uploads and rounds.
+// Not thread-safe: RoundState's lock guards it. Leaves out: uploads and rounds, and credentials:
+// the transport checks a node's token before a call reaches the server's state (call_auth.h);
+// here a node id is only checked to be one of the run's.
 #pragma once
 #include <chrono>
 #include <cmath>
@@ -30,15 +31,13 @@ struct Member {
 
 class Membership {
  public:
-  // Loads the node tokens of spes_config.auth_tokens_file, if set.
   Membership(const Config& cfg, const SyncModel& model);
   size_t size() const { return members_.size(); }
   const Member& operator[](size_t node) const { return members_[node]; }
-  bool requires_tokens() const { return !tokens_.empty(); }
 
-  // Throws PermissionDenied for a node id outside the run or a wrong token.
-  void check_token(const NodeId& node) const;
-  // check_token, and the node must have joined with this incarnation (NotJoined otherwise);
+  // Throws PermissionDenied for a node id outside the run.
+  void check_id(const NodeId& node) const;
+  // check_id, and the node must have joined with this incarnation (NotJoined otherwise);
   // marks it seen.
   void check(const NodeId& node);
   // Checks the node's protocol version and settings against the server's and records it as
@@ -61,7 +60,6 @@ class Membership {
   const Config& cfg_;
   const SyncModel& model_;
   std::vector<Member> members_;
-  std::vector<std::string> tokens_;  // per node; empty: no authentication
 };
 
 }  // namespace spes::sync

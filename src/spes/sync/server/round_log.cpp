@@ -1,5 +1,4 @@
 // rounds.jsonl and the recent round history (see round_log.h).
-#include "spes/io/run_layout.h"
 #include "spes/sync/server/round_log.h"
 
 #include <spdlog/spdlog.h>
@@ -10,6 +9,7 @@
 #include "spes/common/error.h"
 #include "spes/common/sysinfo.h"
 #include "spes/common/timing.h"
+#include "spes/io/run_layout.h"
 
 namespace spes::sync {
 

@@ -67,8 +67,8 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
                }(), resumed ? "resumed at" : "initial", published_.round,
                published_.sha256.substr(0, 16), cfg_.spes_config.round_timeout,
                cfg_.spes_config.min_nodes,
-               members_.requires_tokens() ? "node tokens required"
-                                          : "no node tokens (loopback only)");
+               cfg_.spes_config.auth_tokens_file.empty() ? "no node tokens (loopback only)"
+                                                         : "node tokens required");
 }
 
 RoundState::~RoundState() { close(); }
@@ -292,7 +292,13 @@ bool RoundState::publish() {
   return true;
 }
 
-RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms) {
+void RoundState::wake_waiters() {
+  std::lock_guard<std::mutex> lk(mu_);  // no wait may miss it between its check and its sleep
+  cv_.notify_all();
+}
+
+RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms,
+                                   const std::function<bool()>& give_up) {
   std::unique_lock<std::mutex> lk(mu_);
   members_.check(node);
   const auto deadline =
@@ -302,7 +308,8 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
   cv_.wait_until(lk, deadline, [&] {
     return published_.round >= round || closed_ ||
            (round == published_.round + 1 &&
-            uploads_.state(node.node_id) == UploadStaging::State::None);
+            uploads_.state(node.node_id) == UploadStaging::State::None) ||
+           (give_up && give_up());
   });
   RoundStatus r;
   r.round = round;
@@ -413,6 +420,7 @@ ServerStatus RoundState::status() const {
 void RoundState::tick() {
   std::lock_guard<std::mutex> lk(mu_);
   if (closed_) return;
+  cv_.notify_all();  // long-polls check whether their caller gave up
   try {
     members_.log_dead();
     maybe_publish(true);

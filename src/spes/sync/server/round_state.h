@@ -21,6 +21,7 @@
 #pragma once
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,7 +67,14 @@ class RoundState {
   // node that is still open (the server may not have noticed the break yet) to end.
   uint64_t upload_resume_offset(const NodeId& node, int64_t round, int64_t step,
                                 uint64_t total_bytes);
-  RoundStatus wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms);
+  // Waits until `round` is published, max_wait_ms pass (at most kMaxWaitMs) or `give_up`
+  // returns true (checked whenever waiters are woken: wake_waiters(), and every tick()); then
+  // answers with the round's state at that moment.
+  RoundStatus wait_round(const NodeId& node, int64_t round, uint32_t max_wait_ms,
+                         const std::function<bool()>& give_up = {});
+  // Wakes every wait_round so that each checks its give_up (a newer long-poll of the node, a
+  // cancelled call).
+  void wake_waiters();
   std::unique_ptr<DownloadSession> begin_download(const NodeId& node, int64_t round,
                                                   Selection selection, uint64_t offset = 0);
   void leave(const NodeId& node, int64_t step, const std::string& reason);
@@ -82,7 +90,8 @@ class RoundState {
   std::vector<std::vector<LossPoint>> loss_history() const;
 
   // Periodic housekeeping (about 5 times a second): publishes a round whose deadline passed
-  // with a quorum present, marks silent nodes dead, logs the nodes an open round waits for.
+  // with a quorum present, marks silent nodes dead, logs the nodes an open round waits for,
+  // wakes the waiters (so that a long-poll whose caller went away ends).
   void tick();
   bool all_left() const;
   // Writes the lines of rounds whose downloads are incomplete and wakes every waiter.

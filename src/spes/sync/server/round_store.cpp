@@ -1,5 +1,4 @@
 // The sync server's state on disk and its restart (see round_store.h).
-#include "spes/io/run_layout.h"
 #include "spes/sync/server/round_store.h"
 
 #include <spdlog/spdlog.h>
@@ -10,6 +9,7 @@
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {

@@ -1,8 +1,8 @@
 // gRPC glue of the sync server (see server.h): each RPC checks the caller's credentials from
 // its metadata (call_auth.h) before it reads anything, then maps onto one RoundState call;
-// streams take their node's slot and are watched for idleness (stream_limits.h); SyncError
-// codes map onto gRPC status codes.
-#include "spes/io/run_layout.h"
+// streams take their node's slot and are watched for idleness (stream_limits.h), long-polls
+// are limited per node (long_poll_limits.h); SyncError codes map onto gRPC status codes, and
+// refusals are logged without flooding the log (log_throttle.h).
 #include "spes/sync/server/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -17,8 +17,12 @@
 
 #include "spes/dashboard/dashboard_server.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
+#include "spes/common/strings.h"
 #include "spes/sync/server/call_auth.h"
 #include "spes/sync/server/dashboard_status.h"
+#include "spes/sync/server/log_throttle.h"
+#include "spes/sync/server/long_poll_limits.h"
 #include "spes/sync/server/stream_limits.h"
 #include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
@@ -30,6 +34,7 @@ namespace {
 
 constexpr int kMaxStreamsPerConnection = 64;  // an honest node has at most 4 calls open
 constexpr int kMaxMetadataBytes = 16 << 10;
+constexpr size_t kLongPollsPerNode = 2;  // an honest node has one WaitRound open at a time
 
 grpc::StatusCode grpc_code(SyncErrc c) {
   switch (c) {
@@ -49,32 +54,19 @@ grpc::StatusCode grpc_code(SyncErrc c) {
 }
 
 
-// Runs `body`, turning exceptions into a status (and logging refusals).
-template <class F>
-grpc::Status guarded(const char* rpc, F&& body) {
-  try {
-    body();
-    return grpc::Status::OK;
-  } catch (const SyncError& e) {
-    // Refusals of old rounds are routine after a deadline; everything else is worth a warning.
-    if (e.code() == SyncErrc::OutOfRange || e.code() == SyncErrc::NotJoined)
-      spdlog::info("{} refused: {}", rpc, e.what());
-    else spdlog::warn("{} refused: {}", rpc, e.what());
-    return grpc::Status(grpc_code(e.code()), e.what());
-  } catch (const std::exception& e) {
-    spdlog::error("{} failed: {}", rpc, e.what());
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
-  }
-}
-
 class Service final : public pb::SpesSync::Service {
  public:
-  Service(RoundState& st, const CallAuth& auth, StreamLimits& limits)
-      : st_(st), auth_(auth), limits_(limits) {}
+  Service(RoundState& st, const CallAuth& auth, StreamLimits& limits, LongPollLimits& polls)
+      : st_(st), auth_(auth), limits_(limits), polls_(polls) {}
+
+  // Logs the counts of refusals held back by the throttle (called periodically).
+  void flush_refusal_logs() {
+    for (const std::string& line : refusals_.flush()) spdlog::warn("{}", line);
+  }
 
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                     pb::JoinReply* rep) override {
-    return guarded("Join", [&] {
+    return guarded("Join", *ctx, [&] {
       JoinInfo j;
       j.node = caller(*ctx, req->node());
       j.protocol_version = req->protocol_version();
@@ -99,7 +91,7 @@ class Service final : public pb::SpesSync::Service {
 
   grpc::Status Upload(grpc::ServerContext* ctx, grpc::ServerReader<pb::UploadChunk>* reader,
                       pb::UploadReply* rep) override {
-    return guarded("Upload", [&] {
+    return guarded("Upload", *ctx, [&] {
       // Credentials first: a stranger's stream ends here, before any of its bytes are read.
       const NodeId who = auth_.node(*ctx);
       const auto lease =
@@ -140,9 +132,14 @@ class Service final : public pb::SpesSync::Service {
 
   grpc::Status WaitRound(grpc::ServerContext* ctx, const pb::WaitRoundRequest* req,
                          pb::RoundInfo* rep) override {
-    return guarded("WaitRound", [&] {
-      const RoundStatus r = st_.wait_round(caller(*ctx, req->node()), req->round(),
-                                           req->max_wait_ms());
+    return guarded("WaitRound", *ctx, [&] {
+      const NodeId node = caller(*ctx, req->node());
+      // At most a few long-polls per node: a newer one ends the oldest early. A wait also ends
+      // when its caller goes away (checked on every tick).
+      const auto lease = polls_.open(node.node_id, [this] { st_.wake_waiters(); });
+      const RoundStatus r =
+          st_.wait_round(node, req->round(), req->max_wait_ms(),
+                         [&] { return lease->ended_early() || ctx->IsCancelled(); });
       rep->set_round(r.round);
       rep->set_published(r.published);
       rep->set_step(r.step);
@@ -158,7 +155,7 @@ class Service final : public pb::SpesSync::Service {
 
   grpc::Status Download(grpc::ServerContext* ctx, const pb::DownloadRequest* req,
                         grpc::ServerWriter<pb::DownloadChunk>* writer) override {
-    return guarded("Download", [&] {
+    return guarded("Download", *ctx, [&] {
       const Selection sel =
           req->selection() == pb::SELECTION_ALL ? Selection::All : Selection::ForNode;
       const NodeId node = caller(*ctx, req->node());
@@ -185,14 +182,14 @@ class Service final : public pb::SpesSync::Service {
 
   grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
                      pb::LeaveReply*) override {
-    return guarded("Leave", [&] {
+    return guarded("Leave", *ctx, [&] {
       st_.leave(caller(*ctx, req->node()), req->step(), req->reason());
     });
   }
 
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
                          pb::HeartbeatReply* rep) override {
-    return guarded("Heartbeat", [&] {
+    return guarded("Heartbeat", *ctx, [&] {
       NodeMetrics m;
       if (req->has_loss()) m.loss = req->loss();
       if (req->has_tokens_per_s()) m.tokens_per_s = req->tokens_per_s();
@@ -205,7 +202,7 @@ class Service final : public pb::SpesSync::Service {
 
   grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
                       pb::StatusReply* rep) override {
-    return guarded("Status", [&] {
+    return guarded("Status", *ctx, [&] {
       auth_.check_read(*ctx);
       const ServerStatus s = st_.status();
       rep->set_published_round(s.published_round);
@@ -214,6 +211,7 @@ class Service final : public pb::SpesSync::Service {
       rep->set_collecting_round(s.collecting_round);
       rep->set_round_open_s(s.round_open_s);
       rep->set_protocol_version(s.protocol_version);
+      rep->set_publish_error(s.publish_error);
       for (const auto& n : s.nodes) {
         pb::NodeStatus* p = rep->add_nodes();
         p->set_node_id(n.node_id);
@@ -228,6 +226,50 @@ class Service final : public pb::SpesSync::Service {
   }
 
  private:
+  // Runs `body`, turning exceptions into a status. Refusals are logged through the throttle:
+  // one line per source (the node the metadata names, else the peer's address), RPC and code
+  // every 10 s, then a count of the rest.
+  template <class F>
+  grpc::Status guarded(const char* rpc, const grpc::ServerContext& ctx, F&& body) {
+    try {
+      body();
+      return grpc::Status::OK;
+    } catch (const SyncError& e) {
+      const std::string key =
+          fmt::format("{}|{}|{}", source(ctx), rpc, static_cast<int>(e.code()));
+      if (auto line = refusals_.admit(key, fmt::format("{} refused: {}", rpc, e.what()))) {
+        // Refusals of old rounds are routine after a deadline; the rest is worth a warning.
+        if (e.code() == SyncErrc::OutOfRange || e.code() == SyncErrc::NotJoined)
+          spdlog::info("{}", *line);
+        else spdlog::warn("{}", *line);
+      }
+      return grpc::Status(grpc_code(e.code()), e.what());
+    } catch (const std::exception& e) {
+      const std::string key = fmt::format("{}|{}|failed", source(ctx), rpc);
+      if (auto line = refusals_.admit(key, fmt::format("{} failed: {}", rpc,
+                                                       printable(e.what()))))
+        spdlog::error("{}", *line);
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
+    }
+  }
+  // Who a refusal is counted against: "node N" when the call names a node of the run (true or
+  // not), else the peer's host (its port changes with every connection).
+  std::string source(const grpc::ServerContext& ctx) const {
+    const auto& md = ctx.client_metadata();
+    const auto it = md.find(kNodeIdMetadata);
+    if (it != md.end()) {
+      const std::string id(it->second.data(), it->second.size());
+      if (id.size() <= 6 && !id.empty() &&
+          std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+          std::stoll(id) < st_.model().plan().num_nodes())
+        return "node " + id;
+    }
+    std::string peer = ctx.peer();
+    const size_t colon = peer.rfind(':');
+    if (colon != std::string::npos && peer.compare(0, 5, "unix:") != 0) peer.resize(colon);
+    return printable(peer, 80);
+  }
+
   // The caller as its metadata proves it; the message's node id must be the same node, and
   // gives the incarnation.
   NodeId caller(const grpc::ServerContext& ctx, const pb::NodeIdentity& body) const {
@@ -254,6 +296,8 @@ class Service final : public pb::SpesSync::Service {
   RoundState& st_;
   const CallAuth& auth_;
   StreamLimits& limits_;
+  LongPollLimits& polls_;
+  LogThrottle refusals_{10};
 };
 
 // Who may use the status page: the Host header must be an IP address, "localhost" or the
@@ -286,6 +330,7 @@ struct SyncServer::Impl {
   std::unique_ptr<RoundState> state;
   std::unique_ptr<CallAuth> auth;
   std::unique_ptr<StreamLimits> limits;
+  LongPollLimits long_polls{kLongPollsPerNode};
   std::unique_ptr<Service> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<dashboard::DashboardServer> dashboard;  // destroyed first: it reads `state`
@@ -343,7 +388,8 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
           return dashboard_status(impl->cfg, *impl->state, up);
         }, dashboard_access(sc.dashboard_host, *impl_->auth));
   }
-  impl_->service = std::make_unique<Service>(*impl_->state, *impl_->auth, *impl_->limits);
+  impl_->service = std::make_unique<Service>(*impl_->state, *impl_->auth, *impl_->limits,
+                                             impl_->long_polls);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!sc.tls_cert.empty()) {
     grpc::SslServerCredentialsOptions ssl(
@@ -404,6 +450,7 @@ void SyncServer::run(const std::atomic<bool>* stop_flag) {
       break;
     }
     impl_->state->tick();
+    impl_->service->flush_refusal_logs();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   impl_->state->close();  // wakes long-polls so that Shutdown does not wait for them

@@ -1,6 +1,5 @@
 // Uploads of the collecting round: streams, their checks and their staging (see
 // upload_staging.h).
-#include "spes/io/run_layout.h"
 #include "spes/sync/server/upload_staging.h"
 
 #include <spdlog/spdlog.h>
@@ -11,6 +10,7 @@
 
 #include "spes/common/strings.h"
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 #include "spes/sync/server/upload_assembly.h"
 #include "spes/sync/wire/framing.h"
 
