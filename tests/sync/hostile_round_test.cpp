@@ -221,6 +221,53 @@ TEST(HostileRound, SlowDriftIsBoundedOverTheWindow) {
   EXPECT_EQ(st.published_round(), 2);
 }
 
+TEST(HostileRound, TheDriftWindowSurvivesAServerRestart) {
+  TempDir dir;
+  const Config cfg = two_nodes({"spes_config.outlier_factor=0", "spes_config.max_drift_ratio=0.7",
+                                "spes_config.drift_window_rounds=3"});
+  // The same slow drift as above, with the server restarted after round 2: the restarted
+  // server must still see rounds 1 and 2 in its window and refuse round 3 (an empty window
+  // would take 0.3 < 0.7 as the whole path).
+  auto drift_round = [&](RoundState& st, FakeNode& a, FakeNode& b, int64_t r) {
+    std::string why;
+    for (auto* n : {&a, &b}) {
+      NamedTensors t = trained(*n, st, 0.0);
+      tensor_named(t, kNorm).add_(0.3);
+      const std::string e = error_of([&] { send_upload(st, n->id, r, upload_of(*n, r, t)); });
+      if (!e.empty()) why = e;
+    }
+    return why;
+  };
+  {
+    RoundState st(cfg, ServeOptions{dir.path});
+    FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
+    st.join(a.join_info());
+    st.join(b.join_info());
+    for (int64_t r = 1; r <= 2; ++r) EXPECT_EQ(drift_round(st, a, b, r), "") << "round " << r;
+    ASSERT_EQ(st.published_round(), 2);
+  }
+  {
+    RoundState st(cfg, ServeOptions{dir.path});
+    ASSERT_EQ(st.published_round(), 2);
+    FakeNode a(cfg, 0, 3), b(cfg, 1, 4);
+    st.join(a.join_info());
+    st.join(b.join_info());
+    EXPECT_THAT(drift_round(st, a, b, 3), HasSubstr("max_drift_ratio"));
+    EXPECT_EQ(st.published_round(), 2);
+  }
+  // A window file that does not belong to the resumed round is not trusted: the window starts
+  // over from the resumed model, so the same drift passes once.
+  nlohmann::json w = nlohmann::json::parse(file_read(dir.path + "/drift_window.json"));
+  w["round"] = 1;
+  file_write_atomic(dir.path + "/drift_window.json", w.dump());
+  RoundState st(cfg, ServeOptions{dir.path});
+  FakeNode a(cfg, 0, 5), b(cfg, 1, 6);
+  st.join(a.join_info());
+  st.join(b.join_info());
+  EXPECT_EQ(drift_round(st, a, b, 3), "");
+  EXPECT_EQ(st.published_round(), 3);
+}
+
 TEST(HostileRound, TokenCountsMustBePossible) {
   TempDir dir;
   const Config cfg = two_nodes({"spes_config.weighting=tokens"});

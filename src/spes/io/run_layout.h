@@ -3,7 +3,7 @@
 //   training run (`spes train --out`, `spes node --out`): metrics.jsonl, checkpoint/
 //   checkpoint: state.json (written last: marks a complete checkpoint), config.yaml, weights
 //   sync server (`spes serve --out`): state.json, published.safetensors, rounds.jsonl,
-//     server.json, momentum-<r>.safetensors, staging/, rounds/<r>/ (--keep-uploads)
+//     server.json, drift_window.json, momentum-<r>.safetensors, staging/, rounds/<r>/ (--keep-uploads)
 //   local cluster (`spes launch --out`): config.yaml, summary.json, server/ (a sync server's
 //     directory), node<i>/ (training runs)
 // Only names; reading and writing them is the business of each owner.
@@ -31,6 +31,7 @@ inline std::string server_state(const std::string& dir) { return dir + "/" + kSe
 inline std::string published(const std::string& dir) { return dir + "/" + kPublishedName; }
 inline std::string rounds_log(const std::string& dir) { return dir + "/" + kRoundsLogName; }
 inline std::string server_info(const std::string& dir) { return dir + "/server.json"; }
+inline std::string drift_window(const std::string& dir) { return dir + "/drift_window.json"; }
 inline std::string staging(const std::string& dir) { return dir + "/staging"; }
 inline std::string kept_rounds(const std::string& dir) { return dir + "/rounds"; }
 inline std::string kept_round(const std::string& dir, int64_t round) {

@@ -54,7 +54,11 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
     published_.sha256 = model_->weights_sha256();
     store_.persist(published_, nlohmann::json());
   }
-  if (resumed) bounds_.reset(model_->tensors());  // the drift window starts over
+  if (resumed && !bounds_.restore(store_.load_drift_window(published_))) {
+    bounds_.reset(model_->tensors());
+    spdlog::warn("sync server: no usable drift window was saved with round {}; it starts over "
+                 "from the resumed model", published_.round);
+  }
   uploads_.next_round(published_.round + 1);
   round_.begin(published_.round + 1);
   spdlog::info("sync server: mode {}, {} nodes, sync every {} steps, transfer {}, model {} "
@@ -282,6 +286,7 @@ bool RoundState::publish() {
   line["persist_s"] = seconds_since(t1);
   log_->published(std::move(line), p.nodes, members_.size(), published_at);
   bounds_.published(change, model_->tensors());
+  store_.save_drift_window(p, bounds_.to_json());
   uploads_.next_round(p.round + 1);
   uploads_.remove_staged(p.round);
   round_.begin(p.round + 1);

@@ -123,6 +123,36 @@ std::optional<PublishedRound> RoundStore::resume() {
   return p;
 }
 
+void RoundStore::save_drift_window(const PublishedRound& p, const nlohmann::json& window) const {
+  const nlohmann::json j = {{"format", "spes-drift-window-v1"},
+                            {"round", p.round},
+                            {"model_sha256", p.sha256},
+                            {"window", window}};
+  try {
+    file_write_atomic(run_layout::drift_window(dir_), j.dump());
+  } catch (const std::exception& e) {
+    spdlog::warn("round {}: the drift window could not be saved ({}); a restart would start it "
+                 "empty", p.round, e.what());
+  }
+}
+
+nlohmann::json RoundStore::load_drift_window(const PublishedRound& p) const {
+  const std::string path = run_layout::drift_window(dir_);
+  if (!fs::exists(path)) return nullptr;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(file_read(path));
+    if (j.value("format", "") == "spes-drift-window-v1" &&
+        j.value("round", int64_t{-1}) == p.round && j.value("model_sha256", "") == p.sha256 &&
+        j.contains("window"))
+      return j["window"];
+    spdlog::warn("'{}' is not the drift window of round {}; the window starts empty", path,
+                 p.round);
+  } catch (const std::exception& e) {
+    spdlog::warn("'{}' is unreadable ({}); the drift window starts empty", path, e.what());
+  }
+  return nullptr;
+}
+
 nlohmann::json RoundStore::saved_line() const {
   const nlohmann::json st = nlohmann::json::parse(file_read(run_layout::server_state(dir_)));
   if (st.contains("line") && st["line"].is_object()) return st["line"];

@@ -43,6 +43,11 @@ class RoundStore {
   // Throws (nothing replaced) when the published model cannot be written; once it is in place
   // (the commit point) a failure to update state.json is logged, not thrown.
   void persist(const PublishedRound& p, const nlohmann::json& line);
+  // The update bounds' drift window after round `p` (UpdateBounds::to_json), saved atomically
+  // beside the round; a failure is logged (a restart then starts the window empty).
+  void save_drift_window(const PublishedRound& p, const nlohmann::json& window) const;
+  // The window saved with round `p` (same round and model digest), else null.
+  nlohmann::json load_drift_window(const PublishedRound& p) const;
   // The rounds.jsonl line that state.json keeps (null if none).
   nlohmann::json saved_line() const;
   const std::string& dir() const { return dir_; }

@@ -100,6 +100,41 @@ void UpdateBounds::reset(const std::vector<torch::Tensor>& pub) {
   changes_.clear();
 }
 
+nlohmann::json UpdateBounds::to_json() const {
+  return {{"norms", std::vector<std::vector<double>>(norms_.begin(), norms_.end())},
+          {"changes", std::vector<std::vector<double>>(changes_.begin(), changes_.end())}};
+}
+
+bool UpdateBounds::restore(const nlohmann::json& j) {
+  const size_t T = plan_.tensors().size();
+  const size_t W = static_cast<size_t>(cfg_.spes_config.drift_window_rounds);
+  auto rows = [&](const char* key, size_t max_rows, std::deque<std::vector<double>>* out) {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_array() || j[key].size() > max_rows)
+      return false;
+    std::deque<std::vector<double>> got;
+    for (const auto& r : j[key]) {
+      if (!r.is_array() || r.size() != T) return false;
+      std::vector<double> row;
+      for (const auto& v : r) {
+        if (!v.is_number()) return false;
+        const double x = v.get<double>();
+        if (!std::isfinite(x) || x < 0) return false;
+        row.push_back(x);
+      }
+      got.push_back(std::move(row));
+    }
+    *out = std::move(got);
+    return true;
+  };
+  std::deque<std::vector<double>> norms, changes;
+  if (!rows("norms", W, &norms) || !rows("changes", W - 1, &changes) || norms.empty() ||
+      changes.size() + 1 != norms.size())
+    return false;
+  norms_ = std::move(norms);
+  changes_ = std::move(changes);
+  return true;
+}
+
 void UpdateBounds::published(const std::vector<double>& change,
                              const std::vector<torch::Tensor>& pub) {
   const size_t W = static_cast<size_t>(cfg_.spes_config.drift_window_rounds);

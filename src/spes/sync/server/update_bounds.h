@@ -12,10 +12,12 @@
 //     fedavg/diloco): an update above spes_config.outlier_factor x the median of the other
 //     nodes' updates of that tensor is refused when the round closes.
 // A tensor's norm is floored at an RMS of 1e-3 (a tensor at or near zero can still move).
-// The drift window lives in memory: after a server restart it starts empty.
+// The drift window is saved after every published round (to_json, RoundStore) and restored
+// when the server resumes that round (restore); without a matching file it starts empty.
 // Not thread-safe: RoundState's lock guards it. Leaves out: the whole-upload bound
 // (max_update_norm_ratio, upload_staging.cpp) and the aggregation statistic (aggregate.h).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -48,8 +50,12 @@ class UpdateBounds {
   std::vector<Outlier> outliers(
       const std::vector<std::pair<int64_t, const std::vector<double>*>>& uploads) const;
 
-  // Starts the window over at `pub` (a server resumed from disk).
+  // Starts the window over at `pub` (a server resumed from disk without a saved window).
   void reset(const std::vector<torch::Tensor>& pub);
+  // The window as JSON ({"norms": [[...]], "changes": [[...]]}), and back; restore() refuses
+  // (false, window unchanged) a window of another shape or with non-finite or negative values.
+  nlohmann::json to_json() const;
+  bool restore(const nlohmann::json& j);
   // A round was published: `change` per tensor (RoundOutcome::change), `pub` the new tensors.
   void published(const std::vector<double>& change, const std::vector<torch::Tensor>& pub);
 
