@@ -382,6 +382,13 @@ void config_validate(const Config& c, const std::string& o) {
   SPES_CHECK(s.transfer_dtype == "fp32" || s.transfer_dtype == "bf16",
              "{}: spes_config.transfer_dtype must be fp32 or bf16, found '{}'", o,
              s.transfer_dtype);
+  SPES_CHECK(s.compression == "none" || s.compression == "bf16" || s.compression == "int8",
+             "{}: spes_config.compression must be none, bf16 or int8, found '{}'", o,
+             s.compression);
+  SPES_CHECK(s.compression == "none" || s.transfer_dtype == "fp32",
+             "{}: spes_config.compression {} needs spes_config.transfer_dtype fp32 (found {}): "
+             "deltas are taken from the exact fp32 published model", o, s.compression,
+             s.transfer_dtype);
   SPES_CHECK(s.weighting == "equal" || s.weighting == "tokens",
              "{}: spes_config.weighting must be equal or tokens, found '{}'", o, s.weighting);
   SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);

@@ -118,6 +118,7 @@ struct SpesConfig {
   int64_t sync_steps = 100;
   std::string server_addr = "127.0.0.1:50551";
   std::string transfer_dtype = "fp32";  // fp32 | bf16
+  std::string compression = "none";     // none | bf16 | int8: uploads as quantised deltas
   std::string weighting = "equal";      // equal | tokens
   int64_t merge_interval = 500;         // 0 disables expert merging
   double merge_alpha_start = 0.01;
@@ -154,6 +155,7 @@ struct SpesConfig {
     v("num_train_experts_per_node", num_train_experts_per_node);
     v("expert_owners", expert_owners); v("sync_steps", sync_steps);
     v("server_addr", server_addr); v("transfer_dtype", transfer_dtype);
+    v("compression", compression);
     v("weighting", weighting); v("merge_interval", merge_interval);
     v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
     v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);
