@@ -6,6 +6,10 @@
 // the server's peak RSS against the model's fp32 size. Defaults: the d_model 512 shape of
 // bench/train_bench (about 117M parameters, 8 experts) with 4 nodes owning 2 experts each.
 //   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
+//                          [--compression none|bf16|int8]
+// With --compression the simulated nodes upload quantised deltas (with error feedback) from the
+// model they started with, as spes node does from the published model; only the bytes and the
+// server's work are representative (the nodes do not load what they download).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -29,6 +33,7 @@
 #include "spes/model/registry.h"
 #include "spes/model/transformer.h"
 #include "spes/sync/node/client.h"
+#include "spes/sync/round/delta_upload.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/wire/framing.h"
 
@@ -42,6 +47,7 @@ struct Args {
   int64_t d_model = 512, n_layers = 8, n_heads = 8, experts = 8, top_k = 2, hidden = 1024;
   int64_t vocab = 8192, seq = 256;
   std::string dtype = "fp32";
+  std::string compression = "none";
   std::string spes;  // path of the spes executable (default: ../spes next to this bench)
   std::string out = "runs/sync_bench";
 };
@@ -49,7 +55,7 @@ struct Args {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: sync_bench [--nodes N] [--rounds R] [--merge-interval I] [--dtype fp32|bf16]"
-               "\n  [--d-model D] [--layers L] [--heads H] [--experts E] [--hidden F] "
+               "\n  [--compression none|bf16|int8] [--d-model D] [--layers L] [--heads H] [--experts E] [--hidden F] "
                "[--vocab V]\n  [--spes PATH] [--out DIR]\n");
   std::exit(2);
 }
@@ -64,6 +70,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--rounds") a.rounds = std::stoll(v);
     else if (k == "--merge-interval") a.merge_interval = std::stoll(v);
     else if (k == "--dtype") a.dtype = v;
+    else if (k == "--compression") a.compression = v;
     else if (k == "--d-model") a.d_model = std::stoll(v);
     else if (k == "--layers") a.n_layers = std::stoll(v);
     else if (k == "--heads") a.n_heads = std::stoll(v);
@@ -92,6 +99,7 @@ spes::Config bench_config(const Args& a) {
   c.spes_config.num_peers = a.nodes;
   c.spes_config.sync_steps = 1;  // round r is step r
   c.spes_config.transfer_dtype = a.dtype;
+  c.spes_config.compression = a.compression;
   c.spes_config.merge_interval = a.merge_interval;
   c.spes_config.merge_alpha_start = 0.01;
   c.spes_config.merge_decay_steps = 10000;
@@ -156,8 +164,8 @@ int main(int argc, char** argv) {
     const int64_t P = models[0]->num_params();
     const double fp32_mib = 4.0 * static_cast<double>(P) / (1 << 20);
     fmt::print("sync_bench: {:.1f}M parameters ({:.0f} MiB fp32), {} nodes, {} rounds, {} "
-               "transfers, merging every {} rounds\n", P / 1e6, fp32_mib, a.nodes, a.rounds,
-               a.dtype, a.merge_interval);
+               "transfers, compression {}, merging every {} rounds\n", P / 1e6, fp32_mib,
+               a.nodes, a.rounds, a.dtype, a.compression, a.merge_interval);
 
     spes::Subprocess server({exe, "serve", "--config", cfg_path, "--out",
                                    a.out + "/server", "--listen", "127.0.0.1:0", "--overwrite"});
@@ -194,6 +202,8 @@ int main(int argc, char** argv) {
           client.join(spes::sync::node_join_info(cfg, reg, id, 0));
           auto discard = [](const char*, size_t) {};
           client.download(0, spes::sync::Selection::All, [](uint64_t) {}, discard);
+          spes::sync::DeltaUpload delta(spes::Choice<spes::Compression>(a.compression));
+          if (delta.enabled()) delta.set_base(reg, true);
           for (int64_t r = 1; r <= a.rounds; ++r) {
             {  // a small change, so every round aggregates real updates
               torch::NoGradGuard ng;
@@ -205,7 +215,9 @@ int main(int argc, char** argv) {
             sync_point.arrive_and_wait();
             const auto t0 = Clock::now();
             const spes::sync::UploadMeta meta{i, r, r, 1000, id.incarnation, reg.fingerprint()};
-            const auto up = client.upload(r, r, spes::sync::node_upload_writer(reg, meta, wire));
+            const auto up = client.upload(
+                r, r, delta.enabled() ? delta.encode(reg, meta)
+                                      : spes::sync::node_upload_writer(reg, meta, wire));
             const auto t1 = Clock::now();
             spes::sync::RoundStatus st;
             do {
@@ -215,6 +227,10 @@ int main(int argc, char** argv) {
             const uint64_t down =
                 client.download(r, spes::sync::Selection::ForNode, [](uint64_t) {}, discard);
             const auto t3 = Clock::now();
+            if (delta.enabled()) {  // as spes node: the upload as rebuilt becomes the base
+              delta.apply_rebuilt(reg);
+              delta.set_base(reg, false);
+            }
             auto secs = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };
             times[i].upload_s.push_back(secs(t0, t1));
             times[i].wait_s.push_back(secs(t1, t2));
@@ -242,12 +258,15 @@ int main(int argc, char** argv) {
                "round_s", "upload_s", "wait_s", "download_s", "up/node", "down/node",
                "throughput");
     nlohmann::json report = {{"params", P}, {"nodes", a.nodes}, {"dtype", a.dtype},
+                             {"compression", a.compression},
                              {"rounds", nlohmann::json::array()}};
     double max_round = 0, sum_round = 0;
     for (int64_t r = 1; r <= a.rounds; ++r) {
       double up_s = 0, wait_s = 0, down_s = 0;
-      uint64_t total = 0;
+      uint64_t total = 0, up_sum = 0, down_sum = 0;
       for (const auto& t : times) {
+        up_sum += t.up_bytes[r - 1];
+        down_sum += t.down_bytes[r - 1];
         up_s = std::max(up_s, t.upload_s[r - 1]);
         wait_s = std::max(wait_s, t.wait_s[r - 1]);
         down_s = std::max(down_s, t.download_s[r - 1]);
@@ -265,6 +284,8 @@ int main(int argc, char** argv) {
       report["rounds"].push_back({{"round", r}, {"merged", merged}, {"seconds", round_s[r]},
                                   {"bytes_up_node0", times[0].up_bytes[r - 1]},
                                   {"bytes_down_node0", times[0].down_bytes[r - 1]},
+                                  {"bytes_up_per_node_mean", up_sum / a.nodes},
+                                  {"bytes_down_per_node_mean", down_sum / a.nodes},
                                   {"mib_per_s", mibps}});
     }
     report["round_seconds_mean"] = sum_round / static_cast<double>(a.rounds);

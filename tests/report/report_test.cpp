@@ -82,6 +82,18 @@ TEST(TransferFormula, MatchesCountsFromTheDimensions) {
   EXPECT_EQ(g.grad_and_optimizer_bytes(), 12 * (S + X));
 }
 
+TEST(TransferFormula, CompressedUploadsCountTheirEncoding) {
+  Config cfg = tiny_spes_config();
+  const int64_t n = transfer_formula(cfg, 0).trainable_numel();
+  const int64_t fp32_down = transfer_formula(cfg, 0).download_bytes();
+  cfg.spes_config.compression = "int8";
+  const TransferFormula q = transfer_formula(cfg, 0);
+  EXPECT_EQ(q.upload_bytes(), n + 4 * ((n + 255) / 256));  // 1 byte + a scale per 256 values
+  EXPECT_EQ(q.download_bytes(), fp32_down);  // downloads are full fp32 tensors
+  cfg.spes_config.compression = "bf16";
+  EXPECT_EQ(transfer_formula(cfg, 0).upload_bytes(), 2 * n);
+}
+
 TEST(ParamCounts, MatchCountsFromTheDimensions) {
   Config cfg = tiny_spes_config();
   const int64_t d = 16, L = 2, E = 4, F = 12, V = 32;

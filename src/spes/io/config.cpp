@@ -381,6 +381,10 @@ void config_validate(const Config& c, const std::string& o) {
   SPES_CHECK(s.peer_id >= 0 && s.peer_id < s.num_peers,
              "{}: spes_config.peer_id must be in [0, num_peers={}), found {}", o, s.num_peers,
              s.peer_id);
+  SPES_CHECK(s.compression == Compression::None || s.transfer_dtype == TransferDtype::Fp32,
+             "{}: spes_config.compression {} needs spes_config.transfer_dtype fp32 (found {}): "
+             "deltas are taken from the exact fp32 published model", o, s.compression,
+             s.transfer_dtype);
   SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
   SPES_CHECK(s.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
   SPES_CHECK(s.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers ({}); "

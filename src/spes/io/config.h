@@ -16,6 +16,7 @@ namespace spes {
 // The settings that take one of a few names, parsed once (io/choice.h).
 enum class SyncMode { Centralized, Spes, Fedavg, Diloco };
 enum class TransferDtype { Fp32, Bf16 };
+enum class Compression { None, Bf16, Int8 };
 enum class Weighting { Equal, Tokens };
 enum class Aggregation { Mean, TrimmedMean, Median };
 enum class QkNorm { Whole, PerHead, None };
@@ -30,6 +31,10 @@ template <> struct ChoiceNames<SyncMode> {
 template <> struct ChoiceNames<TransferDtype> {
   static constexpr std::array<std::pair<TransferDtype, std::string_view>, 2> names{
       {{TransferDtype::Fp32, "fp32"}, {TransferDtype::Bf16, "bf16"}}};
+};
+template <> struct ChoiceNames<Compression> {
+  static constexpr std::array<std::pair<Compression, std::string_view>, 3> names{
+      {{Compression::None, "none"}, {Compression::Bf16, "bf16"}, {Compression::Int8, "int8"}}};
 };
 template <> struct ChoiceNames<Weighting> {
   static constexpr std::array<std::pair<Weighting, std::string_view>, 2> names{
@@ -160,6 +165,7 @@ struct SpesConfig {
   int64_t sync_steps = 100;
   std::string server_addr = "127.0.0.1:50551";
   Choice<TransferDtype> transfer_dtype = TransferDtype::Fp32;  // fp32 | bf16
+  Choice<Compression> compression = Compression::None;  // none | bf16 | int8: uploads as deltas
   Choice<Weighting> weighting = Weighting::Equal;  // equal | tokens
   int64_t merge_interval = 500;         // 0 disables expert merging
   double merge_alpha_start = 0.01;
@@ -196,6 +202,7 @@ struct SpesConfig {
     v("num_train_experts_per_node", num_train_experts_per_node);
     v("expert_owners", expert_owners); v("sync_steps", sync_steps);
     v("server_addr", server_addr); v("transfer_dtype", transfer_dtype);
+    v("compression", compression);
     v("weighting", weighting); v("merge_interval", merge_interval);
     v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
     v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);

@@ -16,7 +16,11 @@ int64_t TransferFormula::grad_and_optimizer_bytes() const {
 
 int64_t TransferFormula::upload_bytes() const {
   if (mode == SyncMode::Centralized) return 0;
-  return value_bytes * trainable_numel();
+  switch (compression) {
+    case Compression::Bf16: return 2 * trainable_numel();
+    case Compression::Int8: return trainable_numel() + 4 * ((trainable_numel() + 255) / 256);
+    default: return value_bytes * trainable_numel();
+  }
 }
 
 int64_t TransferFormula::download_bytes() const {
@@ -32,6 +36,7 @@ TransferFormula transfer_formula(const Config& cfg, int64_t node) {
   TransferFormula f;
   f.mode = cfg.spes_config.mode;
   f.value_bytes = cfg.spes_config.transfer_dtype == TransferDtype::Bf16 ? 2 : 4;
+  f.compression = cfg.spes_config.compression;
   const ParamCounts c = param_counts(cfg, node);
   f.shared_numel = c.shared;
   f.expert_numel = c.experts;

@@ -19,11 +19,14 @@ struct TransferFormula {
   int64_t expert_numel = 0;       // X (all experts of all layers)
   int64_t own_expert_numel = 0;   // X_i (experts node i owns; X in full-model modes)
   int64_t value_bytes = 4;        // transfer dtype: 4 (fp32) or 2 (bf16)
+  Compression compression = Compression::None;  // uploads: bf16 2 bytes per value; int8 1 byte
+                                                // + a 4-byte scale per 256 values
 
   int64_t total_numel() const { return shared_numel + expert_numel; }  // P
   int64_t trainable_numel() const;
   int64_t grad_and_optimizer_bytes() const;
-  int64_t upload_bytes() const;         // payload only (no safetensors header)
+  int64_t upload_bytes() const;         // payload only (no safetensors header; int8: the
+                                        // scales as if the values were one tensor)
   int64_t download_bytes() const;       // a round without merging
   int64_t download_merge_bytes() const; // a merge round
 };

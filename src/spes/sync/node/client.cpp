@@ -138,6 +138,7 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   req.set_num_peers(info.num_peers);
   req.set_sync_steps(info.sync_steps);
   req.set_transfer_dtype(info.transfer_dtype);
+  req.set_compression(info.compression);
   req.set_step(info.step);
   pb::JoinReply rep;
   grpc::ClientContext ctx;

@@ -214,8 +214,17 @@ void SyncNode::on_start(Trainer& t) {
   // Keep the checkpoint's weights only when they continue the latest published round;
   // otherwise take the published model and its step (a fresh node, or others moved on).
   const int64_t step = t.state().step;
-  const bool keep = t.state().sync_round == jr.published_round &&
-                    RoundClock(cfg).between_syncs(step, jr.published_step);
+  delta_ = std::make_unique<DeltaUpload>(cfg.spes_config.compression);
+  const bool continues = t.state().sync_round == jr.published_round &&
+                         RoundClock(cfg).between_syncs(step, jr.published_step);
+  // A compressed upload is a delta from the published model, which a checkpoint taken inside
+  // a round no longer holds: such a node takes the published model again.
+  const bool keep = continues && !delta_->enabled();
+  if (continues && !keep)
+    spdlog::warn("node {}: its checkpoint at step {} continues round {}, but with "
+                 "spes_config.compression {} it needs the published model as the base of its "
+                 "next delta: taking it (the steps since the round are lost)", id.node_id, step,
+                 jr.published_round, cfg.spes_config.compression);
   uint64_t down = 0;
   std::string sha;
   if (keep) {
@@ -241,6 +250,7 @@ void SyncNode::on_start(Trainer& t) {
   step_ = t.state().step;
   frozen_sha_ = frozen_weights_sha256(reg);
   tokens_at_sync_ = t.state().tokens;
+  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/true);
   int64_t grad_numel = 0;
   for (const auto& e : reg.entries())
     if (e.tensor.requires_grad()) grad_numel += e.tensor.numel();
@@ -256,7 +266,10 @@ void SyncNode::on_start(Trainer& t) {
                   {"frozen_numel", reg.frozen_numel()},
                   {"grad_numel", grad_numel},
                   {"optimizer_state_bytes", t.optimizer().state_bytes()},
-                  {"upload_data_bytes", node_upload_writer(reg, probe, wire).data_bytes()}};
+                  {"compression", cfg.spes_config.compression.name()},
+                  {"upload_data_bytes", delta_->enabled()
+                                            ? delta_->upload_data_bytes(reg)
+                                            : node_upload_writer(reg, probe, wire).data_bytes()}};
   spdlog::info("node {}: joined at round {} (step {}), loaded {} ({}), model sha256 {}",
                id.node_id, jr.published_round, t.state().step, human_bytes(down),
                wire_dtype_name(wire), sha.substr(0, 16));
@@ -357,6 +370,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
     t.state().sync_round = round;
     frozen_sha_ = frozen_weights_sha256(reg);
     tokens_at_sync_ = t.state().tokens;
+    if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/true);
     spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
                  round, from, t.state().step, human_bytes(static_cast<double>(down)),
                  sha.substr(0, 16));
@@ -388,8 +402,11 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
   // 1. Upload the trainable tensors.
   const UploadMeta meta{node, round, step, t.state().tokens - tokens_at_sync_,
                         client_->id().incarnation, reg.fingerprint()};
+  // With compression the payload is the quantised delta (value faults do not apply to it).
   const SafetensorsStreamWriter payload =
-      faults_ ? faults_->payload(reg, meta, wire) : node_upload_writer(reg, meta, wire);
+      delta_->enabled() ? delta_->encode(reg, meta)
+      : faults_         ? faults_->payload(reg, meta, wire)
+                        : node_upload_writer(reg, meta, wire);
   // Returns a catch-up record when the round can no longer take this node's upload.
   UploadResult up;
   auto upload = [&]() -> nlohmann::json {
@@ -452,6 +469,8 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
   // does not get back already hold the published value up to rounding to the transfer dtype,
   // which we apply here.
   const auto t2 = Clock::now();
+  // A compressed upload counts as the server rebuilt it: base + deq(q), bit for bit.
+  if (delta_->enabled()) delta_->apply_rebuilt(reg);
   Download d{reg, round, Selection::ForNode, wire};
   uint64_t down = 0;
   try {
@@ -472,6 +491,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
              round, sha, st.model_sha256);
   const std::string frozen_after = frozen_weights_sha256(reg);
   frozen_sha_ = frozen_after;
+  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
   tokens_at_sync_ = t.state().tokens;
   t.state().sync_round = round;
   spdlog::info("node {}: round {} (step {}): up {}, down {}, upload {:.2f} s, wait {:.2f} s, "
@@ -489,6 +509,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
           {"model_sha256", sha},
           {"alpha", st.alpha},
           {"tokens", meta.tokens},
+          {"compression", cfg.spes_config.compression.name()},
           {"upload_s", upload_s},
           {"wait_s", wait_s},
           {"download_s", download_s},

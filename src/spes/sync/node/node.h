@@ -22,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "spes/sync/round/delta_upload.h"
 #include "spes/sync/node/faults.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes/train/trainer.h"
@@ -68,6 +69,7 @@ class SyncNode : public StepObserver {
   Trainer* trainer_ = nullptr;
   std::unique_ptr<SyncClient> client_;
   std::unique_ptr<NodeFaultInjection> faults_;  // null unless opts_.faults.any()
+  std::unique_ptr<DeltaUpload> delta_;          // compressed uploads (disabled: compression none)
   nlohmann::json join_record_;
   int64_t tokens_at_sync_ = 0;
   std::string frozen_sha_;

@@ -200,18 +200,24 @@ RoundOutcome RoundAggregator::finish() {
   const double mu = model_.config().spes_config.outer_momentum;
   torch::NoGradGuard ng;
   out_.change.assign(pub.size(), 0.0);
-  // Owner copies straight from the staged uploads into the published tensors.
+  // Owner copies straight from the staged uploads into the published tensors (a compressed
+  // upload rebuilt against them first: they still hold the previous round's values).
   for (const auto& [node, path] : owner_files_) {
     SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr, kMaxHeaderBytes);
-    reader.set_slice_handler([&, node = node](const StreamEntry& e, int64_t first,
-                                              const torch::Tensor& run, bool) {
-      const int64_t i = plan.index(e.name);
-      const PlanTensor& t = plan.tensors()[i];
-      if (t.rule != Combine::OwnerCopy || t.owner != node) return;
-      torch::Tensor dst = pub[i].view({-1}).slice(0, first, first + run.numel());
-      out_.change[i] += (run.to(torch::kFloat32) - dst).pow(2).sum().item<double>();
-      dst.copy_(run);
-    });
+    DeltaStreamDecoder decoder(
+        plan.compression(),
+        [&](const StreamEntry& e) { return pub[plan.index(e.name)].view({-1}); },
+        [&, node = node](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
+          const int64_t i = plan.index(e.name);
+          const PlanTensor& t = plan.tensors()[i];
+          if (t.rule != Combine::OwnerCopy || t.owner != node) return;
+          torch::Tensor dst = pub[i].view({-1}).slice(0, first, first + run.numel());
+          out_.change[i] += (run.to(torch::kFloat32) - dst).pow(2).sum().item<double>();
+          dst.copy_(run);
+        },
+        path);
+    reader.set_slice_handler([&](const StreamEntry& e, int64_t first, const torch::Tensor& run,
+                                 bool last) { decoder(e, first, run, last); });
     stream_file(path, reader);
   }
   owner_files_.clear();
@@ -276,10 +282,18 @@ UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const s
         agg.begin_node(meta.node, meta.tokens, path);
       },
       nullptr, kMaxHeaderBytes);
-  reader.set_slice_handler(
+  const auto& pub = agg.model().tensors();
+  DeltaStreamDecoder decoder(
+      plan.compression(),
+      [&](const StreamEntry& e) { return pub[plan.index(e.name)].view({-1}); },
       [&](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
         check_upload_run(e, run, path);
         agg.add_run(e.name, first, run, last);
+      },
+      path);
+  reader.set_slice_handler(
+      [&](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
+        decoder(e, first, run, last);
       });
   stream_file(path, reader);
   agg.end_node();

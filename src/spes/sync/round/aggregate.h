@@ -82,6 +82,7 @@ class RoundAggregator {
   explicit RoundAggregator(SyncModel& model);
   void begin(int64_t round, int64_t step);
   bool active() const { return active_; }
+  const SyncModel& model() const { return model_; }
   int64_t round() const { return round_; }
   int64_t step() const { return step_; }
   // Folds one node's upload: begin_node, then its tensors in model order (whole with add(), or
@@ -122,7 +123,8 @@ class RoundAggregator {
 
 // Folds one upload file (a stream exactly as the server received it) into `agg`, with the
 // server's checks (header against the plan, finite values), reading it piece by piece; owner
-// copies are read back from the file by finish(). `expect_node` < 0: any node.
+// copies are read back from the file by finish(). A compressed upload is rebuilt against the
+// model's published tensors (the previous round's model) first. `expect_node` < 0: any node.
 UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
                             int64_t expect_node = -1);
 

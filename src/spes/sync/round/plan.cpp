@@ -14,7 +14,8 @@ namespace spes::sync {
 
 RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
     : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
-      wire_(wire_dtype_of(cfg.spes_config.transfer_dtype)) {
+      wire_(wire_dtype_of(cfg.spes_config.transfer_dtype)),
+      compression_(cfg.spes_config.compression) {
   SPES_CHECK(mode_ != SyncMode::Centralized,
              "spes_config.mode is centralized: a sync server needs mode spes, fedavg or diloco "
              "(centralized training has nothing to synchronise)");
@@ -76,7 +77,9 @@ uint64_t RoundPlan::upload_data_bytes(int64_t node) const {
   for (size_t i : upload_.at(node)) {
     uint64_t numel = 1;
     for (int64_t d : tensors_[i].shape) numel *= static_cast<uint64_t>(d);
-    n += numel * c10::elementSize(wire_scalar_type(wire_));
+    n += compression_ == Compression::None
+             ? numel * c10::elementSize(wire_scalar_type(wire_))
+             : delta_payload_bytes(compression_, static_cast<int64_t>(numel));
   }
   return n;
 }
@@ -85,19 +88,24 @@ uint64_t RoundPlan::max_upload_header_bytes(int64_t node) const {
   // Per tensor: its name and the JSON around it ("dtype", "shape" with up to 20 digits per
   // dimension, "data_offsets"); the metadata's few short values fit in the slack.
   uint64_t n = 4096;
-  for (size_t i : upload_.at(node))
+  const bool scales = compression_ == Compression::Int8;
+  for (size_t i : upload_.at(node)) {
     n += tensors_[i].name.size() + 96 + 21 * tensors_[i].shape.size();
+    if (scales) n += tensors_[i].name.size() + 8 + 96 + 21;  // "NAME:scale", [blocks]
+  }
   return std::min<uint64_t>(n, kMaxHeaderBytes);
 }
 
 Metadata upload_metadata(const UploadMeta& m) {
-  return {{"format", "spes-upload-v1"},
-          {"node_id", std::to_string(m.node)},
-          {"incarnation", std::to_string(m.incarnation)},
-          {"round", std::to_string(m.round)},
-          {"step", std::to_string(m.step)},
-          {"tokens", std::to_string(m.tokens)},
-          {"model_fingerprint", m.model_fingerprint}};
+  Metadata md = {{"format", "spes-upload-v1"},
+                 {"node_id", std::to_string(m.node)},
+                 {"incarnation", std::to_string(m.incarnation)},
+                 {"round", std::to_string(m.round)},
+                 {"step", std::to_string(m.step)},
+                 {"tokens", std::to_string(m.tokens)},
+                 {"model_fingerprint", m.model_fingerprint}};
+  if (m.compression != Compression::None) md["compression"] = compression_name(m.compression);
+  return md;
 }
 
 namespace {
@@ -140,9 +148,41 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
   if (m.node >= plan.num_nodes())
     sync_fail(SyncErrc::InvalidArgument, "{}: node {} is outside [0, num_peers={})", origin,
               m.node, plan.num_nodes());
+  const Compression comp = plan.compression();
+  const std::string comp_md = md.count("compression") ? md.at("compression") : "none";
+  if (comp_md != compression_name(comp))
+    sync_fail(SyncErrc::InvalidArgument, "{}: the upload says compression '{}' but "
+              "spes_config.compression is {}", origin, printable(comp_md, 40),
+              compression_name(comp));
+  m.compression = comp;
   const auto& want = plan.upload_of(m.node);
-  const torch::ScalarType dtype = wire_scalar_type(plan.wire());
-  const auto& got = header.entries;
+  const torch::ScalarType dtype = comp == Compression::None ? wire_scalar_type(plan.wire())
+                                                            : delta_wire_dtype(comp);
+  const char* dtype_rule = comp == Compression::None ? "transfer_dtype is" : "compression is";
+  const std::string dtype_setting =
+      comp == Compression::None ? wire_dtype_name(plan.wire()) : compression_name(comp);
+  // int8: entries come in pairs, "NAME:scale" (F32, [blocks]) then NAME.
+  const size_t stride = comp == Compression::Int8 ? 2 : 1;
+  const auto& all = header.entries;
+  std::vector<StreamEntry> got;
+  for (size_t k = stride - 1; k < all.size(); k += stride) {
+    const StreamEntry& e = all[k];
+    if (stride == 2) {
+      const StreamEntry& s = all[k - 1];
+      int64_t numel = 1;
+      for (int64_t d : e.shape) numel *= d;
+      if (s.name != delta_scale_name(e.name) || s.dtype != torch::kFloat32 ||
+          s.shape != std::vector<int64_t>{delta_blocks(numel)})
+        sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' must follow its int8 scales "
+                  "'{}' (F32, [{}]); found '{}' ({}, [{}])", origin, printable(e.name),
+                  delta_scale_name(printable(e.name)), delta_blocks(numel), printable(s.name),
+                  safetensors_dtype_name(s.dtype), fmt::join(s.shape, ", "));
+    }
+    got.push_back(e);
+  }
+  if (stride == 2 && all.size() % 2 != 0)
+    sync_fail(SyncErrc::InvalidArgument, "{}: an int8 upload holds pairs of entries (scales, "
+              "tensor); '{}' has no pair", origin, printable(all.back().name));
   for (size_t k = 0; k < got.size(); ++k) {
     const StreamEntry& e = got[k];
     const int64_t idx = plan.index(e.name);
@@ -164,8 +204,9 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has shape [{}], the model has [{}]",
                 origin, e.name, fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));
     if (e.dtype != dtype)
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but transfer_dtype is {}",
-                origin, e.name, safetensors_dtype_name(e.dtype), wire_dtype_name(plan.wire()));
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but {} {} (expected {})",
+                origin, e.name, safetensors_dtype_name(e.dtype), dtype_rule, dtype_setting,
+                safetensors_dtype_name(dtype));
   }
   if (got.size() != want.size())
     sync_fail(SyncErrc::InvalidArgument, "{}: upload holds {} tensors but node {} trains {} "
@@ -215,6 +256,7 @@ JoinInfo node_join_info(const Config& cfg, const ParamRegistry& registry, const 
   j.model_config_sha256 = model_config_sha256(cfg);
   j.mode = cfg.spes_config.mode.name();
   j.transfer_dtype = cfg.spes_config.transfer_dtype.name();
+  j.compression = cfg.spes_config.compression.name();
   j.num_peers = cfg.spes_config.num_peers;
   j.sync_steps = cfg.spes_config.sync_steps;
   j.step = step;

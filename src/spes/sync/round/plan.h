@@ -14,6 +14,7 @@
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
 #include "spes/model/transformer.h"
+#include "spes/sync/wire/delta_codec.h"
 #include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -46,6 +47,8 @@ class RoundPlan {
   int64_t num_nodes() const { return num_nodes_; }
   SyncMode mode() const { return mode_; }
   WireDtype wire() const { return wire_; }
+  // spes_config.compression: how uploads carry their tensors (delta_codec.h).
+  Compression compression() const { return compression_; }
   // Indices (model order) of the tensors `node` uploads each round.
   const std::vector<size_t>& upload_of(int64_t node) const { return upload_.at(node); }
   // The longest safetensors header a node's upload can need (its tensors' names, shapes and
@@ -55,7 +58,8 @@ class RoundPlan {
   // the node's own owner-copied tensors when merging did not touch them (they already hold
   // the published value).
   std::vector<size_t> download_for(int64_t node, bool merged) const;
-  // Exact byte sizes (fp32 in memory x wire element size) of a node's upload data.
+  // Exact byte sizes of a node's upload data (fp32 in memory x wire element size, or the
+  // compressed deltas with their scales).
   uint64_t upload_data_bytes(int64_t node) const;
 
  private:
@@ -65,6 +69,7 @@ class RoundPlan {
   int64_t num_nodes_ = 0;
   SyncMode mode_;
   WireDtype wire_ = WireDtype::F32;
+  Compression compression_ = Compression::None;
 };
 
 // Metadata of an upload stream (strings in the safetensors header).
@@ -72,10 +77,12 @@ struct UploadMeta {
   int64_t node = -1, round = -1, step = -1, tokens = 0;
   uint64_t incarnation = 0;
   std::string model_fingerprint;
+  Compression compression = Compression::None;  // metadata "compression" (absent: none)
 };
 Metadata upload_metadata(const UploadMeta& m);
 // Checks an upload's header against the plan: format, metadata, exactly the node's upload
-// set in model order, shapes, wire dtype. `expect_node` < 0: take the node from the metadata.
+// set in model order, shapes, wire dtype (with compression: each tensor's delta dtype, and
+// for int8 its scales right before it, F32, one per block). `expect_node` < 0: take the node from the metadata.
 UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header,
                                int64_t expect_node, const std::string& origin);
 // Checks values received for a tensor (the whole tensor or a run of it): all finite. Shapes

@@ -52,6 +52,7 @@ bool Membership::join(const JoinInfo& info) {
   setting("num_peers", std::to_string(info.num_peers), std::to_string(s.num_peers));
   setting("sync_steps", std::to_string(info.sync_steps), std::to_string(s.sync_steps));
   setting("transfer_dtype", info.transfer_dtype, s.transfer_dtype.name());
+  setting("compression", info.compression, s.compression.name());
   if (info.ownership_fingerprint != model_.ownership_fingerprint())
     sync_fail(SyncErrc::FailedPrecondition, "node {}: expert ownership map differs from the "
               "server's (fingerprint {} vs {}); both must build it from the same "

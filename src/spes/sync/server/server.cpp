@@ -77,6 +77,7 @@ class Service final : public pb::SpesSync::Service {
       j.num_peers = req->num_peers();
       j.sync_steps = req->sync_steps();
       j.transfer_dtype = req->transfer_dtype();
+      j.compression = req->compression().empty() ? "none" : req->compression();
       j.step = req->step();
       const JoinResult r = st_.join(j);
       rep->set_server_incarnation(r.server_incarnation);

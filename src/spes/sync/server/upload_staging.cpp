@@ -12,6 +12,7 @@
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
 #include "spes/sync/server/upload_assembly.h"
+#include "spes/sync/wire/delta_codec.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
@@ -44,6 +45,7 @@ struct UploadStream {
   std::string path, partial;
   std::FILE* f = nullptr;
   std::unique_ptr<SafetensorsStreamReader> reader;
+  std::unique_ptr<DeltaStreamDecoder> decoder;  // compressed uploads -> rebuilt fp32 runs
   UploadMeta meta;
   std::unique_ptr<UploadAssembly> assembly;  // chunk checks, bytes received, whole digest
   double diff_sq = 0, base_sq = 0;  // ||upload - published||^2, ||published||^2
@@ -281,8 +283,10 @@ void UploadStaging::open_staged_file(UploadStream& s) {
       nullptr, model_.plan().max_upload_header_bytes(s.node));
   s.tensor_diff_sq.assign(model_.tensors().size(), 0.0);
   // Values are checked piece by piece as they arrive (memory: one chunk per upload), and
-  // their distance from the published model is accumulated for the update-size bound.
-  s.reader->set_slice_handler(
+  // their distance from the published model is accumulated for the update-size bound. A
+  // compressed upload is first rebuilt (P_prev + deq(q)), so every check sees what the node
+  // meant.
+  auto on_value =
       [this, sp, origin](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
         check_upload_run(e, run, origin);
         const int64_t i = model_.plan().index(e.name);
@@ -293,6 +297,16 @@ void UploadStaging::open_staged_file(UploadStream& s) {
         sp->diff_sq += d;
         sp->tensor_diff_sq[static_cast<size_t>(i)] += d;
         sp->base_sq += pub.pow(2).sum().item<double>();
+      };
+  s.decoder = std::make_unique<DeltaStreamDecoder>(
+      model_.plan().compression(),
+      [this](const StreamEntry& e) {
+        return model_.tensors()[model_.plan().index(e.name)].view({-1});
+      },
+      on_value, origin);
+  s.reader->set_slice_handler(
+      [sp](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
+        (*sp->decoder)(e, first, run, last);
       });
 }
 

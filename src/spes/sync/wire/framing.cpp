@@ -40,21 +40,33 @@ void wire_round_(const torch::Tensor& t, WireDtype d) {
 
 // ---------------------------------------------------------------------------------------------
 SafetensorsStreamWriter::SafetensorsStreamWriter(NamedTensors tensors, torch::ScalarType dtype,
-                                                 Metadata metadata)
-    : dtype_(dtype) {
+                                                 Metadata metadata) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
   for (auto& [name, t] : tensors) {
     shapes.emplace_back(name, t.sizes().vec());
-    items_.push_back({t.detach().contiguous().view(-1), 0, 0});
+    items_.push_back({t.detach().contiguous().view(-1), 0, 0, 0, dtype});
   }
   build_header(shapes, std::move(metadata));
+}
+
+SafetensorsStreamWriter SafetensorsStreamWriter::as_stored(NamedTensors tensors,
+                                                           Metadata metadata) {
+  SafetensorsStreamWriter w;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (auto& [name, t] : tensors) {
+    shapes.emplace_back(name, t.sizes().vec());
+    w.items_.push_back({t.detach().contiguous().view(-1), 0, 0, 0, t.scalar_type()});
+  }
+  w.build_header(shapes, std::move(metadata));
+  return w;
 }
 
 void SafetensorsStreamWriter::build_header(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes, Metadata metadata) {
   // Same header as safetensors_serialize: metadata first, tensors in the given order.
   std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, shape] : shapes) entries.push_back({name, dtype_, shape});
+  for (size_t k = 0; k < shapes.size(); ++k)
+    entries.push_back({shapes[k].first, items_[k].dtype, shapes[k].second});
   header_ = safetensors_header_encode(entries, metadata);
   for (size_t k = 0; k < entries.size(); ++k) {
     items_[k].begin = entries[k].begin;
@@ -74,7 +86,6 @@ SafetensorsStreamWriter SafetensorsStreamWriter::from_file(const std::string& pa
     ::close(*p);
     delete p;
   });
-  w.dtype_ = dtype;
   // The header as read through this descriptor (the file at `path` may be replaced later).
   const StreamHeader h = read_stream_header("/proc/self/fd/" + std::to_string(fd));
   std::unordered_map<std::string, const StreamEntry*> by_name;
@@ -85,7 +96,7 @@ SafetensorsStreamWriter SafetensorsStreamWriter::from_file(const std::string& pa
     SPES_CHECK(it != by_name.end(), "'{}' has no tensor '{}'", path, n);
     SPES_CHECK(it->second->dtype == torch::kFloat32, "'{}': tensor '{}' is not F32", path, n);
     shapes.emplace_back(n, it->second->shape);
-    Item item{torch::Tensor(), 0, 0, h.header_bytes + it->second->begin};
+    Item item{torch::Tensor(), 0, 0, h.header_bytes + it->second->begin, dtype};
     w.items_.push_back(item);
   }
   w.build_header(shapes, std::move(metadata));
@@ -95,7 +106,6 @@ SafetensorsStreamWriter SafetensorsStreamWriter::from_file(const std::string& pa
 void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out) const {
   const uint64_t end = std::min(total_bytes(), offset + n);
   const uint64_t hb = header_.size();
-  const uint64_t es = c10::elementSize(dtype_);
   while (offset < end) {
     if (offset < hb) {
       const uint64_t take = std::min(end, hb) - offset;
@@ -110,6 +120,7 @@ void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out
     SPES_CHECK(it != items_.begin() && (it - 1)->end > d,
                "stream writer: internal offset error at data byte {}", d);
     const Item& item = *(it - 1);
+    const uint64_t es = c10::elementSize(item.dtype);
     const uint64_t stop = std::min(item.end, end - hb);
     const int64_t e0 = static_cast<int64_t>((d - item.begin) / es);
     const int64_t e1 = static_cast<int64_t>((stop - item.begin + es - 1) / es);
@@ -126,9 +137,9 @@ void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out
                    r == 0 ? "truncated" : std::strerror(errno));
         got += static_cast<uint64_t>(r);
       }
-      part = dtype_ == torch::kFloat32 ? f32 : f32.to(dtype_).contiguous();
+      part = item.dtype == torch::kFloat32 ? f32 : f32.to(item.dtype).contiguous();
     } else {
-      part = item.flat.slice(0, e0, e1).to(torch::kCPU, dtype_).contiguous();
+      part = item.flat.slice(0, e0, e1).to(torch::kCPU, item.dtype).contiguous();
     }
     const char* p = static_cast<const char*>(part.data_ptr()) + (d - item.begin - e0 * es);
     out->append(p, stop - d);

@@ -38,6 +38,9 @@ class SafetensorsStreamWriter {
   static SafetensorsStreamWriter from_file(const std::string& path,
                                            const std::vector<std::string>& names,
                                            torch::ScalarType dtype, Metadata metadata);
+  // The stream of `tensors` each in its own dtype (no conversion; e.g. a compressed upload's
+  // I8 values and F32 scales).
+  static SafetensorsStreamWriter as_stored(NamedTensors tensors, Metadata metadata);
   uint64_t total_bytes() const { return header_.size() + data_bytes_; }
   uint64_t header_bytes() const { return header_.size(); }
   uint64_t data_bytes() const { return data_bytes_; }
@@ -52,11 +55,11 @@ class SafetensorsStreamWriter {
     torch::Tensor flat;  // contiguous 1-D view of the source tensor (memory source)
     uint64_t begin, end; // byte range in the stream
     uint64_t file_offset = 0;  // file source: byte offset of the fp32 values in the file
+    torch::ScalarType dtype = torch::kFloat32;  // on the wire
   };
   std::shared_ptr<int> fd_;  // file source (closed with the last copy)
   std::string header_;  // 8-byte length + JSON header, padded to 8
   std::vector<Item> items_;
-  torch::ScalarType dtype_ = torch::kFloat32;
   uint64_t data_bytes_ = 0;
 };
 

@@ -62,6 +62,7 @@ struct JoinInfo {
   uint32_t protocol_version = kProtocolVersion;
   std::string model_fingerprint, ownership_fingerprint, model_config_sha256;
   std::string mode, transfer_dtype;
+  std::string compression = "none";
   int64_t num_peers = 0, sync_steps = 0;
   int64_t step = 0;
 };

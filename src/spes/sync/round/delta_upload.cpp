@@ -1,0 +1,73 @@
+// A node's compressed uploads: base, error feedback and the rebuilt tensors (see
+// delta_upload.h).
+#include "spes/sync/round/delta_upload.h"
+
+#include "spes/common/error.h"
+
+namespace spes::sync {
+
+void DeltaUpload::set_base(const ParamRegistry& reg, bool reset_residual) {
+  torch::NoGradGuard ng;
+  base_.clear();
+  for (const auto& e : reg.entries())
+    if (e.trainable)
+      base_.push_back(e.tensor.detach().to(torch::kCPU, torch::kFloat32, false, true).contiguous());
+  if (reset_residual || residual_.size() != base_.size()) {
+    residual_.clear();
+    for (const auto& b : base_) residual_.push_back(torch::zeros_like(b));
+  }
+  sent_.clear();
+}
+
+SafetensorsStreamWriter DeltaUpload::encode(const ParamRegistry& reg, const UploadMeta& meta) {
+  SPES_CHECK(enabled(), "DeltaUpload::encode without compression");
+  torch::NoGradGuard ng;
+  NamedTensors out;
+  std::vector<EncodedDelta> sent;
+  std::vector<torch::Tensor> residual;
+  size_t k = 0;
+  for (const auto& e : reg.entries()) {
+    if (!e.trainable) continue;
+    SPES_CHECK(k < base_.size(), "node: no base model for its compressed upload (internal)");
+    const torch::Tensor w = e.tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    const torch::Tensor d = (w - base_[k]) + residual_[k];
+    EncodedDelta q = delta_encode(d, c_, e.name);
+    residual.push_back(d - delta_rebuild(torch::Tensor(), q, c_).view(d.sizes()));
+    if (c_ == Compression::Int8) out.emplace_back(delta_scale_name(e.name), q.scales);
+    out.emplace_back(e.name, q.q);
+    sent.push_back(std::move(q));
+    ++k;
+  }
+  // Only a complete encode changes the node's state (a throw above leaves it as it was).
+  residual_ = std::move(residual);
+  sent_ = std::move(sent);
+  UploadMeta m = meta;
+  m.compression = c_;
+  return SafetensorsStreamWriter::as_stored(std::move(out), upload_metadata(m));
+}
+
+void DeltaUpload::apply_rebuilt(const ParamRegistry& reg) const {
+  torch::NoGradGuard ng;
+  size_t k = 0;
+  for (const auto& e : reg.entries()) {
+    if (!e.trainable) continue;
+    SPES_CHECK(k < sent_.size(), "node: no compressed upload to apply (internal)");
+    e.tensor.detach().copy_(delta_rebuild(base_[k], sent_[k], c_).view(e.tensor.sizes()));
+    ++k;
+  }
+}
+
+uint64_t DeltaUpload::upload_data_bytes(const ParamRegistry& reg) const {
+  uint64_t n = 0;
+  for (const auto& e : reg.entries())
+    if (e.trainable) n += delta_payload_bytes(c_, e.tensor.numel());
+  return n;
+}
+
+double DeltaUpload::residual_sq() const {
+  double s = 0;
+  for (const auto& r : residual_) s += r.pow(2).sum().item<double>();
+  return s;
+}
+
+}  // namespace spes::sync

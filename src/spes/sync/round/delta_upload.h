@@ -1,0 +1,45 @@
+// A node's side of compressed uploads (spes_config.compression bf16 | int8; docs/PROTOCOL.md,
+// "Compressed deltas"): it keeps `base`, its trainable tensors as of the last published model
+// it holds, and the error-feedback residual `e` (both fp32 on CPU: 2 x the trainable
+// parameters). At a sync: d = (W - base) + e; q = Q(d); e = d - deq(q); the upload carries q.
+// When the round used the upload the node's trainable tensors become base + deq(q), exactly
+// what the server rebuilt, before it downloads the rest. Leaves out: transport and the round
+// logic (node.cpp), the codec (wire/delta_codec.h).
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "spes/model/registry.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/wire/delta_codec.h"
+#include "spes/sync/wire/framing.h"
+
+namespace spes::sync {
+
+class DeltaUpload {
+ public:
+  explicit DeltaUpload(Compression c) : c_(c) {}
+  bool enabled() const { return c_ != Compression::None; }
+  Compression compression() const { return c_; }
+  // The node now holds the published model: base = its trainable tensors. `reset_residual`:
+  // e = 0 (at the start and after a catch-up or any full download: the residual belongs to a
+  // model the node no longer holds).
+  void set_base(const ParamRegistry& reg, bool reset_residual);
+  // This round's upload stream (throws, naming the tensor, when a delta is not finite); updates
+  // the residual and remembers q for rebuilt().
+  SafetensorsStreamWriter encode(const ParamRegistry& reg, const UploadMeta& meta);
+  // The round used the upload: the trainable tensors become base + deq(q).
+  void apply_rebuilt(const ParamRegistry& reg) const;
+  // Payload bytes of this node's compressed upload.
+  uint64_t upload_data_bytes(const ParamRegistry& reg) const;
+  // The residual's squared norm (for the node's metrics).
+  double residual_sq() const;
+
+ private:
+  Compression c_;
+  std::vector<torch::Tensor> base_, residual_;  // per trainable entry, registry order
+  std::vector<EncodedDelta> sent_;              // q of the last encode()
+};
+
+}  // namespace spes::sync
