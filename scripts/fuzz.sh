@@ -4,6 +4,12 @@
 #   config          config_parse: YAML text + `--set` overrides
 #   upload_stream   the server's Upload handling: serialized UploadChunk records through the
 #                   chunk assembly (upload_assembly.cpp) and the stream parser (framing.cpp)
+#   round_rpc       the sync server's RPC handling (rpc_calls.cpp, behind the gRPC handlers) and
+#                   round logic (RoundState) with a real tiny MoE model: sequences of calls of
+#                   every RPC by the run's nodes and strangers (tests/fuzz/fuzz_round_rpc.cpp);
+#                   after each call the server ticks and its status serialises, and at the end
+#                   the honest nodes' next round publishes and downloads intact. Its server
+#                   directories go to a tmpfs (/dev/shm) when there is one.
 # The entry functions are tests/fuzz/fuzz_entries.cpp (the same code the regression test
 # FuzzCases.* replays in the normal build). Builds into build-fuzz/ with clang++, compiling only
 # the sources the targets need and linking the system libtorch, protobuf, yaml-cpp, fmt,
@@ -21,7 +27,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors config upload_stream)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors config upload_stream round_rpc)
 
 need() {  # need COMMAND PACKAGE
   command -v "$1" >/dev/null ||
@@ -70,11 +76,13 @@ cxxflags=(-std=gnu++17 -O1 -g "${san[@]}" -D_GLIBCXX_USE_CXX11_ABI=1 -DFMT_SHARE
           -Isrc -Itests -I"$B/proto" -I"$B/gen" -isystem "$B/system-headers-first"
           -isystem "$torch_dir/include"
           -isystem "$torch_dir/include/torch/csrc/api/include" -w)
-sources=(src/spes/io/safetensors.cpp src/spes/io/config.cpp src/spes/io/reference_keys.cpp
-         src/spes/io/files.cpp
-         src/spes/common/strings.cpp src/spes/sync/wire/framing.cpp
-         src/spes/sync/server/upload_assembly.cpp
-         tests/fuzz/fuzz_entries.cpp "$B/proto/spes_sync.pb.cc" "$B/gen/default_config.cpp")
+# The library code the targets reach: the readers, and for round_rpc the model and the sync
+# server without its gRPC glue (server.cpp, call_auth.cpp and the limits around the handlers).
+sources=($(ls src/spes/common/*.cpp src/spes/io/*.cpp src/spes/model/*.cpp \
+              src/spes/sync/wire/*.cpp src/spes/sync/round/*.cpp src/spes/sync/server/*.cpp |
+           grep -v -E '/(server|call_auth|call_rates|stream_limits|long_poll_limits|log_throttle|dashboard_status)\.cpp$')
+         tests/fuzz/fuzz_entries.cpp tests/fuzz/fuzz_round_rpc.cpp
+         "$B/proto/spes_sync.pb.cc" "$B/gen/default_config.cpp")
 
 # True when $1 (an object) is missing or older than a file its .d lists.
 stale() {
@@ -96,18 +104,22 @@ for src in "${sources[@]}"; do
     # Coverage instrumentation (fuzzer-no-link) on the product code, not on generated code.
     cov=(-fsanitize=fuzzer-no-link)
     case "$src" in "$B"/*) cov=() ;; esac
-    clang++ "${cxxflags[@]}" "${cov[@]}" -MMD -MF "${obj%.o}.d" -c "$src" -o "$obj"
+    # Two compilers at a time (the machine's cores); each unit takes ~30 s (torch headers).
+    clang++ "${cxxflags[@]}" "${cov[@]}" -MMD -MF "${obj%.o}.d" -c "$src" -o "$obj" &
+    [ "$(jobs -rp | wc -l)" -ge 2 ] && wait -n
   fi
 done
+wait  # a failed compile leaves no object: the link below then names what is missing
 
 libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10
       -Wl,--as-needed
       -lprotobuf -lyaml-cpp -lspdlog -lfmt -lcrypto -pthread)
 declare -A entry=([safetensors]=fuzz_safetensors [config]=fuzz_config
-                  [upload_stream]=fuzz_upload_stream)
+                  [upload_stream]=fuzz_upload_stream [round_rpc]=fuzz_round_rpc)
 for t in "${targets[@]}"; do
   [ -n "${entry[$t]:-}" ] ||
-    { echo "fuzz.sh: unknown target '$t' (safetensors, config, upload_stream)" >&2; exit 2; }
+    { echo "fuzz.sh: unknown target '$t' (safetensors, config, upload_stream, round_rpc)" >&2
+      exit 2; }
   bin="$B/fuzz_$t"
   if [ ! -x "$bin" ] || [ tests/fuzz/fuzz_driver.cc -nt "$bin" ] ||
      [ -n "$(find "${objs[@]}" -newer "$bin" 2>/dev/null)" ]; then
@@ -120,6 +132,7 @@ done
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMP_NUM_THREADS=1
+[ -d /dev/shm ] && [ -w /dev/shm ] && export TMPDIR=/dev/shm  # round_rpc's server directories
 status=0
 for t in "${targets[@]}"; do
   work="$B/corpus/$t" art="$B/artifacts/$t/"

@@ -104,11 +104,12 @@ void fuzz_upload_stream(const uint8_t* data, size_t size) {
 }
 #endif
 
-// upload_stream parses the gRPC messages: only in builds with the sync side (SPES_WITH_SYNC).
+// upload_stream and round_rpc parse the gRPC messages: only in builds with the sync side
+// (SPES_WITH_SYNC).
 const std::vector<std::string>& fuzz_target_names() {
   static const std::vector<std::string> names = {"safetensors", "config"
 #if SPES_WITH_SYNC
-                                                 , "upload_stream"
+                                                 , "upload_stream", "round_rpc"
 #endif
   };
   return names;
@@ -119,8 +120,9 @@ void fuzz_run(const std::string& target, const uint8_t* data, size_t size) {
   if (target == "config") return fuzz_config(data, size);
 #if SPES_WITH_SYNC
   if (target == "upload_stream") return fuzz_upload_stream(data, size);
+  if (target == "round_rpc") return fuzz_round_rpc(data, size);
 #endif
-  fail("unknown fuzz target '{}' (safetensors, config, upload_stream)", target);
+  fail("unknown fuzz target '{}' (safetensors, config, upload_stream, round_rpc)", target);
 }
 
 }  // namespace spes::fuzz

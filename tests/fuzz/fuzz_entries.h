@@ -24,8 +24,13 @@ void fuzz_config(const uint8_t* data, size_t size);
 // the parser (it cannot forge SHA-256); chunks with a digest are checked as sent.
 void fuzz_upload_stream(const uint8_t* data, size_t size);
 
-// The targets by name ("safetensors", "config", "upload_stream"), for scripts/fuzz.sh and the
-// regression test; fuzz_run throws spes::Error for an unknown name.
+// The sync server's RPC handling and round logic with a real (tiny) model: a sequence of calls
+// of every RPC, by the run's nodes and by strangers (the record format and the invariants it
+// checks: fuzz_round_rpc.cpp).
+void fuzz_round_rpc(const uint8_t* data, size_t size);
+
+// The targets by name ("safetensors", "config", "upload_stream", "round_rpc"), for
+// scripts/fuzz.sh and the regression test; fuzz_run throws spes::Error for an unknown name.
 const std::vector<std::string>& fuzz_target_names();
 void fuzz_run(const std::string& target, const uint8_t* data, size_t size);
 

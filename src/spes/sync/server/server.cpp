@@ -1,8 +1,9 @@
 // gRPC glue of the sync server (see server.h): each RPC checks the caller's credentials from
-// its metadata (call_auth.h) before it reads anything, then maps onto one RoundState call;
-// streams take their node's slot and are watched for idleness (stream_limits.h), long-polls
-// are limited per node (long_poll_limits.h); SyncError codes map onto gRPC status codes, and
-// refusals are logged without flooding the log (log_throttle.h).
+// its metadata (call_auth.h) before it reads anything and its caller's call rate
+// (call_rates.h), then maps onto one RoundState call (rpc_calls.h); streams take their node's
+// slot and are watched for idleness (stream_limits.h), long-polls are limited per node
+// (long_poll_limits.h); SyncError codes map onto gRPC status codes, and refusals are logged
+// without flooding the log (log_throttle.h).
 #include "spes/sync/server/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -11,8 +12,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "spes/dashboard/dashboard_server.h"
@@ -20,15 +21,16 @@
 #include "spes/io/run_layout.h"
 #include "spes/common/strings.h"
 #include "spes/sync/server/call_auth.h"
+#include "spes/sync/server/call_rates.h"
 #include "spes/sync/server/dashboard_status.h"
 #include "spes/sync/server/log_throttle.h"
 #include "spes/sync/server/long_poll_limits.h"
+#include "spes/sync/server/rpc_calls.h"
 #include "spes/sync/server/stream_limits.h"
 #include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
-namespace pb = ::spes::sync::v1;
 
 namespace {
 
@@ -54,6 +56,18 @@ grpc::StatusCode grpc_code(SyncErrc c) {
 }
 
 
+// What one caller may call, a second and at once (CallRates): an honest node heartbeats at
+// most 10 times a second (heartbeat_interval_ms >= 100), holds one long-poll that ends when a
+// round publishes or its wait runs out, and opens a few upload and download streams a round
+// (retries back off from 0.2 s). The limits are several times that.
+const std::map<std::string, CallRate>& call_rate_limits() {
+  static const std::map<std::string, CallRate> rates = {
+      {"Join", {2, 10}},       {"Leave", {2, 10}},     {"Upload", {5, 20}},
+      {"Download", {5, 20}},   {"WaitRound", {20, 40}}, {"Heartbeat", {20, 40}},
+      {"Status", {20, 40}}};
+  return rates;
+}
+
 class Service final : public pb::SpesSync::Service {
  public:
   Service(RoundState& st, const CallAuth& auth, StreamLimits& limits, LongPollLimits& polls)
@@ -66,170 +80,76 @@ class Service final : public pb::SpesSync::Service {
 
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                     pb::JoinReply* rep) override {
-    return guarded("Join", *ctx, [&] {
-      JoinInfo j;
-      j.node = caller(*ctx, req->node());
-      j.protocol_version = req->protocol_version();
-      j.model_fingerprint = req->model_fingerprint();
-      j.ownership_fingerprint = req->ownership_fingerprint();
-      j.model_config_sha256 = req->model_config_sha256();
-      j.mode = req->mode();
-      j.num_peers = req->num_peers();
-      j.sync_steps = req->sync_steps();
-      j.transfer_dtype = req->transfer_dtype();
-      j.compression = req->compression().empty() ? "none" : req->compression();
-      j.step = req->step();
-      const JoinResult r = st_.join(j);
-      rep->set_server_incarnation(r.server_incarnation);
-      rep->set_published_round(r.published_round);
-      rep->set_published_step(r.published_step);
-      rep->set_model_sha256(r.model_sha256);
-      rep->set_max_chunk_bytes(r.max_chunk_bytes);
-      rep->set_heartbeat_interval_ms(r.heartbeat_interval_ms);
-      for (int64_t n : r.published_nodes) rep->add_published_nodes(n);
-    });
+    return guarded("Join", *ctx, [&] { call_join(st_, node_of(*ctx, "Join"), *req, rep); });
   }
 
   grpc::Status Upload(grpc::ServerContext* ctx, grpc::ServerReader<pb::UploadChunk>* reader,
                       pb::UploadReply* rep) override {
     return guarded("Upload", *ctx, [&] {
       // Credentials first: a stranger's stream ends here, before any of its bytes are read.
-      const NodeId who = auth_.node(*ctx);
+      const NodeId who = node_of(*ctx, "Upload");
       const auto lease =
           limits_.open(who.node_id, StreamKind::Upload, [ctx] { ctx->TryCancel(); });
-      pb::UploadChunk c;
-      const auto read = [&] {
+      call_upload(st_, who, [&](pb::UploadChunk* c) {
         lease->waiting();
-        const bool got = reader->Read(&c);
+        const bool got = reader->Read(c);
         lease->received();
         if (!got) stream_end_reason(*lease, who.node_id, "upload");
         return got;
-      };
-      if (!read()) sync_fail(SyncErrc::InvalidArgument, "empty upload stream");
-      const NodeId node = caller(*ctx, c.node());
-      const int64_t round = c.round(), step = c.step();
-      const uint64_t total = c.total_bytes();
-      if (c.resume_query()) {
-        // "How much of this upload do you hold?": answered at once, no data in this stream.
-        rep->set_resume_offset(st_.upload_resume_offset(node, round, step, total));
-        return;
-      }
-      std::unique_ptr<UploadSession> s = st_.begin_upload(node, round, step, total, c.offset());
-      std::string whole_sha256;
-      do {
-        if (c.node().node_id() != node.node_id || c.round() != round ||
-            c.total_bytes() != total || c.resume_query())
-          sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
-        if (!c.upload_sha256().empty()) whole_sha256 = c.upload_sha256();
-        s->chunk(c.offset(), c.data(), c.sha256());
-      } while (read());
-      const UploadResult r = s->finish(whole_sha256);
-      rep->set_accepted(r.accepted);
-      rep->set_bytes_received(r.bytes);
-      rep->set_upload_sha256(r.sha256);
-      rep->set_duplicate(r.duplicate);
+      }, rep);
     });
   }
 
   grpc::Status WaitRound(grpc::ServerContext* ctx, const pb::WaitRoundRequest* req,
                          pb::RoundInfo* rep) override {
     return guarded("WaitRound", *ctx, [&] {
-      const NodeId node = caller(*ctx, req->node());
+      const NodeId who = node_of(*ctx, "WaitRound");
       // At most a few long-polls per node: a newer one ends the oldest early. A wait also ends
       // when its caller goes away (checked on every tick).
-      const auto lease = polls_.open(node.node_id, [this] { st_.wake_waiters(); });
-      const RoundStatus r =
-          st_.wait_round(node, req->round(), req->max_wait_ms(),
-                         [&] { return lease->ended_early() || ctx->IsCancelled(); });
-      rep->set_round(r.round);
-      rep->set_published(r.published);
-      rep->set_step(r.step);
-      rep->set_model_sha256(r.model_sha256);
-      rep->set_alpha(r.alpha);
-      rep->set_download_bytes(r.download_bytes);
-      for (int64_t n : r.waiting_for) rep->add_waiting_for(n);
-      rep->set_published_round(r.published_round);
-      rep->set_published_step(r.published_step);
-      for (int64_t n : r.nodes) rep->add_nodes(n);
+      const auto lease = polls_.open(who.node_id, [this] { st_.wake_waiters(); });
+      call_wait_round(st_, who, *req,
+                      [&] { return lease->ended_early() || ctx->IsCancelled(); }, rep);
     });
   }
 
   grpc::Status Download(grpc::ServerContext* ctx, const pb::DownloadRequest* req,
                         grpc::ServerWriter<pb::DownloadChunk>* writer) override {
     return guarded("Download", *ctx, [&] {
-      const Selection sel =
-          req->selection() == pb::SELECTION_ALL ? Selection::All : Selection::ForNode;
-      const NodeId node = caller(*ctx, req->node());
+      const NodeId who = node_of(*ctx, "Download");
       // One download per node: a newer one ends this one (and this one ends an older one).
       const auto lease =
-          limits_.open(node.node_id, StreamKind::Download, [ctx] { ctx->TryCancel(); });
-      std::unique_ptr<DownloadSession> s = st_.begin_download(node, req->round(), sel,
-                                                              req->offset());
-      pb::DownloadChunk c;
-      std::string data;
-      uint64_t offset = 0;
-      while (s->next(&data, &offset)) {
-        if (ctx->IsCancelled()) stream_end_reason(*lease, node.node_id, "download");
-        c.set_round(s->round());
-        c.set_offset(offset);
-        c.set_total_bytes(s->total_bytes());
-        c.set_sha256(chunk_sha256(data));
-        c.set_data(std::move(data));
-        if (!writer->Write(c)) stream_end_reason(*lease, node.node_id, "download");
-        data = std::move(*c.mutable_data());
-      }
+          limits_.open(who.node_id, StreamKind::Download, [ctx] { ctx->TryCancel(); });
+      call_download(st_, who, *req, [&](const pb::DownloadChunk& c) {
+        if (ctx->IsCancelled() || !writer->Write(c))
+          stream_end_reason(*lease, who.node_id, "download");
+      });
     });
   }
 
   grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
                      pb::LeaveReply*) override {
-    return guarded("Leave", *ctx, [&] {
-      st_.leave(caller(*ctx, req->node()), req->step(), req->reason());
-    });
+    return guarded("Leave", *ctx, [&] { call_leave(st_, node_of(*ctx, "Leave"), *req); });
   }
 
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
                          pb::HeartbeatReply* rep) override {
-    return guarded("Heartbeat", *ctx, [&] {
-      NodeMetrics m;
-      if (req->has_loss()) m.loss = req->loss();
-      if (req->has_tokens_per_s()) m.tokens_per_s = req->tokens_per_s();
-      const size_t n = std::min<size_t>(req->losses_size(), kMaxHeartbeatLosses);
-      for (size_t i = 0; i < n; ++i)
-        m.losses.push_back({req->losses(i).step(), req->losses(i).loss()});
-      rep->set_published_round(st_.heartbeat(caller(*ctx, req->node()), req->step(), m));
-    });
+    return guarded("Heartbeat", *ctx,
+                   [&] { call_heartbeat(st_, node_of(*ctx, "Heartbeat"), *req, rep); });
   }
 
   grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
                       pb::StatusReply* rep) override {
     return guarded("Status", *ctx, [&] {
       auth_.check_read(*ctx);
-      const ServerStatus s = st_.status();
-      rep->set_published_round(s.published_round);
-      rep->set_published_step(s.published_step);
-      rep->set_model_sha256(s.model_sha256);
-      rep->set_collecting_round(s.collecting_round);
-      rep->set_round_open_s(s.round_open_s);
-      rep->set_protocol_version(s.protocol_version);
-      rep->set_publish_error(s.publish_error);
-      for (const auto& n : s.nodes) {
-        pb::NodeStatus* p = rep->add_nodes();
-        p->set_node_id(n.node_id);
-        p->set_state(n.state);
-        p->set_step(n.step);
-        p->set_last_seen_s(n.last_seen_s);
-        p->set_detail(n.detail);
-        if (std::isfinite(n.loss)) p->set_loss(n.loss);
-        if (std::isfinite(n.tokens_per_s)) p->set_tokens_per_s(n.tokens_per_s);
-      }
+      limit_rate("Status", peer_host(*ctx));
+      call_status(st_, rep);
     });
   }
 
  private:
   // Runs `body`, turning exceptions into a status. Refusals are logged through the throttle:
-  // one line per source (the node the metadata names, else the peer's address), RPC and code
-  // every 10 s, then a count of the rest.
+  // one line per source (the node the call's credentials prove, else the peer's host), RPC and
+  // code every 10 s, then a count of the rest.
   template <class F>
   grpc::Status guarded(const char* rpc, const grpc::ServerContext& ctx, F&& body) {
     try {
@@ -253,32 +173,34 @@ class Service final : public pb::SpesSync::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, e.what());
     }
   }
-  // Who a refusal is counted against: "node N" when the call names a node of the run (true or
-  // not), else the peer's host (its port changes with every connection).
+  // Who a refusal is counted against: "node N" when the call's credentials prove node N (a
+  // stranger claiming node N's id counts against its own host, so it cannot hide node N's
+  // refusals behind its own), else the peer's host.
   std::string source(const grpc::ServerContext& ctx) const {
-    const auto& md = ctx.client_metadata();
-    const auto it = md.find(kNodeIdMetadata);
-    if (it != md.end()) {
-      const std::string id(it->second.data(), it->second.size());
-      if (id.size() <= 6 && !id.empty() &&
-          std::all_of(id.begin(), id.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-          std::stoll(id) < st_.model().plan().num_nodes())
-        return "node " + id;
+    try {
+      return "node " + std::to_string(auth_.node(ctx).node_id);
+    } catch (const std::exception&) {
+      return peer_host(ctx);
     }
+  }
+  // The peer's host (its port changes with every connection).
+  static std::string peer_host(const grpc::ServerContext& ctx) {
     std::string peer = ctx.peer();
     const size_t colon = peer.rfind(':');
     if (colon != std::string::npos && peer.compare(0, 5, "unix:") != 0) peer.resize(colon);
     return printable(peer, 80);
   }
-
-  // The caller as its metadata proves it; the message's node id must be the same node, and
-  // gives the incarnation.
-  NodeId caller(const grpc::ServerContext& ctx, const pb::NodeIdentity& body) const {
-    NodeId n = auth_.node(ctx, body.incarnation());
-    if (body.node_id() != n.node_id)
-      sync_fail(SyncErrc::PermissionDenied, "the message names node {} but the call's "
-                "credentials are node {}'s", body.node_id(), n.node_id);
+  // The node the call's metadata proves (call_auth.h), within its call rate.
+  NodeId node_of(const grpc::ServerContext& ctx, const char* rpc) {
+    NodeId n = auth_.node(ctx);
+    limit_rate(rpc, "node " + std::to_string(n.node_id));
     return n;
+  }
+  void limit_rate(const char* rpc, const std::string& caller) {
+    if (rates_.admit(caller, rpc)) return;
+    const CallRate r = rates_.rate(rpc);
+    sync_fail(SyncErrc::Unavailable, "{} calls {} more often than {:g} a second (bursts of "
+              "{:g}): refused, retry later", caller, rpc, r.per_s, r.burst);
   }
   // Why a stream ended early: the server ended it (superseded, idle), or (a download) the node
   // went away. Throws, except for an upload whose node simply ended it.
@@ -298,6 +220,7 @@ class Service final : public pb::SpesSync::Service {
   const CallAuth& auth_;
   StreamLimits& limits_;
   LongPollLimits& polls_;
+  CallRates rates_{call_rate_limits()};
   LogThrottle refusals_{10};
 };
 
