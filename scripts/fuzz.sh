@@ -73,13 +73,16 @@ rm -f "$B/gen/default_config.cpp.new"
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 cxxflags=(-std=gnu++17 -O1 -g "${san[@]}" -D_GLIBCXX_USE_CXX11_ABI=1 -DFMT_SHARED
           -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB -pthread
+          -DSPES_SOURCE_ASSETS_DIR="\"$PWD/assets\""
           -Isrc -Itests -I"$B/proto" -I"$B/gen" -isystem "$B/system-headers-first"
           -isystem "$torch_dir/include"
           -isystem "$torch_dir/include/torch/csrc/api/include" -w)
 # The library code the targets reach: the readers, and for round_rpc the model and the sync
 # server without its gRPC glue (server.cpp, call_auth.cpp and the limits around the handlers).
 sources=($(ls src/spes/common/*.cpp src/spes/io/*.cpp src/spes/model/*.cpp \
-              src/spes/sync/wire/*.cpp src/spes/sync/round/*.cpp src/spes/sync/server/*.cpp |
+              src/spes/train/{checkpoint,optimizer}.cpp src/spes/data/tokenizer_path.cpp \
+              src/spes/sync/wire/*.cpp src/spes/sync/round/*.cpp \
+              src/spes/sync/server/*.cpp |
            grep -v -E '/(server|call_auth|call_rates|stream_limits|long_poll_limits|log_throttle|dashboard_status)\.cpp$')
          tests/fuzz/fuzz_entries.cpp tests/fuzz/fuzz_round_rpc.cpp
          "$B/proto/spes_sync.pb.cc" "$B/gen/default_config.cpp")
@@ -104,12 +107,12 @@ for src in "${sources[@]}"; do
     # Coverage instrumentation (fuzzer-no-link) on the product code, not on generated code.
     cov=(-fsanitize=fuzzer-no-link)
     case "$src" in "$B"/*) cov=() ;; esac
-    # Two compilers at a time (the machine's cores); each unit takes ~30 s (torch headers).
+    # Two compilers at a time (the machine's cores; a failed one stops the script).
     clang++ "${cxxflags[@]}" "${cov[@]}" -MMD -MF "${obj%.o}.d" -c "$src" -o "$obj" &
     [ "$(jobs -rp | wc -l)" -ge 2 ] && wait -n
   fi
 done
-wait  # a failed compile leaves no object: the link below then names what is missing
+wait
 
 libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10
       -Wl,--as-needed
