@@ -42,8 +42,10 @@ mkdir -p "$B/obj" "$B/proto" "$B/gen/spes/common"
 torch_dir="$(.venv/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))')" ||
   { echo "fuzz.sh: run scripts/setup.sh first (PyTorch in .venv/)" >&2; exit 2; }
 # What CMake's build_features.h says, for this build: the sync side is in, CUDA is not.
-printf '#pragma once\n#define SPES_WITH_CUDA 0\n#define SPES_WITH_SYNC 1\n' \
-  > "$B/gen/spes/common/build_features.h"
+# Rewritten only when it changes: every object that includes it would be rebuilt.
+features='#pragma once\n#define SPES_WITH_CUDA 0\n#define SPES_WITH_SYNC 1\n'
+[ "$(printf "$features")" = "$(cat "$B/gen/spes/common/build_features.h" 2>/dev/null)" ] ||
+  printf "$features" > "$B/gen/spes/common/build_features.h"
 # Debian's fmt, spdlog and protobuf headers before the wheel's own copies (as CMake does,
 # cmake/SpesTorch.cmake: spes_system_header_links).
 mkdir -p "$B/system-headers-first"
