@@ -82,16 +82,19 @@ TEST(TransferFormula, MatchesCountsFromTheDimensions) {
   EXPECT_EQ(g.grad_and_optimizer_bytes(), 12 * (S + X));
 }
 
-TEST(TransferFormula, CompressedUploadsCountTheirEncoding) {
+TEST(TransferFormula, CompressedUploadsAndDownloadsCountTheirEncoding) {
   Config cfg = tiny_spes_config();
   const int64_t n = transfer_formula(cfg, 0).trainable_numel();
-  const int64_t fp32_down = transfer_formula(cfg, 0).download_bytes();
+  const int64_t down = transfer_formula(cfg, 0).download_bytes() / 4;  // values (fp32)
+  const int64_t all = transfer_formula(cfg, 0).total_numel();
   cfg.spes_config.compression = "int8";
   const TransferFormula q = transfer_formula(cfg, 0);
   EXPECT_EQ(q.upload_bytes(), n + 4 * ((n + 255) / 256));  // 1 byte + a scale per 256 values
-  EXPECT_EQ(q.download_bytes(), fp32_down);  // downloads are full fp32 tensors
+  EXPECT_EQ(q.download_bytes(), down + 4 * ((down + 255) / 256));  // the round's delta
+  EXPECT_EQ(q.download_merge_bytes(), all + 4 * ((all + 255) / 256));
   cfg.spes_config.compression = "bf16";
   EXPECT_EQ(transfer_formula(cfg, 0).upload_bytes(), 2 * n);
+  EXPECT_EQ(transfer_formula(cfg, 0).download_bytes(), 2 * down);
 }
 
 TEST(ParamCounts, MatchCountsFromTheDimensions) {

@@ -234,12 +234,13 @@ TEST_F(SyncEndToEnd, ServerAndThreeNodesWithDifferentSeeds) {
 
 // Compressed uploads (spes_config.compression int8, docs/PROTOCOL.md "Compressed deltas"):
 // the same job as a cluster of 3 with and without compression. With int8 every node holds the
-// published digest after every sync, `spes aggregate` on the kept compressed uploads
-// reproduces every published model, the uploads are about a quarter of fp32, and the final
+// published digest after every sync (each download being the round's int8 delta, applied
+// and checked against that digest), `spes aggregate` on the kept compressed uploads
+// reproduces every published model, uploads and downloads are about a quarter of fp32, and the final
 // validation loss is finite and close to the uncompressed run's.
 TEST_F(SyncEndToEnd, Int8DeltasKeepEveryNodeOnThePublishedModel) {
   std::map<std::string, nlohmann::json> rep;
-  std::map<std::string, std::vector<int64_t>> up;  // bytes_up per sync of node 0
+  std::map<std::string, std::vector<int64_t>> up, down;  // bytes per sync of node 0
   for (const std::string comp : {"none", "int8"}) {
     const std::string dir = g_dir + "/compression_" + comp;
     std::string out;
@@ -264,12 +265,19 @@ TEST_F(SyncEndToEnd, Int8DeltasKeepEveryNodeOnThePublishedModel) {
         EXPECT_FALSE(s.value("caught_up", false)) << comp << " node " << i << " round " << r;
         EXPECT_EQ(s["model_sha256"], rounds[r - 1]["model_sha256"]) << comp << " node " << i;
         EXPECT_EQ(s["compression"], comp);
+        // With int8 every node held the previous round, so every download is the delta.
+        EXPECT_EQ(s.value("download_delta", false), comp == "int8") << "node " << i << " round "
+                                                                    << r;
+        EXPECT_FALSE(s.value("delta_refused", true)) << comp << " node " << i << " round " << r;
         if (i == 0) up[comp].push_back(s["bytes_up"].get<int64_t>());
+        if (i == 0) down[comp].push_back(s["bytes_down"].get<int64_t>());
       }
     }
   }
   ASSERT_EQ(up["none"].size(), 3u);
   ASSERT_EQ(up["int8"].size(), 3u);
+  ASSERT_EQ(down["none"].size(), 3u);
+  ASSERT_EQ(down["int8"].size(), 3u);
   // Payload: 1 byte per value + 4 bytes per block of 256 (more for tensors under 256 values)
   // against 4 bytes per value; each stream adds its header (the int8 one names the scales too).
   std::map<std::string, int64_t> data;
@@ -285,6 +293,10 @@ TEST_F(SyncEndToEnd, Int8DeltasKeepEveryNodeOnThePublishedModel) {
                 static_cast<long long>(data["none"]), static_cast<long long>(data["int8"]));
     EXPECT_GT(up["int8"][r], data["int8"]);
     EXPECT_LT(up["int8"][r], data["int8"] + 16384) << "round " << r + 1;
+    // Downloads: the int8 delta against fp32 tensors (each without the node's own experts).
+    std::printf("round %zu node 0 bytes_down: none %lld, int8 %lld\n", r + 1,
+                static_cast<long long>(down["none"][r]), static_cast<long long>(down["int8"][r]));
+    EXPECT_LT(down["int8"][r], down["none"][r] * 0.35) << "round " << r + 1;
   }
   for (int i = 0; i < 3; ++i) {
     const double a = rep["none"]["nodes"][i]["final_val_loss"].get<double>();

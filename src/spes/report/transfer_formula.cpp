@@ -14,22 +14,26 @@ int64_t TransferFormula::grad_and_optimizer_bytes() const {
   return gradient_bytes(trainable_numel()) + adam_moment_bytes(trainable_numel());
 }
 
-int64_t TransferFormula::upload_bytes() const {
-  if (mode == SyncMode::Centralized) return 0;
+int64_t TransferFormula::payload_bytes(int64_t numel) const {
   switch (compression) {
-    case Compression::Bf16: return 2 * trainable_numel();
-    case Compression::Int8: return trainable_numel() + 4 * ((trainable_numel() + 255) / 256);
-    default: return value_bytes * trainable_numel();
+    case Compression::Bf16: return 2 * numel;
+    case Compression::Int8: return numel + 4 * ((numel + 255) / 256);
+    default: return value_bytes * numel;
   }
+}
+
+int64_t TransferFormula::upload_bytes() const {
+  return mode == SyncMode::Centralized ? 0 : payload_bytes(trainable_numel());
 }
 
 int64_t TransferFormula::download_bytes() const {
   if (mode == SyncMode::Centralized) return 0;
-  return value_bytes * (mode == SyncMode::Spes ? total_numel() - own_expert_numel : total_numel());
+  return payload_bytes(mode == SyncMode::Spes ? total_numel() - own_expert_numel
+                                              : total_numel());
 }
 
 int64_t TransferFormula::download_merge_bytes() const {
-  return mode == SyncMode::Centralized ? 0 : value_bytes * total_numel();
+  return mode == SyncMode::Centralized ? 0 : payload_bytes(total_numel());
 }
 
 TransferFormula transfer_formula(const Config& cfg, int64_t node) {

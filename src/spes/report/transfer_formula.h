@@ -4,6 +4,8 @@
 // and second moment; report/memory_formula.h has the whole node's memory);
 // per round, SPES uploads S + X_i values and downloads P - X_i (P in merge rounds, when its own
 // experts changed too); FedAvg and DiLoCo move P each way; centralized training moves nothing.
+// With spes_config.compression both directions carry compressed deltas (a node holding the
+// previous round downloads the round's delta), counted at the codec's size.
 // The experiment report puts these next to what the runs measured.
 #pragma once
 #include <cstdint>
@@ -19,16 +21,18 @@ struct TransferFormula {
   int64_t expert_numel = 0;       // X (all experts of all layers)
   int64_t own_expert_numel = 0;   // X_i (experts node i owns; X in full-model modes)
   int64_t value_bytes = 4;        // transfer dtype: 4 (fp32) or 2 (bf16)
-  Compression compression = Compression::None;  // uploads: bf16 2 bytes per value; int8 1 byte
-                                                // + a 4-byte scale per 256 values
+  Compression compression = Compression::None;  // uploads and downloads: bf16 2 bytes per
+                                                // value; int8 1 byte + a 4-byte scale per 256
 
   int64_t total_numel() const { return shared_numel + expert_numel; }  // P
   int64_t trainable_numel() const;
   int64_t grad_and_optimizer_bytes() const;
   int64_t upload_bytes() const;         // payload only (no safetensors header; int8: the
                                         // scales as if the values were one tensor)
-  int64_t download_bytes() const;       // a round without merging
+  int64_t download_bytes() const;       // a round without merging (compressed: the delta)
   int64_t download_merge_bytes() const; // a merge round
+  // Bytes of `numel` values on the wire (int8: the scales as if the values were one tensor).
+  int64_t payload_bytes(int64_t numel) const;
 };
 
 TransferFormula transfer_formula(const Config& cfg, int64_t node);

@@ -258,11 +258,12 @@ RoundStatus SyncClient::wait_round(int64_t round, uint32_t max_wait_ms) {
 uint64_t SyncClient::download(int64_t round, Selection selection,
                               const std::function<void(uint64_t)>& on_begin,
                               const std::function<void(const char*, size_t)>& on_data,
-                              uint64_t offset) {
+                              uint64_t offset, int64_t from_round) {
   pb::DownloadRequest req;
   fill(req.mutable_node(), id_);
   req.set_round(round);
   req.set_offset(offset);
+  if (from_round >= 0) req.set_from_round(from_round);
   req.set_selection(selection == Selection::All ? pb::SELECTION_ALL : pb::SELECTION_FOR_NODE);
   grpc::ClientContext ctx;
   prepare(ctx, id_, 3600);

@@ -58,10 +58,11 @@ class SyncClient {
   RoundStatus wait_round(int64_t round, uint32_t max_wait_ms);
   // Streams a round's download from byte `offset` on: `on_begin(total_bytes)` once per call,
   // then `on_data` for each verified chunk in order. Returns the bytes received by this call.
+  // `from_round` >= 0: the published round the node holds (DownloadRequest.from_round).
   uint64_t download(int64_t round, Selection selection,
                     const std::function<void(uint64_t)>& on_begin,
                     const std::function<void(const char*, size_t)>& on_data,
-                    uint64_t offset = 0);
+                    uint64_t offset = 0, int64_t from_round = -1);
   void leave(int64_t step, const std::string& reason);
   // Reports the node's step and metrics; returns the server's latest published round.
   int64_t heartbeat(int64_t step, const NodeMetrics& metrics = {});

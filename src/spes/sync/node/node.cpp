@@ -13,6 +13,7 @@
 #include "spes/common/strings.h"
 #include "spes/io/files.h"
 #include "spes/sync/node/client.h"
+#include "spes/sync/node/download.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/auth.h"
@@ -31,67 +32,6 @@ bool retryable(SyncErrc c) {
   return c == SyncErrc::Unavailable || c == SyncErrc::DataLoss || c == SyncErrc::Aborted ||
          c == SyncErrc::DeadlineExceeded;
 }
-
-// A download into the registry's tensors that survives interruptions: each attempt resumes
-// from the bytes already received (the server serves the same persisted bytes again).
-struct Download {
-  const ParamRegistry& reg;
-  int64_t round;
-  Selection sel;
-  WireDtype wire;
-  std::unique_ptr<SafetensorsStreamReader> reader;
-  uint64_t total = 0;
-  std::set<std::string> names;
-
-  bool done() const { return reader && reader->consumed() == total; }
-
-  // One attempt; returns the bytes it received.
-  uint64_t attempt(SyncClient& client) {
-    if (done()) return 0;
-    const std::string origin = fmt::format("download of round {}", round);
-    auto on_header = [this, origin](const StreamHeader& h) {
-      for (const auto& e : h.entries) {
-        const RegistryEntry* r = reg.find(e.name);
-        if (!r) sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not part of this model",
-                          origin, e.name);
-        if (e.shape != r->tensor.sizes().vec())
-          sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has the wrong shape", origin,
-                    e.name);
-        if (e.dtype != wire_scalar_type(wire))
-          sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {}, expected {}", origin,
-                    e.name, safetensors_dtype_name(e.dtype), wire_dtype_name(wire));
-      }
-      if (sel == Selection::All && h.entries.size() != reg.entries().size())
-        sync_fail(SyncErrc::InvalidArgument, "{}: {} tensors, the model has {}", origin,
-                  h.entries.size(), reg.entries().size());
-    };
-    // Values go straight into the model's tensors, piece by piece (memory: one chunk).
-    auto on_run = [this, origin](const StreamEntry& e, int64_t first, const torch::Tensor& run,
-                                 bool last) {
-      if (run.numel() > 0 && !torch::isfinite(run).all().item<bool>())
-        sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' holds NaN or Inf", origin, e.name);
-      torch::NoGradGuard ng;
-      reg.find(e.name)->tensor.view({-1}).slice(0, first, first + run.numel()).copy_(run);
-      if (last) names.insert(e.name);
-    };
-    const uint64_t offset = reader ? reader->consumed() : 0;
-    return client.download(
-        round, sel,
-        [&](uint64_t t) {
-          if (reader) {
-            if (t != total)
-              sync_fail(SyncErrc::DataLoss, "{}: the stream changed size on resume ({} vs {})",
-                        origin, t, total);
-            return;
-          }
-          total = t;
-          reader = std::make_unique<SafetensorsStreamReader>(t, origin, on_header, nullptr,
-                                                             kMaxHeaderBytes);
-          reader->set_slice_handler(on_run);
-        },
-        [&](const char* p, size_t n) { reader->feed(p, n); }, offset);
-  }
-};
 
 uint64_t random_incarnation() {
   std::random_device rd;
@@ -232,7 +172,7 @@ void SyncNode::on_start(Trainer& t) {
     spdlog::info("node {}: continuing from its checkpoint at step {} (after round {})",
                  id.node_id, step, jr.published_round);
   } else {
-    Download d{reg, jr.published_round, Selection::All, wire};
+    Download d(reg, jr.published_round, Selection::All, wire);
     down = call("initial download", cfg.spes_config.retry_max_s, [&] {
       return d.attempt(*client_);
     });
@@ -246,6 +186,7 @@ void SyncNode::on_start(Trainer& t) {
                    step, t.state().sync_round, jr.published_round, jr.published_step);
     t.state().step = jr.published_step;
     t.state().sync_round = jr.published_round;
+    held_round_ = jr.published_round;
   }
   step_ = t.state().step;
   frozen_sha_ = frozen_weights_sha256(reg);
@@ -353,7 +294,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
                                 : call("wait for round", retry,
                                        [&] { return client_->wait_round(round, 0); });
     if (cur.model_sha256.empty() && tries < 5) continue;  // a newer round meanwhile: again
-    Download d{reg, round, Selection::All, wire};
+    Download d(reg, round, Selection::All, wire);
     uint64_t down = 0;
     try {
       down = call("download", retry, [&] { return d.attempt(*client_); });
@@ -368,6 +309,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
     t.state().step = cur.published_step > 0 ? cur.published_step
                                             : RoundClock(cfg).step_of(round);
     t.state().sync_round = round;
+    held_round_ = round;
     frozen_sha_ = frozen_weights_sha256(reg);
     tokens_at_sync_ = t.state().tokens;
     if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/true);
@@ -467,28 +409,59 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
 
   // 3. Download what the node lacks (resuming after interruptions); tensors it uploaded and
   // does not get back already hold the published value up to rounding to the transfer dtype,
-  // which we apply here.
+  // which we apply here. With compression: the round's delta from the round the node holds,
+  // when it holds the previous one (else the server sends the whole model).
   const auto t2 = Clock::now();
   // A compressed upload counts as the server rebuilt it: base + deq(q), bit for bit.
   if (delta_->enabled()) delta_->apply_rebuilt(reg);
-  Download d{reg, round, Selection::ForNode, wire};
+  const int64_t from_round = delta_->enabled() && held_round_ == round - 1 ? held_round_ : -1;
+  Download d(reg, round, Selection::ForNode, wire, delta_.get(), from_round);
   uint64_t down = 0;
+  bool delta_refused = false;
+  std::string sha;
+  auto superseded = [&] {
+    return catch_up(t, round, fmt::format("round {} was superseded during the download", round));
+  };
   try {
     down = call("download", retry, [&] { return d.attempt(*client_); });
   } catch (const SyncError& e) {
-    if (e.code() == SyncErrc::OutOfRange)
-      return catch_up(t, round, fmt::format("round {} was superseded during the download",
-                                            round));
-    throw;
+    if (e.code() == SyncErrc::OutOfRange) return superseded();
+    // A delta stream that fails its checks: take the whole model instead (below).
+    if (from_round < 0 || e.code() != SyncErrc::InvalidArgument) throw;
+    spdlog::warn("node {}: the round {} delta was refused ({}); downloading the whole model",
+                 node, round, e.what());
+    delta_refused = true;
   }
-  for (const auto& e : reg.entries())
-    if (e.trainable && !d.names.count(e.name)) wire_round_(e.tensor, wire);
+  if (!delta_refused) {
+    if (!d.receiver.is_delta())
+      for (const auto& e : reg.entries())
+        if (e.trainable && !d.receiver.names().count(e.name)) wire_round_(e.tensor, wire);
+    sha = reg.weights_sha256();
+    if (sha != st.model_sha256 && d.receiver.is_delta()) {
+      // The delta did not give the published model (a hostile or broken stream, or a node
+      // that did not hold what it thought): take the whole model instead.
+      spdlog::warn("node {}: after applying the round {} delta its weights hash to {}, not the "
+                   "published {}; downloading the whole model", node, round, sha.substr(0, 16),
+                   st.model_sha256.substr(0, 16));
+      delta_refused = true;
+    }
+  }
+  if (delta_refused) {
+    Download full(reg, round, Selection::All, wire);
+    try {
+      down += call("download", retry, [&] { return full.attempt(*client_); });
+    } catch (const SyncError& e) {
+      if (e.code() == SyncErrc::OutOfRange) return superseded();
+      throw;
+    }
+    sha = reg.weights_sha256();
+  }
   const double download_s = since(t2);
 
-  const std::string sha = reg.weights_sha256();
   SPES_CHECK(sha == st.model_sha256, "node {}: after loading round {} its weights hash to {} but "
              "the server published {} (the node and server disagree about the model)", node,
              round, sha, st.model_sha256);
+  held_round_ = round;
   const std::string frozen_after = frozen_weights_sha256(reg);
   frozen_sha_ = frozen_after;
   if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
@@ -506,6 +479,8 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
           {"bytes_up_sent", up.bytes_sent},
           {"upload_resumed_from", up.resumed_from},
           {"bytes_down", down},
+          {"download_delta", d.receiver.is_delta() && !delta_refused},
+          {"delta_refused", delta_refused},
           {"model_sha256", sha},
           {"alpha", st.alpha},
           {"tokens", meta.tokens},

@@ -70,6 +70,7 @@ class SyncNode : public StepObserver {
   std::unique_ptr<SyncClient> client_;
   std::unique_ptr<NodeFaultInjection> faults_;  // null unless opts_.faults.any()
   std::unique_ptr<DeltaUpload> delta_;          // compressed uploads (disabled: compression none)
+  int64_t held_round_ = -1;  // the published round whose model the node holds (digest checked)
   nlohmann::json join_record_;
   int64_t tokens_at_sync_ = 0;
   std::string frozen_sha_;

@@ -1,5 +1,6 @@
 // One round's arithmetic (see aggregate.h).
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/published_delta.h"
 
 #include <cmath>
 #include <filesystem>
@@ -191,6 +192,23 @@ void RoundAggregator::end_node() {
   node_ = -1;
 }
 
+void RoundAggregator::keep_owner_delta(const RoundPlan& plan, int64_t node, const StreamEntry& e,
+                                       int64_t first, const torch::Tensor& run) {
+  // The raw runs of a compressed upload: "NAME:scale" (F32) and NAME (I8 / BF16).
+  const std::string suffix = ":scale";
+  const bool scale = e.name.size() > suffix.size() &&
+                     e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                     plan.compression() == Compression::Int8;
+  const int64_t i = plan.index(scale ? e.name.substr(0, e.name.size() - suffix.size()) : e.name);
+  if (i < 0) return;
+  const PlanTensor& t = plan.tensors()[i];
+  if (t.rule != Combine::OwnerCopy || t.owner != node) return;
+  EncodedDelta& d = out_.owner_deltas[static_cast<size_t>(i)];
+  torch::Tensor& dst = scale ? d.scales : d.q;
+  if (first == 0) dst = torch::empty(e.shape, run.scalar_type());
+  dst.view({-1}).slice(0, first, first + run.numel()).copy_(run);
+}
+
 RoundOutcome RoundAggregator::finish() {
   SPES_CHECK(active_ && node_ < 0, "aggregator: finish() without a complete round");
   const RoundPlan& plan = model_.plan();
@@ -216,8 +234,11 @@ RoundOutcome RoundAggregator::finish() {
           dst.copy_(run);
         },
         path);
-    reader.set_slice_handler([&](const StreamEntry& e, int64_t first, const torch::Tensor& run,
-                                 bool last) { decoder(e, first, run, last); });
+    reader.set_slice_handler([&, node = node](const StreamEntry& e, int64_t first,
+                                              const torch::Tensor& run, bool last) {
+      if (plan.compression() != Compression::None) keep_owner_delta(plan, node, e, first, run);
+      decoder(e, first, run, last);
+    });
     stream_file(path, reader);
   }
   owner_files_.clear();
@@ -314,10 +335,17 @@ RoundOutcome aggregate_offline(SyncModel& model, const std::vector<std::string>&
     order.emplace_back(m.node, path);
   }
   std::sort(order.begin(), order.end());
+  // With compression the published model is P_prev + deq(D) (published_delta.h), computed
+  // against the previous model as the server does.
+  std::vector<torch::Tensor> prev;
+  if (model.plan().compression() != Compression::None)
+    for (const auto& t : model.tensors()) prev.push_back(t.clone());
   RoundAggregator agg(model);
   agg.begin(clock.round_at(step), step);
   for (const auto& [node, path] : order) fold_upload_file(agg, model.plan(), path, node);
-  return agg.finish();
+  RoundOutcome o = agg.finish();
+  if (!prev.empty()) quantise_publication(model, o, prev);
+  return o;
 }
 
 SafetensorsStreamWriter published_writer(const SyncModel& model, int64_t round, int64_t step,

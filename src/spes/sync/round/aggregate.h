@@ -16,6 +16,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,10 @@ struct RoundOutcome {
   // Per model tensor: ||published after - published before|| from the combination and outer
   // step (merging excluded); 0 for tensors nobody uploaded. For the drift bound.
   std::vector<double> change;
+  // With compression: per owner-copied tensor read back from its owner's upload (model index),
+  // the q the owner sent: the published value is P_prev + deq(q) exactly, so a compressed
+  // download can carry this q again (round/published_delta.h). Empty without compression.
+  std::map<size_t, EncodedDelta> owner_deltas;
 };
 
 class RoundAggregator {
@@ -101,6 +106,9 @@ class RoundAggregator {
   void abort();
 
  private:
+  // With compression: keeps the raw q of an owner copy read back in finish().
+  void keep_owner_delta(const RoundPlan& plan, int64_t node, const StreamEntry& e, int64_t first,
+                        const torch::Tensor& run);
   SyncModel& model_;
   MergeSchedule schedule_;
   bool active_ = false;

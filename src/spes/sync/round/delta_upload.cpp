@@ -9,9 +9,12 @@ namespace spes::sync {
 void DeltaUpload::set_base(const ParamRegistry& reg, bool reset_residual) {
   torch::NoGradGuard ng;
   base_.clear();
+  base_index_.clear();
   for (const auto& e : reg.entries())
-    if (e.trainable)
+    if (e.trainable) {
+      base_index_[e.name] = base_.size();
       base_.push_back(e.tensor.detach().to(torch::kCPU, torch::kFloat32, false, true).contiguous());
+    }
   if (reset_residual || residual_.size() != base_.size()) {
     residual_.clear();
     for (const auto& b : base_) residual_.push_back(torch::zeros_like(b));
@@ -62,6 +65,11 @@ uint64_t DeltaUpload::upload_data_bytes(const ParamRegistry& reg) const {
   for (const auto& e : reg.entries())
     if (e.trainable) n += delta_payload_bytes(c_, e.tensor.numel());
   return n;
+}
+
+torch::Tensor DeltaUpload::base(const std::string& name) const {
+  auto it = base_index_.find(name);
+  return it == base_index_.end() ? torch::Tensor() : base_[it->second];
 }
 
 double DeltaUpload::residual_sq() const {

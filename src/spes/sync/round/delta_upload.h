@@ -8,6 +8,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "spes/model/registry.h"
@@ -35,11 +37,15 @@ class DeltaUpload {
   uint64_t upload_data_bytes(const ParamRegistry& reg) const;
   // The residual's squared norm (for the node's metrics).
   double residual_sq() const;
+  // The base of trainable tensor `name` (fp32 CPU contiguous; undefined when it is not one):
+  // what the node holds of the published model it last took, for applying a published delta.
+  torch::Tensor base(const std::string& name) const;
 
  private:
   Compression c_;
   std::vector<torch::Tensor> base_, residual_;  // per trainable entry, registry order
   std::vector<EncodedDelta> sent_;              // q of the last encode()
+  std::unordered_map<std::string, size_t> base_index_;  // name -> index in base_
 };
 
 }  // namespace spes::sync

@@ -161,28 +161,7 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
   const char* dtype_rule = comp == Compression::None ? "transfer_dtype is" : "compression is";
   const std::string dtype_setting =
       comp == Compression::None ? wire_dtype_name(plan.wire()) : compression_name(comp);
-  // int8: entries come in pairs, "NAME:scale" (F32, [blocks]) then NAME.
-  const size_t stride = comp == Compression::Int8 ? 2 : 1;
-  const auto& all = header.entries;
-  std::vector<StreamEntry> got;
-  for (size_t k = stride - 1; k < all.size(); k += stride) {
-    const StreamEntry& e = all[k];
-    if (stride == 2) {
-      const StreamEntry& s = all[k - 1];
-      int64_t numel = 1;
-      for (int64_t d : e.shape) numel *= d;
-      if (s.name != delta_scale_name(e.name) || s.dtype != torch::kFloat32 ||
-          s.shape != std::vector<int64_t>{delta_blocks(numel)})
-        sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' must follow its int8 scales "
-                  "'{}' (F32, [{}]); found '{}' ({}, [{}])", origin, printable(e.name),
-                  delta_scale_name(printable(e.name)), delta_blocks(numel), printable(s.name),
-                  safetensors_dtype_name(s.dtype), fmt::join(s.shape, ", "));
-    }
-    got.push_back(e);
-  }
-  if (stride == 2 && all.size() % 2 != 0)
-    sync_fail(SyncErrc::InvalidArgument, "{}: an int8 upload holds pairs of entries (scales, "
-              "tensor); '{}' has no pair", origin, printable(all.back().name));
+  const std::vector<StreamEntry> got = delta_tensor_entries(header.entries, comp, origin);
   for (size_t k = 0; k < got.size(); ++k) {
     const StreamEntry& e = got[k];
     const int64_t idx = plan.index(e.name);

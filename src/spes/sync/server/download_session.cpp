@@ -8,14 +8,31 @@ namespace spes::sync {
 std::unique_ptr<SafetensorsStreamWriter> download_writer(const RoundPlan& plan,
                                                          const PublishedRound& published,
                                                          const std::string& path, int64_t node,
-                                                         int64_t round, Selection selection) {
+                                                         int64_t round, Selection selection,
+                                                         const DeltaSource& delta) {
+  const bool used = std::find(published.nodes.begin(), published.nodes.end(), node) !=
+                    published.nodes.end();
+  if (selection == Selection::ForNode && round > 0 && plan.compression() != Compression::None) {
+    const DeltaRecord* r = delta.record;
+    if (r && r->valid() && r->round == round && delta.from_round >= 0 &&
+        delta.from_round == r->from_round)
+      return std::make_unique<SafetensorsStreamWriter>(SafetensorsStreamWriter::from_file_as_stored(
+          delta.path, delta_download_names(plan, *r, node, used),
+          Metadata{{"format", "spes-download-delta-v1"},
+                   {"round", std::to_string(round)},
+                   {"from_round", std::to_string(r->from_round)},
+                   {"step", std::to_string(published.step)},
+                   {"model_sha256", published.sha256},
+                   {"compression", compression_name(plan.compression())}}));
+    // No delta from what the node holds: the whole model (its own experts included, whose
+    // published value need not be its rebuilt upload).
+    selection = Selection::All;
+  }
   std::vector<size_t> idx;
   if (selection == Selection::All || round == 0) {
     for (size_t i = 0; i < plan.tensors().size(); ++i) idx.push_back(i);
   } else {
     // A node whose upload the round did not use gets its own experts back too.
-    const bool used = std::find(published.nodes.begin(), published.nodes.end(), node) !=
-                      published.nodes.end();
     idx = plan.download_for(node, published.merged || !used);
   }
   std::vector<std::string> names;

@@ -1,5 +1,7 @@
 // Downloads of a published round: which tensors a node's download holds (the part for the node,
-// or the whole model), served from the persisted published.safetensors through a descriptor
+// or the whole model; with compression the round's delta for a node that holds the previous
+// round, else the whole model), served from the persisted published.safetensors (or
+// delta.safetensors) through a descriptor
 // opened when the download begins (a later publication, a rename over the file, does not
 // change its bytes), and one download stream that resumes from an offset and reports when it
 // has sent everything. Leaves out: which round may be downloaded (RoundState).
@@ -16,13 +18,23 @@
 
 namespace spes::sync {
 
+// The delta of the published round a download may be served from (compression only).
+struct DeltaSource {
+  const DeltaRecord* record = nullptr;  // null or invalid: no delta held (e.g. restarted)
+  std::string path;                     // its file
+  int64_t from_round = -1;              // the round the node says it holds (-1: none)
+};
+
 // The stream of round `round` (`published`, persisted at `path`) for `node`: with
 // Selection::ForNode (and round > 0) the tensors the node lacks (plan.download_for); a node
-// whose upload the round did not use gets its own experts back too.
+// whose upload the round did not use gets its own experts back too. With compression,
+// ForNode is the delta (format spes-download-delta-v1, delta_download_names) when `delta`
+// holds this round's delta from the round the node holds, and the whole model otherwise.
 std::unique_ptr<SafetensorsStreamWriter> download_writer(const RoundPlan& plan,
                                                          const PublishedRound& published,
                                                          const std::string& path, int64_t node,
-                                                         int64_t round, Selection selection);
+                                                         int64_t round, Selection selection,
+                                                         const DeltaSource& delta = {});
 
 // One download stream of a published round.
 class DownloadSession {

@@ -54,6 +54,8 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
     published_.sha256 = model_->weights_sha256();
     store_.persist(published_, nlohmann::json());
   }
+  if (resumed && model_->plan().compression() != Compression::None)
+    if (std::optional<DeltaRecord> d = store_.load_delta(published_)) delta_ = std::move(*d);
   if (resumed && !bounds_.restore(store_.load_drift_window(published_))) {
     bounds_.reset(model_->tensors());
     spdlog::warn("sync server: no usable drift window was saved with round {}; it starts over "
@@ -225,7 +227,12 @@ bool RoundState::publish() {
     nlohmann::json node_states = nlohmann::json::array();
     for (size_t i = 0; i < members_.size(); ++i) node_states.push_back(node_state(i));
     uploads_.close_round();
-    const RoundOutcome o = round_.finish();
+    RoundOutcome o = round_.finish();
+    // With compression the published model is P_prev + deq(D), P_prev read back from the
+    // previous round's published file (published_delta.h).
+    const bool compressed = model_->plan().compression() != Compression::None;
+    PublishedDelta delta;
+    if (compressed) delta = quantise_publication(*model_, o, store_.published_path());
     const double aggregate_s = seconds_since(t0);
     const std::string sha = model_->weights_sha256();
     const size_t N = members_.size();
@@ -241,6 +248,11 @@ bool RoundState::publish() {
     closing_ = std::make_unique<Closing>();
     closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
     closing_->change = o.change;
+    if (compressed) {
+      closing_->record = DeltaRecord{o.round, published_.round, sha, published_.sha256,
+                                     delta.tensors, delta.owner_exact};
+      closing_->delta = std::move(delta);
+    }
     closing_->closed_at = Clock::now();
     closing_->line = {{"round", o.round},
                       {"step", o.step},
@@ -267,7 +279,9 @@ bool RoundState::publish() {
   try {
     // Saved before anyone can see the round: a crash now loses nothing, and a restarted
     // server continues from here (the line is kept in state.json for rounds.jsonl).
-    store_.persist(c.round, c.line);
+    const bool compressed = c.record.valid();
+    store_.persist(c.round, c.line, compressed ? &c.delta : nullptr,
+                   compressed ? &c.record : nullptr);
   } catch (const std::exception& e) {
     c.error = printable(e.what(), kMaxDetailBytes);
     spdlog::error("round {}: saving the published model failed, so the round is not published; "
@@ -281,6 +295,7 @@ bool RoundState::publish() {
   nlohmann::json line = std::move(c.line);
   const std::vector<double> change = std::move(c.change);
   const auto published_at = Clock::now();
+  delta_ = std::move(c.record);  // invalid without compression
   closing_.reset();
   published_ = p;
   line["persist_s"] = seconds_since(t1);
@@ -326,7 +341,9 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
     r.model_sha256 = published_.sha256;
     r.alpha = published_.alpha;
     r.nodes = published_.nodes;
-    r.download_bytes = download_writer(node.node_id, round, Selection::ForNode)->total_bytes();
+    // As for a node that holds the previous round (the usual case).
+    r.download_bytes =
+        download_writer(node.node_id, round, Selection::ForNode, round - 1)->total_bytes();
   }
   if (!r.published && round == published_.round + 1)
     for (size_t i = 0; i < members_.size(); ++i)
@@ -335,14 +352,16 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
 }
 
 std::unique_ptr<SafetensorsStreamWriter> RoundState::download_writer(int64_t node, int64_t round,
-                                                                     Selection selection) const {
+                                                                     Selection selection,
+                                                                     int64_t from_round) const {
   return sync::download_writer(model_->plan(), published_, store_.published_path(), node, round,
-                               selection);
+                               selection, DeltaSource{&delta_, store_.delta_path(), from_round});
 }
 
 std::unique_ptr<DownloadSession> RoundState::begin_download(const NodeId& node, int64_t round,
                                                             Selection selection,
-                                                            uint64_t offset) {
+                                                            uint64_t offset,
+                                                            int64_t from_round) {
   std::lock_guard<std::mutex> lk(mu_);
   members_.check(node);
   if (round > published_.round)
@@ -351,7 +370,7 @@ std::unique_ptr<DownloadSession> RoundState::begin_download(const NodeId& node, 
   if (round < published_.round)
     sync_fail(SyncErrc::OutOfRange, "node {}: round {} is no longer available; the latest "
               "published round is {}: take that one", node.node_id, round, published_.round);
-  auto writer = download_writer(node.node_id, round, selection);
+  auto writer = download_writer(node.node_id, round, selection, from_round);
   if (offset > writer->total_bytes())
     sync_fail(SyncErrc::OutOfRange, "node {}: download offset {} is past the end of round {}'s "
               "{} byte stream", node.node_id, offset, round, writer->total_bytes());

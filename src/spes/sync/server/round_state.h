@@ -4,8 +4,8 @@
 // (upload_staging.h: streams, their checks, staging, resuming), the collecting round itself
 // (open_round.h: fold order, deadline, quorum), the state on disk and the restart
 // (round_store.h), rounds.jsonl and the recent history (round_log.h), and downloads of the
-// published round (download_session.h). Here: publication (aggregate, persist, then wake the
-// waiters), node states and status for `spes status` and the dashboard, and leaving.
+// published round (download_session.h). Here: publication (aggregate, with compression turn the
+// aggregate into P_prev + deq(D) (round/published_delta.h), persist, then wake the waiters), node states and status for `spes status` and the dashboard, and leaving.
 // server.cpp maps gRPC calls onto it one to one; tests drive it directly.
 //
 // Publication is a transaction: the round's result is computed once, then saved (round_store);
@@ -75,8 +75,11 @@ class RoundState {
   // Wakes every wait_round so that each checks its give_up (a newer long-poll of the node, a
   // cancelled call).
   void wake_waiters();
+  // `from_round`: the published round the node holds exactly (-1: none); with compression a
+  // ForNode download is then the round's delta when the server holds it (download_session.h).
   std::unique_ptr<DownloadSession> begin_download(const NodeId& node, int64_t round,
-                                                  Selection selection, uint64_t offset = 0);
+                                                  Selection selection, uint64_t offset = 0,
+                                                  int64_t from_round = -1);
   void leave(const NodeId& node, int64_t step, const std::string& reason);
   // Records the node's step and metrics (its loss curve); returns the latest published round.
   int64_t heartbeat(const NodeId& node, int64_t step, const NodeMetrics& metrics = {});
@@ -111,7 +114,8 @@ class RoundState {
   std::string node_state(size_t i) const;
   nlohmann::json missing_nodes() const;  // who the collecting round lacks, and why
   std::unique_ptr<SafetensorsStreamWriter> download_writer(int64_t node, int64_t round,
-                                                           Selection selection) const;
+                                                           Selection selection,
+                                                           int64_t from_round) const;
   void download_done(int64_t node, int64_t round, Selection sel, uint64_t bytes);  // takes it
 
   Config cfg_;
@@ -127,11 +131,14 @@ class RoundState {
   OpenRound round_;
   std::unique_ptr<RoundLog> log_;
   PublishedRound published_;
+  DeltaRecord delta_;  // compression: the delta file of published_ (invalid: none held)
   // A closed round whose save failed: its result, waiting to be saved and published.
   struct Closing {
     PublishedRound round;
     nlohmann::json line;
     std::vector<double> change;
+    PublishedDelta delta;  // compression: D of the round, until persisted
+    DeltaRecord record;
     std::chrono::steady_clock::time_point closed_at, last_try;
     std::string error;
   };

@@ -32,7 +32,7 @@ void RoundStore::remove_leftovers() const {
   auto own_tmp = [](const std::string& name) {
     return name.find(".tmp.") != std::string::npos &&
            (starts_with(name, "state.json.") || starts_with(name, "published.safetensors.") ||
-            starts_with(name, "momentum-"));
+            starts_with(name, "delta.safetensors.") || starts_with(name, "momentum-"));
   };
   std::error_code ec;
   std::vector<fs::path> doomed;
@@ -159,11 +159,30 @@ nlohmann::json RoundStore::saved_line() const {
   return nullptr;
 }
 
-void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
+std::optional<DeltaRecord> RoundStore::load_delta(const PublishedRound& p) const {
+  const std::string path = delta_path();
+  if (!fs::exists(path)) return std::nullopt;
+  try {
+    const DeltaRecord r = delta_record_of(model_.plan(), read_stream_header(path), path);
+    if (r.round == p.round && r.model_sha256 == p.sha256) return r;
+    spdlog::info("'{}' is the delta of round {}, not of the resumed round {}: nodes get full "
+                 "tensors for this round", path, r.round, p.round);
+  } catch (const std::exception& e) {
+    spdlog::warn("'{}' is unusable ({}); nodes get full tensors for round {}", path, e.what(),
+                 p.round);
+  }
+  return std::nullopt;
+}
+
+void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line,
+                         const PublishedDelta* delta, const DeltaRecord* record) {
   const std::string& dir = dir_;
   const bool diloco = cfg_.spes_config.mode == SyncMode::Diloco;
-  // Order: momentum of the round, then the published model (authoritative on restart), then
-  // state.json; each written to a temporary name, fsynced and renamed.
+  // Order: momentum of the round, the round's delta, then the published model (authoritative
+  // on restart; a delta of a round it does not describe is ignored), then state.json; each
+  // written to a temporary name, fsynced and renamed.
+  if (delta && record)
+    write_stream_file(delta_path(), delta_file_writer(model_.plan(), *delta, *record));
   if (diloco)
     write_stream_file(momentum_path(p.round),
                       SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,

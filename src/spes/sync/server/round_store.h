@@ -1,6 +1,7 @@
 // The sync server's state on disk in its directory DIR, written so that a crash at any moment
 // loses nothing and a restarted server continues from the latest published round: the round's
-// diloco momentum (momentum-<r>.safetensors), the published model (published.safetensors,
+// diloco momentum (momentum-<r>.safetensors), with compression the round's delta from the
+// previous round (delta.safetensors, round/published_delta.h), the published model (published.safetensors,
 // authoritative on restart), then state.json (the round's record and the run's identity), each
 // written to a temporary name, fsynced and renamed; with keep_uploads also copies under
 // rounds/<r>/. On restart, checks that DIR holds the same run and loads the model from it.
@@ -16,6 +17,7 @@
 #include "spes/io/config.h"
 #include "spes/io/run_layout.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/published_delta.h"
 
 namespace spes::sync {
 
@@ -39,10 +41,16 @@ class RoundStore {
   // round's record comes back only if state.json describes that round. Nothing: no state.json.
   // Throws with the fix when DIR is corrupt or holds another run.
   std::optional<PublishedRound> resume();
-  // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json.
-  // Throws (nothing replaced) when the published model cannot be written; once it is in place
-  // (the commit point) a failure to update state.json is logged, not thrown.
-  void persist(const PublishedRound& p, const nlohmann::json& line);
+  // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json, and
+  // with `delta` (compression) the round's delta file first. Throws (nothing replaced) when
+  // the published model cannot be written; once it is in place (the commit point) a failure
+  // to update state.json is logged, not thrown.
+  void persist(const PublishedRound& p, const nlohmann::json& line,
+               const PublishedDelta* delta = nullptr, const DeltaRecord* record = nullptr);
+  // The delta file of round `p` (same round and digest) when DIR holds one, else nothing (a
+  // restarted server then serves full tensors once).
+  std::optional<DeltaRecord> load_delta(const PublishedRound& p) const;
+  std::string delta_path() const { return dir_ + "/delta.safetensors"; }
   // The update bounds' drift window after round `p` (UpdateBounds::to_json), saved atomically
   // beside the round; a failure is logged (a restart then starts the window empty).
   void save_drift_window(const PublishedRound& p, const nlohmann::json& window) const;

@@ -92,7 +92,8 @@ void call_download(RoundState& st, const NodeId& credentials, const pb::Download
   const Selection sel =
       req.selection() == pb::SELECTION_ALL ? Selection::All : Selection::ForNode;
   std::unique_ptr<DownloadSession> s =
-      st.begin_download(message_caller(credentials, req.node()), req.round(), sel, req.offset());
+      st.begin_download(message_caller(credentials, req.node()), req.round(), sel, req.offset(),
+                        req.has_from_round() ? req.from_round() : -1);
   pb::DownloadChunk c;
   std::string data;
   uint64_t offset = 0;

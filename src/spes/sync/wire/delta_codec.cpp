@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/sync/wire/protocol.h"
@@ -80,6 +82,30 @@ void check_delta_scales(const std::string& tensor, const float* s, int64_t n,
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': int8 scale {} of block {} is not a "
                 "finite value in [0, {:.4g}]; the upload is rejected", origin, tensor, s[k], k,
                 kMaxDeltaScale);
+}
+
+std::vector<StreamEntry> delta_tensor_entries(const std::vector<StreamEntry>& all, Compression c,
+                                              const std::string& origin) {
+  if (c != Compression::Int8) return all;
+  // int8: entries come in pairs, "NAME:scale" (F32, [blocks]) then NAME.
+  std::vector<StreamEntry> got;
+  for (size_t k = 1; k < all.size(); k += 2) {
+    const StreamEntry& e = all[k];
+    const StreamEntry& s = all[k - 1];
+    int64_t numel = 1;
+    for (int64_t d : e.shape) numel *= d;
+    if (s.name != delta_scale_name(e.name) || s.dtype != torch::kFloat32 ||
+        s.shape != std::vector<int64_t>{delta_blocks(numel)})
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' must follow its int8 scales "
+                "'{}' (F32, [{}]); found '{}' ({}, [{}])", origin, printable(e.name),
+                delta_scale_name(printable(e.name)), delta_blocks(numel), printable(s.name),
+                safetensors_dtype_name(s.dtype), fmt::join(s.shape, ", "));
+    got.push_back(e);
+  }
+  if (all.size() % 2 != 0)
+    sync_fail(SyncErrc::InvalidArgument, "{}: an int8 stream holds pairs of entries (scales, "
+              "tensor); '{}' has no pair", origin, printable(all.back().name));
+  return got;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "spes/sync/wire/delta_kernels.h"
 #include "spes/sync/wire/framing.h"
@@ -44,6 +45,13 @@ torch::Tensor delta_rebuild(const torch::Tensor& prev, const EncodedDelta& q, Co
 // SyncError(InvalidArgument) naming the tensor and the first bad scale.
 void check_delta_scales(const std::string& tensor, const float* s, int64_t n,
                         const std::string& origin);
+
+// The tensor entries of a compressed stream's header (int8: every "NAME:scale" entry checked
+// to come right before NAME, F32, [blocks of NAME]; bf16 and none: every entry). Throws
+// SyncError(InvalidArgument) naming the first misplaced or malformed scale entry. What the
+// tensors themselves must be (names, shapes, dtypes) is the caller's check.
+std::vector<StreamEntry> delta_tensor_entries(const std::vector<StreamEntry>& all, Compression c,
+                                              const std::string& origin);
 
 // Turns the runs of a compressed stream (SafetensorsStreamReader slice mode) into runs of
 // rebuilt fp32 values P_prev + deq(q), passed on with the tensor's own name; scale entries are

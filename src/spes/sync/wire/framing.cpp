@@ -79,6 +79,18 @@ SafetensorsStreamWriter SafetensorsStreamWriter::from_file(const std::string& pa
                                                            const std::vector<std::string>& names,
                                                            torch::ScalarType dtype,
                                                            Metadata metadata) {
+  return open_file(path, names, dtype, std::move(metadata));
+}
+
+SafetensorsStreamWriter SafetensorsStreamWriter::from_file_as_stored(
+    const std::string& path, const std::vector<std::string>& names, Metadata metadata) {
+  return open_file(path, names, std::nullopt, std::move(metadata));
+}
+
+SafetensorsStreamWriter SafetensorsStreamWriter::open_file(const std::string& path,
+                                                           const std::vector<std::string>& names,
+                                                           std::optional<torch::ScalarType> dtype,
+                                                           Metadata metadata) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   SPES_CHECK(fd >= 0, "cannot open '{}' for reading: {}", path, std::strerror(errno));
   SafetensorsStreamWriter w;
@@ -94,9 +106,11 @@ SafetensorsStreamWriter SafetensorsStreamWriter::from_file(const std::string& pa
   for (const auto& n : names) {
     auto it = by_name.find(n);
     SPES_CHECK(it != by_name.end(), "'{}' has no tensor '{}'", path, n);
-    SPES_CHECK(it->second->dtype == torch::kFloat32, "'{}': tensor '{}' is not F32", path, n);
+    SPES_CHECK(!dtype || it->second->dtype == torch::kFloat32, "'{}': tensor '{}' is not F32",
+               path, n);
     shapes.emplace_back(n, it->second->shape);
-    Item item{torch::Tensor(), 0, 0, h.header_bytes + it->second->begin, dtype};
+    Item item{torch::Tensor(), 0, 0, h.header_bytes + it->second->begin,
+              dtype.value_or(it->second->dtype), it->second->dtype};
     w.items_.push_back(item);
   }
   w.build_header(shapes, std::move(metadata));
@@ -125,19 +139,20 @@ void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out
     const int64_t e0 = static_cast<int64_t>((d - item.begin) / es);
     const int64_t e1 = static_cast<int64_t>((stop - item.begin + es - 1) / es);
     torch::Tensor part;
-    if (fd_) {  // file source: the fp32 values of elements [e0, e1)
-      torch::Tensor f32 = torch::empty({e1 - e0}, torch::kFloat32);
-      const uint64_t want = static_cast<uint64_t>(e1 - e0) * 4;
+    if (fd_) {  // file source: the stored values of elements [e0, e1)
+      torch::Tensor raw = torch::empty({e1 - e0}, item.file_dtype);
+      const uint64_t fes = c10::elementSize(item.file_dtype);
+      const uint64_t want = static_cast<uint64_t>(e1 - e0) * fes;
       uint64_t got = 0;
-      char* dst = static_cast<char*>(f32.data_ptr());
+      char* dst = static_cast<char*>(raw.data_ptr());
       while (got < want) {
         const ssize_t r = ::pread(*fd_, dst + got, want - got,
-                                  static_cast<off_t>(item.file_offset + e0 * 4 + got));
+                                  static_cast<off_t>(item.file_offset + e0 * fes + got));
         SPES_CHECK(r > 0, "stream writer: cannot read the source file ({})",
                    r == 0 ? "truncated" : std::strerror(errno));
         got += static_cast<uint64_t>(r);
       }
-      part = item.dtype == torch::kFloat32 ? f32 : f32.to(item.dtype).contiguous();
+      part = item.dtype == item.file_dtype ? raw : raw.to(item.dtype).contiguous();
     } else {
       part = item.flat.slice(0, e0, e1).to(torch::kCPU, item.dtype).contiguous();
     }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ class SafetensorsStreamWriter {
   static SafetensorsStreamWriter from_file(const std::string& path,
                                            const std::vector<std::string>& names,
                                            torch::ScalarType dtype, Metadata metadata);
+  // The same from a file of any dtypes, each tensor sent in its own dtype, unconverted (e.g.
+  // a published delta's I8 values and F32 scales).
+  static SafetensorsStreamWriter from_file_as_stored(const std::string& path,
+                                                     const std::vector<std::string>& names,
+                                                     Metadata metadata);
   // The stream of `tensors` each in its own dtype (no conversion; e.g. a compressed upload's
   // I8 values and F32 scales).
   static SafetensorsStreamWriter as_stored(NamedTensors tensors, Metadata metadata);
@@ -51,11 +57,17 @@ class SafetensorsStreamWriter {
   SafetensorsStreamWriter() = default;
   void build_header(const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
                     Metadata metadata);
+  // from_file / from_file_as_stored: `dtype` undefined keeps each tensor's file dtype.
+  static SafetensorsStreamWriter open_file(const std::string& path,
+                                           const std::vector<std::string>& names,
+                                           std::optional<torch::ScalarType> dtype,
+                                           Metadata metadata);
   struct Item {
     torch::Tensor flat;  // contiguous 1-D view of the source tensor (memory source)
     uint64_t begin, end; // byte range in the stream
-    uint64_t file_offset = 0;  // file source: byte offset of the fp32 values in the file
+    uint64_t file_offset = 0;  // file source: byte offset of the values in the file
     torch::ScalarType dtype = torch::kFloat32;  // on the wire
+    torch::ScalarType file_dtype = torch::kFloat32;  // file source: as stored
   };
   std::shared_ptr<int> fd_;  // file source (closed with the last copy)
   std::string header_;  // 8-byte length + JSON header, padded to 8
