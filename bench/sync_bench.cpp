@@ -8,8 +8,10 @@
 //   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
 //                          [--compression none|bf16|int8]
 // With --compression the simulated nodes upload quantised deltas (with error feedback) from the
-// model they started with, as spes node does from the published model; only the bytes and the
-// server's work are representative (the nodes do not load what they download).
+// published model and download the round's delta, which they apply and check against the
+// published digest (outside the timed download), as spes node does. Without compression only
+// the bytes and the server's work are representative (the nodes do not load what they
+// download).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -33,6 +35,7 @@
 #include "spes/model/registry.h"
 #include "spes/model/transformer.h"
 #include "spes/sync/node/client.h"
+#include "spes/sync/node/download.h"
 #include "spes/sync/round/delta_upload.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/wire/framing.h"
@@ -153,7 +156,7 @@ int main(int argc, char** argv) {
     SPES_CHECK(fs::exists(exe), "spes executable '{}' not found; pass --spes PATH", exe);
 
     // The nodes' models first (the server's initial model comes from its own seed; nodes load
-    // it on join as `spes node` does, but here only the bytes matter).
+    // it on join as `spes node` does with compression; without it only the bytes matter).
     const spes::Ownership own = spes::Ownership::from_config(cfg);
     std::vector<std::unique_ptr<spes::Transformer>> models;
     std::vector<std::unique_ptr<spes::ParamRegistry>> regs;
@@ -201,9 +204,14 @@ int main(int argc, char** argv) {
           const spes::ParamRegistry& reg = *regs[i];
           client.join(spes::sync::node_join_info(cfg, reg, id, 0));
           auto discard = [](const char*, size_t) {};
-          client.download(0, spes::sync::Selection::All, [](uint64_t) {}, discard);
           spes::sync::DeltaUpload delta(spes::Choice<spes::Compression>(a.compression));
-          if (delta.enabled()) delta.set_base(reg, true);
+          if (delta.enabled()) {  // deltas need the published model: load it, as spes node
+            spes::sync::Download d(reg, 0, spes::sync::Selection::All, wire);
+            d.attempt(client);
+            delta.set_base(reg, true);
+          } else {
+            client.download(0, spes::sync::Selection::All, [](uint64_t) {}, discard);
+          }
           for (int64_t r = 1; r <= a.rounds; ++r) {
             {  // a small change, so every round aggregates real updates
               torch::NoGradGuard ng;
@@ -224,11 +232,20 @@ int main(int argc, char** argv) {
               st = client.wait_round(r, spes::sync::kMaxWaitMs);
             } while (!st.published);
             const auto t2 = Clock::now();
-            const uint64_t down =
-                client.download(r, spes::sync::Selection::ForNode, [](uint64_t) {}, discard);
-            const auto t3 = Clock::now();
-            if (delta.enabled()) {  // as spes node: the upload as rebuilt becomes the base
+            uint64_t down = 0;
+            bool applied_delta = false;
+            if (delta.enabled()) {  // as spes node: the upload as rebuilt, then the delta
               delta.apply_rebuilt(reg);
+              spes::sync::Download d(reg, r, spes::sync::Selection::ForNode, wire, &delta, r - 1);
+              down = d.attempt(client);
+              applied_delta = d.receiver.is_delta();
+            } else {
+              down = client.download(r, spes::sync::Selection::ForNode, [](uint64_t) {}, discard);
+            }
+            const auto t3 = Clock::now();
+            if (delta.enabled()) {
+              SPES_CHECK(applied_delta && reg.weights_sha256() == st.model_sha256, "node {}: "
+                         "round {}: the delta did not give the published model", i, r);
               delta.set_base(reg, false);
             }
             auto secs = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };

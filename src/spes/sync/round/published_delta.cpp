@@ -2,8 +2,12 @@
 // published_delta.h).
 #include "spes/sync/round/published_delta.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <filesystem>
+#include <cerrno>
+#include <cstring>
 
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
@@ -29,32 +33,68 @@ bool PublicationQuantiser::wants(size_t i) const {
   return i < wanted_.size() && wanted_[i] && !q_[i].q.defined();
 }
 
-void PublicationQuantiser::tensor(size_t i, const torch::Tensor& prev) {
+void PublicationQuantiser::tensor(size_t i, const PrevReader& read_prev) {
   const RoundPlan& plan = model_.plan();
   SPES_CHECK(wants(i), "publication: tensor {} is not expected (internal)", i);
   const Compression c = plan.compression();
   const std::string& name = plan.tensors()[i].name;
-  torch::NoGradGuard ng;
   const torch::Tensor& agg = model_.tensors()[i];
-  SPES_CHECK(prev.numel() == agg.numel(), "publication: '{}' has {} previous values for {}",
-             name, prev.numel(), agg.numel());
-  const torch::Tensor p = prev.to(torch::kCPU, torch::kFloat32).contiguous().view(agg.sizes());
-  // An owner copy is its owner's rebuilt upload P_prev + deq(q): that q is D, exactly.
+  SPES_CHECK(agg.is_contiguous() && agg.device().is_cpu() &&
+                 agg.scalar_type() == torch::kFloat32,
+             "publication: '{}' must be contiguous fp32 on CPU (internal)", name);
+  const int64_t n = agg.numel();
+  float* out = agg.data_ptr<float>();
+  std::vector<float> prev(static_cast<size_t>(std::min(n, kPieceValues)));
+  std::vector<float> work(prev.size());
+  // An owner copy is its owner's rebuilt upload P_prev + deq(q): that q is D, exactly (checked).
   auto own = owner_.find(i);
   if (own != owner_.end()) {
     const EncodedDelta& o = own->second;
-    const bool complete = o.q.defined() && o.q.numel() == agg.numel() &&
-                          (c != Compression::Int8 ||
-                           (o.scales.defined() && o.scales.numel() == delta_blocks(agg.numel())));
-    if (complete && torch::equal(delta_rebuild(p, o, c).view(agg.sizes()), agg)) {
+    bool exact = o.q.defined() && o.q.numel() == n &&
+                 (c != Compression::Int8 ||
+                  (o.scales.defined() && o.scales.numel() == delta_blocks(n)));
+    for (int64_t first = 0; exact && first < n; first += kPieceValues) {
+      const int64_t m = std::min(kPieceValues, n - first);
+      read_prev(first, m, prev.data());
+      if (c == Compression::Int8)
+        delta_rebuild_int8(prev.data(), o.q.data_ptr<int8_t>() + first,
+                           o.scales.data_ptr<float>(), first, m, work.data());
+      else
+        delta_rebuild_bf16(prev.data(), static_cast<const uint16_t*>(o.q.data_ptr()) + first, m,
+                           work.data());
+      exact = std::memcmp(work.data(), out + first, static_cast<size_t>(m) * 4) == 0;
+    }
+    if (exact) {
       q_[i] = {o.q.view(agg.sizes()), o.scales};
       exact_[i] = true;
       owner_.erase(own);
       return;
     }
   }
-  EncodedDelta q = delta_encode(agg - p, c, name);
-  agg.copy_(delta_rebuild(p, q, c).view(agg.sizes()));
+  // D = Q(P_agg - P_prev) and P_new = P_prev + deq(D), piece by piece (pieces are whole blocks).
+  EncodedDelta q;
+  q.q = torch::empty(agg.sizes(), delta_wire_dtype(c));
+  if (c == Compression::Int8) q.scales = torch::empty({delta_blocks(n)}, torch::kFloat32);
+  for (int64_t first = 0; first < n; first += kPieceValues) {
+    const int64_t m = std::min(kPieceValues, n - first);
+    read_prev(first, m, prev.data());
+    for (int64_t k = 0; k < m; ++k) work[k] = out[first + k] - prev[k];
+    int64_t bad;
+    if (c == Compression::Int8) {
+      bad = delta_quantise_int8(work.data(), m, q.q.data_ptr<int8_t>() + first,
+                                q.scales.data_ptr<float>() + first / kDeltaBlock);
+      if (bad < 0)
+        delta_rebuild_int8(prev.data(), q.q.data_ptr<int8_t>() + first,
+                           q.scales.data_ptr<float>(), first, m, out + first);
+    } else {
+      uint16_t* q16 = static_cast<uint16_t*>(q.q.data_ptr()) + first;
+      bad = delta_quantise_bf16(work.data(), m, q16);
+      if (bad < 0) delta_rebuild_bf16(prev.data(), q16, m, out + first);
+    }
+    SPES_CHECK(bad < 0, "publication: tensor '{}': the change from the previous round is {} at "
+               "element {}, which a {} delta cannot carry", name, work[bad], first + bad,
+               compression_name(c));
+  }
   q_[i] = std::move(q);
 }
 
@@ -76,20 +116,32 @@ PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
                                     const std::string& prev_file) {
   PublicationQuantiser pq(model, outcome);
   const RoundPlan& plan = model.plan();
-  SafetensorsStreamReader reader(
-      std::filesystem::file_size(prev_file), prev_file,
-      [&](const StreamHeader& h) {
-        for (const auto& e : h.entries) {
-          const int64_t i = plan.index(e.name);
-          SPES_CHECK(i >= 0 && e.shape == plan.tensors()[i].shape && e.dtype == torch::kFloat32,
-                     "'{}': tensor '{}' does not match the model", prev_file, printable(e.name));
-        }
-      },
-      [&](const StreamEntry& e, const torch::Tensor& t) {
-        const size_t i = static_cast<size_t>(plan.index(e.name));
-        if (pq.wants(i)) pq.tensor(i, t);
-      });
-  stream_file(prev_file, reader);
+  const StreamHeader h = read_stream_header(prev_file);
+  const int fd = ::open(prev_file.c_str(), O_RDONLY | O_CLOEXEC);
+  SPES_CHECK(fd >= 0, "cannot open '{}' for reading: {}", prev_file, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  for (const auto& e : h.entries) {
+    const int64_t i = plan.index(e.name);
+    SPES_CHECK(i >= 0 && e.shape == plan.tensors()[i].shape && e.dtype == torch::kFloat32,
+               "'{}': tensor '{}' does not match the model", prev_file, printable(e.name));
+    if (!pq.wants(static_cast<size_t>(i))) continue;
+    const uint64_t base = h.header_bytes + e.begin;
+    pq.tensor(static_cast<size_t>(i), [&](int64_t first, int64_t n, float* out) {
+      const uint64_t want = static_cast<uint64_t>(n) * 4;
+      uint64_t got = 0;
+      while (got < want) {
+        const ssize_t r = ::pread(fd, reinterpret_cast<char*>(out) + got, want - got,
+                                  static_cast<off_t>(base + static_cast<uint64_t>(first) * 4 +
+                                                     got));
+        SPES_CHECK(r > 0, "cannot read '{}' ({})", prev_file,
+                   r == 0 ? "truncated" : std::strerror(errno));
+        got += static_cast<uint64_t>(r);
+      }
+    });
+  }
   return pq.finish();
 }
 
@@ -98,8 +150,15 @@ PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
   PublicationQuantiser pq(model, outcome);
   SPES_CHECK(prev.size() == model.tensors().size(), "publication: {} previous tensors for a "
              "model of {}", prev.size(), model.tensors().size());
-  for (size_t i = 0; i < prev.size(); ++i)
-    if (pq.wants(i)) pq.tensor(i, prev[i]);
+  for (size_t i = 0; i < prev.size(); ++i) {
+    if (!pq.wants(i)) continue;
+    const torch::Tensor p = prev[i].to(torch::kCPU, torch::kFloat32).contiguous();
+    SPES_CHECK(p.numel() == model.tensors()[i].numel(), "publication: previous tensor {} has "
+               "{} values, not {}", i, p.numel(), model.tensors()[i].numel());
+    pq.tensor(i, [&](int64_t first, int64_t n, float* out) {
+      std::memcpy(out, p.data_ptr<float>() + first, static_cast<size_t>(n) * 4);
+    });
+  }
   return pq.finish();
 }
 

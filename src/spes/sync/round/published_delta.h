@@ -13,6 +13,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,9 +49,12 @@ class PublicationQuantiser {
  public:
   PublicationQuantiser(SyncModel& model, RoundOutcome& outcome);
   bool wants(size_t i) const;
-  // `prev`: P_prev of tensor i (fp32 CPU contiguous, any shape of the same numel).
-  void tensor(size_t i, const torch::Tensor& prev);
+  // `read_prev(first, n, out)`: writes P_prev's values [first, first + n) of tensor i to out.
+  // The tensor is processed in block-aligned pieces of kPieceValues (memory: a few pieces).
+  using PrevReader = std::function<void(int64_t first, int64_t n, float* out)>;
+  void tensor(size_t i, const PrevReader& read_prev);
   PublishedDelta finish();
+  static constexpr int64_t kPieceValues = kDeltaBlock * 4096;  // 4 MiB of fp32
 
  private:
   SyncModel& model_;
@@ -59,8 +64,8 @@ class PublicationQuantiser {
   std::vector<bool> wanted_, exact_;
 };
 
-// The quantiser driven by P_prev read from a published model file (piece by piece: memory one
-// tensor at a time), or by P_prev in memory (model order, every tensor).
+// The quantiser driven by P_prev read from a published model file (pread, piece by piece), or
+// by P_prev in memory (model order, every tensor).
 PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
                                     const std::string& prev_file);
 PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
