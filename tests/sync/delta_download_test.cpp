@@ -61,6 +61,14 @@ struct Node {
   Node(const Config& cfg, int64_t id, Compression c) : fake(cfg, id, 11 * (id + 1)), delta(c) {}
 };
 
+// Nodes 0 and 1 with int8 compression.
+std::vector<std::unique_ptr<Node>> int8_nodes(const Config& cfg) {
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (int64_t i = 0; i < 2; ++i)
+    nodes.push_back(std::make_unique<Node>(cfg, i, Compression::Int8));
+  return nodes;
+}
+
 // Two nodes joined at round 0 (both hold the initial model).
 void join_all(RoundState& st, std::vector<std::unique_ptr<Node>>& nodes) {
   for (auto& n : nodes) {
@@ -181,9 +189,7 @@ TEST(DeltaDownload, ANodeThatMissedARoundGetsFullTensorsAndTheSameDigest) {
   TempDir dir;
   const Config cfg = tiny_config({"spes_config.compression=int8"});
   RoundState st(cfg, ServeOptions{dir.path});
-  std::vector<std::unique_ptr<Node>> nodes;
-  for (int64_t i = 0; i < 2; ++i)
-    nodes.push_back(std::make_unique<Node>(cfg, i, Compression::Int8));
+  std::vector<std::unique_ptr<Node>> nodes = int8_nodes(cfg);
   join_all(st, nodes);
   run_round(st, nodes, 1, Compression::Int8);
   run_round(st, nodes, 2, Compression::Int8);
@@ -203,9 +209,7 @@ TEST(DeltaDownload, ANodeThatMissedARoundGetsFullTensorsAndTheSameDigest) {
 TEST(DeltaDownload, ARestartedServerServesTheDeltaItPersistedAndFullTensorsWithoutIt) {
   TempDir dir;
   const Config cfg = tiny_config({"spes_config.compression=int8"});
-  std::vector<std::unique_ptr<Node>> nodes;
-  for (int64_t i = 0; i < 2; ++i)
-    nodes.push_back(std::make_unique<Node>(cfg, i, Compression::Int8));
+  std::vector<std::unique_ptr<Node>> nodes = int8_nodes(cfg);
   std::string sha;
   {
     RoundState st(cfg, ServeOptions{dir.path});
@@ -243,9 +247,7 @@ TEST(DeltaDownload, ACorruptedDeltaIsRefusedAndTheNodeRecoversWithAFullDownload)
   TempDir dir;
   const Config cfg = tiny_config({"spes_config.compression=int8"});
   RoundState st(cfg, ServeOptions{dir.path});
-  std::vector<std::unique_ptr<Node>> nodes;
-  for (int64_t i = 0; i < 2; ++i)
-    nodes.push_back(std::make_unique<Node>(cfg, i, Compression::Int8));
+  std::vector<std::unique_ptr<Node>> nodes = int8_nodes(cfg);
   join_all(st, nodes);
   run_round(st, nodes, 1, Compression::Int8);
   const std::string sha = st.status().model_sha256;
