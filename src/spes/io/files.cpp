@@ -6,6 +6,8 @@
 #include <openssl/sha.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -22,6 +24,17 @@ std::string file_read(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
+void file_pread_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& what) {
+  uint64_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, static_cast<char*>(dst) + got, n - got,
+                              static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    SPES_CHECK(r > 0, "cannot read {} ({})", what, r == 0 ? "truncated" : std::strerror(errno));
+    got += static_cast<uint64_t>(r);
+  }
+}
+
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;

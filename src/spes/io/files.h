@@ -1,5 +1,5 @@
-// File helpers: whole-file read, JSON lines, atomic write (temporary name, fsync, rename),
-// directory fsync, and SHA-256 digests.
+// File helpers: whole-file read, exact reads at an offset, JSON lines, atomic write (temporary
+// name, fsync, rename), directory fsync, and SHA-256 digests.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -10,6 +10,9 @@
 namespace spes {
 
 std::string file_read(const std::string& path);
+// Reads exactly n bytes of the open file `fd` at `offset` into dst (pread, retried after a
+// short read or EINTR); throws naming `what` when the file ends first or a read fails.
+void file_pread_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& what);
 // The records of a JSONL file (missing file: none). A line that does not parse (one being
 // written when the run stopped) is skipped.
 std::vector<nlohmann::json> read_jsonl(const std::string& path);

@@ -11,6 +11,7 @@
 
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
+#include "spes/io/files.h"
 
 namespace spes::sync {
 
@@ -130,16 +131,8 @@ PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
     if (!pq.wants(static_cast<size_t>(i))) continue;
     const uint64_t base = h.header_bytes + e.begin;
     pq.tensor(static_cast<size_t>(i), [&](int64_t first, int64_t n, float* out) {
-      const uint64_t want = static_cast<uint64_t>(n) * 4;
-      uint64_t got = 0;
-      while (got < want) {
-        const ssize_t r = ::pread(fd, reinterpret_cast<char*>(out) + got, want - got,
-                                  static_cast<off_t>(base + static_cast<uint64_t>(first) * 4 +
-                                                     got));
-        SPES_CHECK(r > 0, "cannot read '{}' ({})", prev_file,
-                   r == 0 ? "truncated" : std::strerror(errno));
-        got += static_cast<uint64_t>(r);
-      }
+      file_pread_exact(fd, out, static_cast<uint64_t>(n) * 4,
+                       base + static_cast<uint64_t>(first) * 4, "'" + prev_file + "'");
     });
   }
   return pq.finish();

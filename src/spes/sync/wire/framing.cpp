@@ -142,16 +142,8 @@ void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out
     if (fd_) {  // file source: the stored values of elements [e0, e1)
       torch::Tensor raw = torch::empty({e1 - e0}, item.file_dtype);
       const uint64_t fes = c10::elementSize(item.file_dtype);
-      const uint64_t want = static_cast<uint64_t>(e1 - e0) * fes;
-      uint64_t got = 0;
-      char* dst = static_cast<char*>(raw.data_ptr());
-      while (got < want) {
-        const ssize_t r = ::pread(*fd_, dst + got, want - got,
-                                  static_cast<off_t>(item.file_offset + e0 * fes + got));
-        SPES_CHECK(r > 0, "stream writer: cannot read the source file ({})",
-                   r == 0 ? "truncated" : std::strerror(errno));
-        got += static_cast<uint64_t>(r);
-      }
+      file_pread_exact(*fd_, raw.data_ptr(), static_cast<uint64_t>(e1 - e0) * fes,
+                       item.file_offset + e0 * fes, "the stream writer's source file");
       part = item.dtype == item.file_dtype ? raw : raw.to(item.dtype).contiguous();
     } else {
       part = item.flat.slice(0, e0, e1).to(torch::kCPU, item.dtype).contiguous();
