@@ -8,7 +8,8 @@
 # Every arm runs STEPS optimizer steps with the same learning-rate schedule and evaluates the
 # same VAL_WINDOWS validation windows every EVAL steps. Then it draws the curves (`spes plot`),
 # tabulates loss, memory and bytes next to the SPES.md formulas (`spes compare`) and writes
-# docs/RESULTS.md. Arms already finished in OUT are kept (RERUN=1 runs them again).
+# docs/RESULTS.md (keeping the section scripts/experiment_wan.sh wrote, docs/results/wan.md).
+# Arms already finished in OUT are kept (RERUN=1 runs them again).
 # The model is the default config's at half width (MODEL="d_model=128 mlp_hidden_size=512",
 # experts of hidden size F 256: 5.5M parameters, 8 experts per layer), so that the five arms fit
 # in well under an hour on 2 cores; MODEL="" runs the default width.
@@ -139,5 +140,7 @@ S + X/N values, download P - X/N (P in merge rounds, when merging changed the no
 experts), P each way for FedAvg and DiLoCo; the rest is the safetensors header of each stream.
 DOC
   if [ -f "$FIGS/notes.md" ]; then printf '\n'; cat "$FIGS/notes.md"; fi
+  # The WAN trade-off section of scripts/experiment_wan.sh, kept when this part is regenerated.
+  if [ -f "$FIGS/wan.md" ]; then printf '\n'; cat "$FIGS/wan.md"; fi
 } > "$DOC"
 echo "wrote $DOC"

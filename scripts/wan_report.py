@@ -5,7 +5,8 @@ metrics line appeared: metrics.jsonl carries no clock) and the relays' OUT/links
 and writes OUT/wan_summary.txt (tables) and OUT/wan_summary.json (the same figures):
   - per round: its wall time on the server (first upload received -> last download served), the
     time since the previous round, and per node the bytes it sent and received, the seconds its
-    training stood still for the sync, and of those the seconds it waited for the round to
+    training stood still for the sync (with spes_config.overlap: only the wait to apply the
+    round; the round itself ran while the node trained), the seconds the round waited to
     publish, and whether its model digest equals the published one;
   - per node: wall time, time in syncs (share of the wall time), bytes, link cuts and resumed
     uploads;
@@ -29,6 +30,11 @@ def read_jsonl(path):
             if line:
                 out.append(json.loads(line))
     return out
+
+
+def stood_still(s):
+    """Seconds a node's training stood still for the sync record `s`."""
+    return s.get("blocked_s", s.get("seconds", 0)) or 0
 
 
 def mb(b):
@@ -102,7 +108,8 @@ def build(out):
             per_node.append(None if s is None else {
                 "bytes_up": s.get("bytes_up_sent", s.get("bytes_up", 0)),
                 "bytes_down": s.get("bytes_down", 0),
-                "sync_s": s.get("seconds"), "wait_s": s.get("wait_s"),
+                "sync_s": stood_still(s), "wait_s": s.get("wait_s"),
+                "overlap": bool(s.get("overlap", False)),
                 "upload_s": s.get("upload_s"), "download_s": s.get("download_s"),
                 "upload_resumed_from": s.get("upload_resumed_from", 0),
                 "caught_up": bool(s.get("caught_up", False)),
@@ -125,7 +132,7 @@ def build(out):
     for i in range(n):
         s = list(syncs[i].values())
         wall = (times[i][-1] - t_start) if times[i] else None
-        in_sync = sum(x.get("seconds", 0) for x in s)
+        in_sync = sum(stood_still(x) for x in s)
         cuts = [e for e in links[i] if e["event"] == "cut"]
         node_rows.append({
             "node": i, "link": setup["links"][i], "steps": len(metrics[i]),

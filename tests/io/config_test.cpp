@@ -88,6 +88,20 @@ TEST(Config, InconsistentSizes) {
   EXPECT_THAT(error_of("max_duration: soon\n"), HasSubstr("max_duration 'soon'"));
 }
 
+TEST(Config, OverlapSettingsAreChecked) {
+  const Config c = config_parse("spes_config:\n  sync_steps: 20\n  overlap: true\n"
+                                "  overlap_delay_steps: 5\n", {}, "t.yaml");
+  EXPECT_TRUE(c.spes_config.overlap);
+  EXPECT_EQ(c.spes_config.overlap_delay_steps, 5);
+  EXPECT_FALSE(config_parse("", {}, "t.yaml").spes_config.overlap);
+  EXPECT_THAT(error_of("spes_config:\n  sync_steps: 20\n  overlap: true\n"
+                       "  overlap_delay_steps: 20\n"),
+              HasSubstr("spes_config.overlap_delay_steps must be in [0, sync_steps=20)"));
+  EXPECT_THAT(error_of("spes_config:\n  overlap_delay_steps: 3\n"),
+              HasSubstr("needs spes_config.overlap: true"));
+  EXPECT_THAT(error_of("spes_config:\n  overlap: sometimes\n"), HasSubstr("spes_config.overlap"));
+}
+
 TEST(Config, MalformedYamlGivesLine) {
   EXPECT_THAT(error_of("model:\n  d_model: [1, 2\n"), HasSubstr("malformed YAML at line"));
 }

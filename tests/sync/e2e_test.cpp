@@ -5,7 +5,9 @@
 // upload, gradient and optimizer bytes match the trainable set (S + X/N) exactly, download
 // bytes match P - X/N (P in merge rounds); `spes aggregate` on the kept uploads reproduces
 // each published model byte for byte. With spes_config.compression int8: the same digests,
-// uploads about a quarter of fp32, and a final loss close to the uncompressed run's.
+// uploads about a quarter of fp32, and a final loss close to the uncompressed run's. With
+// spes_config.overlap: rounds applied while training, inside their window, with the same
+// digests, and bit-reproducible with a fixed delay.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -304,6 +306,74 @@ TEST_F(SyncEndToEnd, Int8DeltasKeepEveryNodeOnThePublishedModel) {
     EXPECT_TRUE(std::isfinite(b));
     EXPECT_NEAR(b, a, 0.05) << "node " << i;
   }
+}
+
+// spes_config.overlap: each node trains on while its round is in flight and applies the round
+// inside the round's window (after the step of its upload, before the next sync step); every
+// node reports the published digest of every round, and the round at the run's last step
+// blocks. With a fixed delay (overlap_delay_steps 3, int8 deltas) every round is applied
+// exactly 3 steps after its upload, and a second run publishes the same models bit for bit.
+TEST_F(SyncEndToEnd, OverlappedRoundsApplyWhileTrainingAndEndOnThePublishedModel) {
+  struct Run {
+    std::string name;
+    std::vector<std::string> sets;
+    int64_t delay;  // 0: when the round arrives
+  };
+  const std::vector<std::string> fixed = {"spes_config.overlap=true",
+                                          "spes_config.overlap_delay_steps=3",
+                                          "spes_config.compression=int8"};
+  const std::vector<Run> runs = {{"overlap", {"spes_config.overlap=true"}, 0},
+                                 {"delay_a", fixed, 3},
+                                 {"delay_b", fixed, 3}};
+  std::map<std::string, std::vector<std::string>> published;
+  for (const Run& run : runs) {
+    const std::string dir = g_dir + "/overlap_" + run.name;
+    std::vector<std::string> argv = {SPES_BINARY, "launch", "--config", g_dir + "/config.yaml",
+                                     "--nodes", "3", "--out", dir};
+    for (const auto& kv : run.sets) argv.insert(argv.end(), {"--set", kv});
+    std::string out;
+    ASSERT_EQ(run_child(argv, &out, 600), 0) << out;
+    const nlohmann::json rep = cluster_report(dir, 3);
+    EXPECT_TRUE(rep["all_nodes_same_model_after_every_sync"].get<bool>()) << run.name;
+    const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+    ASSERT_EQ(rounds.size(), 3u) << run.name;
+    for (const auto& r : rounds) published[run.name].push_back(r["model_sha256"]);
+    for (int i = 0; i < 3; ++i) {
+      const auto lines = read_jsonl(dir + "/node" + std::to_string(i) + "/metrics.jsonl");
+      int syncs = 0;
+      double first_loss = NAN;
+      for (const auto& l : lines) {
+        if (std::isnan(first_loss) && l.contains("loss")) first_loss = l["loss"].get<double>();
+        if (!l.contains("sync")) continue;
+        ++syncs;
+        const auto& s = l["sync"];
+        const int64_t r = s["round"], step = s["step"];
+        const std::string where = run.name + " node " + std::to_string(i) + " round " +
+                                  std::to_string(r);
+        EXPECT_FALSE(s.value("caught_up", false)) << where;
+        EXPECT_EQ(s["model_sha256"], rounds[r - 1]["model_sha256"]) << where;
+        EXPECT_EQ(step, 10 * r) << where;
+        EXPECT_GE(s["blocked_s"].get<double>(), 0.0) << where;
+        if (r == 3) {  // the run's last step: the round blocks
+          EXPECT_FALSE(s["overlap"].get<bool>()) << where;
+          EXPECT_EQ(l["step"], step) << where;
+          continue;
+        }
+        EXPECT_TRUE(s["overlap"].get<bool>()) << where;
+        const int64_t applied = s["applied_step"];
+        EXPECT_EQ(l["step"], applied) << where;
+        EXPECT_GT(applied, step) << where << ": applied in the step of its upload";
+        EXPECT_LE(applied, step + 9) << where << ": applied after the next sync step";
+        if (run.delay > 0) EXPECT_EQ(applied, step + run.delay) << where;
+        EXPECT_GT(s["overlap_bytes"].get<int64_t>(), 0) << where;
+      }
+      EXPECT_EQ(syncs, 3) << run.name << " node " << i;
+      const double final_loss = rep["nodes"][i]["final_val_loss"].get<double>();
+      EXPECT_TRUE(std::isfinite(final_loss)) << run.name;
+      EXPECT_LT(final_loss, first_loss) << run.name << " node " << i << ": did not train";
+    }
+  }
+  EXPECT_EQ(published["delay_a"], published["delay_b"]);
 }
 
 TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {

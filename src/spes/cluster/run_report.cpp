@@ -73,7 +73,7 @@ nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
         node_sha[s.at("round").get<int64_t>()][i] = s.value("model_sha256", "");
         up.push_back(s.value("bytes_up", 0.0));
         down.push_back(s.value("bytes_down", 0.0));
-        sync_s.push_back(s.value("seconds", 0.0));
+        sync_s.push_back(s.value("blocked_s", s.value("seconds", 0.0)));
       }
     }
     n["peak_rss_mb"] = rss;

@@ -385,6 +385,11 @@ void config_validate(const Config& c, const std::string& o) {
              "{}: spes_config.compression {} needs spes_config.transfer_dtype fp32 (found {}): "
              "deltas are taken from the exact fp32 published model", o, s.compression,
              s.transfer_dtype);
+  SPES_CHECK(s.overlap_delay_steps >= 0 && s.overlap_delay_steps < s.sync_steps,
+             "{}: spes_config.overlap_delay_steps must be in [0, sync_steps={}) (0: apply a "
+             "round when it arrives), found {}", o, s.sync_steps, s.overlap_delay_steps);
+  SPES_CHECK(s.overlap || s.overlap_delay_steps == 0, "{}: spes_config.overlap_delay_steps {} "
+             "needs spes_config.overlap: true", o, s.overlap_delay_steps);
   SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
   SPES_CHECK(s.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
   SPES_CHECK(s.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers ({}); "

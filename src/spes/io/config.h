@@ -166,6 +166,11 @@ struct SpesConfig {
   std::string server_addr = "127.0.0.1:50551";
   Choice<TransferDtype> transfer_dtype = TransferDtype::Fp32;  // fp32 | bf16
   Choice<Compression> compression = Compression::None;  // none | bf16 | int8: uploads as deltas
+  // Node: keep training while a round is in flight and apply the published model, plus the
+  // progress made meanwhile, when it arrives (docs/PROTOCOL.md, "Overlap"); with
+  // overlap_delay_steps K > 0 exactly K steps after the upload instead (bit-reproducible).
+  bool overlap = false;
+  int64_t overlap_delay_steps = 0;
   Choice<Weighting> weighting = Weighting::Equal;  // equal | tokens
   int64_t merge_interval = 500;         // 0 disables expert merging
   double merge_alpha_start = 0.01;
@@ -202,7 +207,8 @@ struct SpesConfig {
     v("num_train_experts_per_node", num_train_experts_per_node);
     v("expert_owners", expert_owners); v("sync_steps", sync_steps);
     v("server_addr", server_addr); v("transfer_dtype", transfer_dtype);
-    v("compression", compression);
+    v("compression", compression); v("overlap", overlap);
+    v("overlap_delay_steps", overlap_delay_steps);
     v("weighting", weighting); v("merge_interval", merge_interval);
     v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
     v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);

@@ -75,6 +75,18 @@ ParamRegistry::ParamRegistry(const Transformer& model, const Config& cfg,
   }
 }
 
+ParamRegistry ParamRegistry::cpu_copy() const {
+  ParamRegistry c;
+  c.node_id_ = node_id_;
+  c.index_ = index_;
+  c.entries_ = entries_;
+  for (auto& e : c.entries_) {
+    const torch::Tensor t = e.tensor.detach();
+    e.tensor = t.is_cpu() ? t.clone() : t.to(torch::kCPU);
+  }
+  return c;
+}
+
 std::vector<RegistryEntry> ParamRegistry::trainable() const {
   std::vector<RegistryEntry> out;
   for (const auto& e : entries_)

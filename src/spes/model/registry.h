@@ -31,6 +31,10 @@ class ParamRegistry {
   // listed in cfg.frozen_experts. Sets requires_grad on the model's tensors accordingly.
   ParamRegistry(const Transformer& model, const Config& cfg, const Ownership& ownership,
                 int64_t node_id);
+  // A copy on the CPU: every tensor cloned (same dtype, detached, no gradient), names, roles,
+  // owners and trainable flags kept. What a node's round works on while its live weights keep
+  // training (spes_config.overlap).
+  ParamRegistry cpu_copy() const;
 
   const std::vector<RegistryEntry>& entries() const { return entries_; }
   std::vector<RegistryEntry> trainable() const;
@@ -45,9 +49,10 @@ class ParamRegistry {
   std::string weights_sha256() const;
 
  private:
+  ParamRegistry() = default;
   std::vector<RegistryEntry> entries_;
   std::unordered_map<std::string, size_t> index_;
-  int64_t node_id_;
+  int64_t node_id_ = 0;
 };
 
 // Parses cfg.frozen_experts ("layer:expert", "*:expert", "layer:*") into a predicate table

@@ -142,7 +142,8 @@ RunSummary summarize(const RunData& run) {
     r.seconds += l.value("step_s", 0.0);
     if (!l.contains("sync")) continue;
     const auto& s = l["sync"];
-    r.seconds += s.value("seconds", 0.0);
+    // The time training stood still for the round (with overlap: only the wait to apply it).
+    r.seconds += s.value("blocked_s", s.value("seconds", 0.0));
     up += s.value("bytes_up", 0.0);
     ++n_up;
     if (s.value("alpha", 0.0) > 0) {

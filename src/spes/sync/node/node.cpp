@@ -14,6 +14,7 @@
 #include "spes/io/files.h"
 #include "spes/sync/node/client.h"
 #include "spes/sync/node/download.h"
+#include "spes/sync/node/node_calls.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/auth.h"
@@ -21,18 +22,11 @@
 
 namespace spes::sync {
 
+using node_detail::Clock;
+using node_detail::since;
+using node_detail::retryable;
+
 namespace {
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-bool retryable(SyncErrc c) {
-  return c == SyncErrc::Unavailable || c == SyncErrc::DataLoss || c == SyncErrc::Aborted ||
-         c == SyncErrc::DeadlineExceeded;
-}
-
 uint64_t random_incarnation() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -62,7 +56,11 @@ std::string frozen_weights_sha256(const ParamRegistry& registry) {
 }
 
 SyncNode::SyncNode(NodeOptions opts) : opts_(std::move(opts)) {}
-SyncNode::~SyncNode() { stop_heartbeats(); }
+SyncNode::~SyncNode() {
+  stopping_ = true;
+  inflight_.reset();
+  stop_heartbeats();
+}
 
 void SyncNode::stop_heartbeats() {
   {
@@ -75,36 +73,8 @@ void SyncNode::stop_heartbeats() {
 
 JoinResult SyncNode::join_once() {
   Trainer& t = *trainer_;
-  const JoinInfo info = node_join_info(t.config(), t.registry(), client_->id(), t.state().step);
+  const JoinInfo info = node_join_info(t.config(), t.registry(), client_->id(), step_.load());
   return client_->join(info);
-}
-
-template <class F>
-auto SyncNode::call(const char* what, double limit_s, F&& f) -> decltype(f()) {
-  const auto start = Clock::now();
-  double backoff = 0.2;
-  const double max_backoff = trainer_->config().spes_config.retry_backoff_max_s;
-  int rejoins = 0;
-  for (int attempt = 1;; ++attempt) {
-    try {
-      return f();
-    } catch (const SyncError& e) {
-      if (e.code() == SyncErrc::NotJoined && rejoins < 5) {
-        // The server restarted (or forgot us): join again with the same incarnation, then
-        // repeat the call; the round logic (round ids) decides what still applies.
-        ++rejoins;
-        spdlog::warn("node {}: {}: the server does not know this node (restarted?); joining "
-                     "again", client_->id().node_id, what);
-        rejoin(limit_s);
-        continue;
-      }
-      if (!retryable(e.code()) || since(start) + backoff > limit_s) throw;
-      spdlog::warn("{} failed (attempt {}): {}; retrying in {:.1f} s", what, attempt, e.what(),
-                   backoff);
-      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
-      backoff = std::min(max_backoff, backoff * 2);
-    }
-  }
 }
 
 void SyncNode::rejoin(double limit_s) {
@@ -124,6 +94,7 @@ void SyncNode::rejoin(double limit_s) {
 
 void SyncNode::on_start(Trainer& t) {
   trainer_ = &t;
+  step_ = t.state().step;
   const Config& cfg = t.config();
   const ParamRegistry& reg = t.registry();
   SPES_CHECK(cfg.spes_config.mode != SyncMode::Centralized, "spes node: spes_config.mode is "
@@ -248,7 +219,19 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
     out["sync_join"] = join_record_;
     join_record_ = nullptr;
   }
-  if (RoundClock(t.config()).is_sync_step(step)) out["sync"] = sync_round(t, step);
+  if (inflight_ && (step >= inflight_->deadline() ||
+                    (t.config().spes_config.overlap_delay_steps == 0 && inflight_->ready())))
+    out["sync"] = settle_round(t, step);
+  // (A catch-up while settling may have moved the node to another step.)
+  if (RoundClock(t.config()).is_sync_step(step) && t.state().step == step) {
+    SPES_CHECK(!inflight_, "internal: round {} is still in flight at sync step {}",
+               inflight_->round(), step);
+    const int64_t deadline = overlap_deadline(t, step);
+    if (deadline > step)
+      start_round(t, step, deadline);
+    else
+      out["sync"] = sync_round(t, step);
+  }
   step_ = t.state().step;
   return out;
 }
@@ -266,234 +249,98 @@ void SyncNode::record_metrics(const nlohmann::json& rec, int64_t step) {
   bound_losses(&metrics_.losses);
 }
 
-nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
-  const Config& cfg = t.config();
-  const ParamRegistry& reg = t.registry();
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
-  const int64_t node = reg.node_id();
-  const double retry = cfg.spes_config.retry_max_s;
-  const auto t0 = Clock::now();
-  spdlog::warn("node {}: {}; taking the published model", node, why);
-  for (int tries = 0;; ++tries) {
-    // Wait until the round this node missed is published, then take the latest one.
-    RoundStatus st;
-    const auto tw = Clock::now();
-    for (;;) {
-      const auto tc = Clock::now();
-      st = call("wait for round", retry, [&] { return client_->wait_round(min_round, kMaxWaitMs); });
-      if (st.published) break;
-      // The server answers at once when it holds no upload of ours (e.g. it restarted): this
-      // node has none to give for this round, so poll gently.
-      if (since(tc) < 1.0) std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (since(tw) > std::max(600.0, 2 * cfg.spes_config.round_timeout))
-        fail("node {}: round {} was not published within {:.0f} s", node, min_round, since(tw));
-    }
-    const int64_t round = st.published_round;
-    const RoundStatus cur = round == min_round && !st.model_sha256.empty()
-                                ? st
-                                : call("wait for round", retry,
-                                       [&] { return client_->wait_round(round, 0); });
-    if (cur.model_sha256.empty() && tries < 5) continue;  // a newer round meanwhile: again
-    Download d(reg, round, Selection::All, wire);
-    uint64_t down = 0;
-    try {
-      down = call("download", retry, [&] { return d.attempt(*client_); });
-    } catch (const SyncError& e) {
-      if (e.code() == SyncErrc::OutOfRange && tries < 5) continue;  // a newer round: again
-      throw;
-    }
-    const std::string sha = reg.weights_sha256();
-    SPES_CHECK(sha == cur.model_sha256, "node {}: after loading round {} its weights hash to {} "
-               "but the server published {}", node, round, sha, cur.model_sha256);
-    const int64_t from = t.state().step;
-    t.state().step = cur.published_step > 0 ? cur.published_step
-                                            : RoundClock(cfg).step_of(round);
-    t.state().sync_round = round;
-    held_round_ = round;
-    frozen_sha_ = frozen_weights_sha256(reg);
-    tokens_at_sync_ = t.state().tokens;
-    if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/true);
-    spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
-                 round, from, t.state().step, human_bytes(static_cast<double>(down)),
-                 sha.substr(0, 16));
-    return {{"round", round},
-            {"step", t.state().step},
-            {"caught_up", true},
-            {"reason", why},
-            {"bytes_up", 0},
-            {"bytes_down", down},
-            {"model_sha256", sha},
-            {"alpha", cur.alpha},
-            {"seconds", since(t0)},
-            {"frozen_sha256_after", frozen_sha_}};
-  }
+std::string SyncNode::begin_round(Trainer& t, int64_t* tokens) {
+  const std::string frozen_before = frozen_weights_sha256(t.registry());
+  SPES_CHECK(frozen_before == frozen_sha_, "node {}: frozen experts changed between syncs "
+             "(they must only change through a sync)", t.registry().node_id());
+  *tokens = t.state().tokens - tokens_at_sync_;
+  tokens_at_sync_ = t.state().tokens;
+  return frozen_before;
+}
+
+int64_t SyncNode::overlap_deadline(const Trainer& t, int64_t step) const {
+  const SpesConfig& sc = t.config().spes_config;
+  if (!sc.overlap) return step;
+  // At the latest just before the next sync step (whose upload starts from the published
+  // model), and at the run's last step.
+  const int64_t delay = sc.overlap_delay_steps > 0 ? sc.overlap_delay_steps : sc.sync_steps - 1;
+  return std::min(step + delay, t.config().total_steps());
 }
 
 nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
-  const Config& cfg = t.config();
-  const ParamRegistry& reg = t.registry();
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
-  const int64_t node = reg.node_id();
-  const int64_t round = RoundClock(cfg).round_at(step);
-  const double retry = cfg.spes_config.retry_max_s;
   const auto t0 = Clock::now();
-  const std::string frozen_before = frozen_weights_sha256(reg);
-  SPES_CHECK(frozen_before == frozen_sha_, "node {}: frozen experts changed between syncs "
-             "(they must only change through a sync)", node);
-
-  // 1. Upload the trainable tensors.
-  const UploadMeta meta{node, round, step, t.state().tokens - tokens_at_sync_,
-                        client_->id().incarnation, reg.fingerprint()};
-  // With compression the payload is the quantised delta (value faults do not apply to it).
-  const SafetensorsStreamWriter payload =
-      delta_->enabled() ? delta_->encode(reg, meta)
-      : faults_         ? faults_->payload(reg, meta, wire)
-                        : node_upload_writer(reg, meta, wire);
-  // Returns a catch-up record when the round can no longer take this node's upload.
-  UploadResult up;
-  auto upload = [&]() -> nlohmann::json {
-    try {
-      up = call("upload", retry, [&] { return client_->upload(round, step, payload); });
-    } catch (const SyncError& e) {
-      if (e.code() == SyncErrc::OutOfRange)
-        return catch_up(t, round, fmt::format("round {} closed without this node", round));
-      if (e.code() == SyncErrc::InvalidArgument || e.code() == SyncErrc::ResourceExhausted)
-        return catch_up(t, round, fmt::format("the server rejected its round {} upload: {}",
-                                              round, e.what()));
-      throw;
-    }
-    return nullptr;
-  };
-  if (nlohmann::json r = upload(); !r.is_null()) return r;
-  const double upload_s = since(t0);
-
-  // 2. Long-poll until the round is published.
-  const auto t1 = Clock::now();
-  const double limit = opts_.round_wait_s > 0
-                           ? opts_.round_wait_s
-                           : std::max(600.0, 2 * cfg.spes_config.round_timeout);
-  RoundStatus st;
-  double last_log = 0;
-  for (;;) {
-    st = call("wait for round", retry, [&] { return client_->wait_round(round, kMaxWaitMs); });
-    if (st.published) break;
-    if (std::find(st.waiting_for.begin(), st.waiting_for.end(), node) != st.waiting_for.end()) {
-      // The server lacks this node's upload although it was accepted: the server restarted
-      // and lost the round in progress. Send it again.
-      spdlog::warn("node {}: the server no longer holds its round {} upload (restarted?); "
-                   "sending it again", node, round);
-      if (nlohmann::json r = upload(); !r.is_null()) return r;
-      continue;
-    }
-    if (since(t1) > limit)
-      fail("node {}: round {} was not published within {:.0f} s (waiting for node(s) [{}])",
-           node, round, limit, fmt::join(st.waiting_for, ", "));
-    if (since(t1) - last_log >= 30) {
-      last_log = since(t1);
-      spdlog::info("node {}: round {} waits for node(s) [{}] ({:.0f} s)", node, round,
-                   fmt::join(st.waiting_for, ", "), since(t1));
-    }
+  int64_t tokens = 0;
+  const std::string frozen_before = begin_round(t, &tokens);
+  const int64_t round = RoundClock(t.config()).round_at(step);
+  RoundExchange x = exchange(t.registry(), round, step, tokens);
+  if (x.needs_catch_up()) {
+    x.record = catch_up(t, x.catch_up_round, x.why);
+  } else {
+    frozen_sha_ = x.record["frozen_sha256_after"].get<std::string>();
+    t.state().sync_round = round;
+    x.record["frozen_sha256_before"] = frozen_before;
   }
-  if (st.published_round != round)
-    return catch_up(t, round, fmt::format("the server moved on to round {} while this node "
-                                          "waited for round {}", st.published_round, round));
-  const bool used = std::find(st.nodes.begin(), st.nodes.end(), node) != st.nodes.end();
-  if (!used || !up.accepted)
-    return catch_up(t, round, !up.accepted
-                                  ? fmt::format("round {} already held an earlier upload of "
-                                                "this node (restarted node)", round)
-                                  : fmt::format("round {} was published without this node's "
-                                                "upload", round));
-  if (faults_) faults_->after_published(*client_, round, RoundClock(cfg), payload);
-  const double wait_s = since(t1);
+  x.record["overlap"] = false;
+  x.record["blocked_s"] = since(t0);
+  return x.record;
+}
 
-  // 3. Download what the node lacks (resuming after interruptions); tensors it uploaded and
-  // does not get back already hold the published value up to rounding to the transfer dtype,
-  // which we apply here. With compression: the round's delta from the round the node holds,
-  // when it holds the previous one (else the server sends the whole model).
-  const auto t2 = Clock::now();
-  // A compressed upload counts as the server rebuilt it: base + deq(q), bit for bit.
-  if (delta_->enabled()) delta_->apply_rebuilt(reg);
-  const int64_t from_round = delta_->enabled() && held_round_ == round - 1 ? held_round_ : -1;
-  Download d(reg, round, Selection::ForNode, wire, delta_.get(), from_round);
-  uint64_t down = 0;
-  bool delta_refused = false;
-  std::string sha;
-  auto superseded = [&] {
-    return catch_up(t, round, fmt::format("round {} was superseded during the download", round));
-  };
+void SyncNode::start_round(Trainer& t, int64_t step, int64_t deadline) {
+  int64_t tokens = 0;
+  const std::string frozen_before = begin_round(t, &tokens);
+  const int64_t round = RoundClock(t.config()).round_at(step);
+  inflight_ = std::make_unique<RoundInFlight>(
+      t.registry(), round, step, deadline,
+      [this, round, step, tokens, frozen_before](const ParamRegistry& copy) {
+        RoundExchange x = exchange(copy, round, step, tokens);
+        x.record["frozen_sha256_before"] = frozen_before;
+        return x;
+      });
+}
+
+nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
+  const auto t0 = Clock::now();
+  const int64_t round = inflight_->round();
+  const uint64_t held = inflight_->bytes();
+  RoundExchange x;
   try {
-    down = call("download", retry, [&] { return d.attempt(*client_); });
-  } catch (const SyncError& e) {
-    if (e.code() == SyncErrc::OutOfRange) return superseded();
-    // A delta stream that fails its checks: take the whole model instead (below).
-    if (from_round < 0 || e.code() != SyncErrc::InvalidArgument) throw;
-    spdlog::warn("node {}: the round {} delta was refused ({}); downloading the whole model",
-                 node, round, e.what());
-    delta_refused = true;
+    x = inflight_->wait();
+  } catch (...) {
+    inflight_.reset();
+    throw;
   }
-  if (!delta_refused) {
-    if (!d.receiver.is_delta())
-      for (const auto& e : reg.entries())
-        if (e.trainable && !d.receiver.names().count(e.name)) wire_round_(e.tensor, wire);
-    sha = reg.weights_sha256();
-    if (sha != st.model_sha256 && d.receiver.is_delta()) {
-      // The delta did not give the published model (a hostile or broken stream, or a node
-      // that did not hold what it thought): take the whole model instead.
-      spdlog::warn("node {}: after applying the round {} delta its weights hash to {}, not the "
-                   "published {}; downloading the whole model", node, round, sha.substr(0, 16),
-                   st.model_sha256.substr(0, 16));
-      delta_refused = true;
-    }
+  nlohmann::json rec;
+  if (x.needs_catch_up()) {
+    inflight_.reset();
+    // The steps trained since the upload belong to a model the others did not build on.
+    rec = catch_up(t, x.catch_up_round, x.why);
+  } else {
+    inflight_->apply(t.registry());
+    inflight_.reset();
+    frozen_sha_ = x.record["frozen_sha256_after"].get<std::string>();
+    SPES_CHECK(frozen_weights_sha256(t.registry()) == frozen_sha_, "node {}: its frozen tensors "
+               "differ from round {}'s after applying it", t.registry().node_id(), round);
+    t.state().sync_round = round;
+    rec = std::move(x.record);
   }
-  if (delta_refused) {
-    Download full(reg, round, Selection::All, wire);
-    try {
-      down += call("download", retry, [&] { return full.attempt(*client_); });
-    } catch (const SyncError& e) {
-      if (e.code() == SyncErrc::OutOfRange) return superseded();
-      throw;
-    }
-    sha = reg.weights_sha256();
-  }
-  const double download_s = since(t2);
-
-  SPES_CHECK(sha == st.model_sha256, "node {}: after loading round {} its weights hash to {} but "
-             "the server published {} (the node and server disagree about the model)", node,
-             round, sha, st.model_sha256);
-  held_round_ = round;
-  const std::string frozen_after = frozen_weights_sha256(reg);
-  frozen_sha_ = frozen_after;
-  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
-  tokens_at_sync_ = t.state().tokens;
-  t.state().sync_round = round;
-  spdlog::info("node {}: round {} (step {}): up {}, down {}, upload {:.2f} s, wait {:.2f} s, "
-               "download {:.2f} s{}, sha256 {}", node, round, step,
-               human_bytes(static_cast<double>(up.bytes)), human_bytes(static_cast<double>(down)),
-               upload_s, wait_s, download_s,
-               st.alpha > 0 ? fmt::format(", merged (alpha {:.4g})", st.alpha) : "",
-               sha.substr(0, 16));
-  return {{"round", round},
-          {"step", step},
-          {"bytes_up", up.bytes},
-          {"bytes_up_sent", up.bytes_sent},
-          {"upload_resumed_from", up.resumed_from},
-          {"bytes_down", down},
-          {"download_delta", d.receiver.is_delta() && !delta_refused},
-          {"delta_refused", delta_refused},
-          {"model_sha256", sha},
-          {"alpha", st.alpha},
-          {"tokens", meta.tokens},
-          {"compression", cfg.spes_config.compression.name()},
-          {"upload_s", upload_s},
-          {"wait_s", wait_s},
-          {"download_s", download_s},
-          {"seconds", since(t0)},
-          {"frozen_sha256_before", frozen_before},
-          {"frozen_sha256_after", frozen_after}};
+  rec["overlap"] = true;
+  rec["applied_step"] = step;
+  rec["blocked_s"] = since(t0);
+  rec["overlap_bytes"] = held;
+  if (!x.needs_catch_up())
+    spdlog::info("node {}: round {} applied after step {} (uploaded after step {}), waited "
+                 "{:.2f} s", t.registry().node_id(), round, step, rec["step"].get<int64_t>(),
+                 rec["blocked_s"].get<double>());
+  return rec;
 }
 
 void SyncNode::on_finish(Trainer& t) {
+  if (inflight_) {
+    // The run's last step settles every round: this only ends one a failure left behind.
+    stopping_ = true;
+    inflight_.reset();
+    stopping_ = false;
+  }
   stop_heartbeats();
   if (!client_) return;
   try {

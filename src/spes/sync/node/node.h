@@ -11,7 +11,12 @@
 // round closed without this node (it was late, its upload was rejected, or the server moved
 // on), the node catches up: it takes the latest published model and its step. Any call that
 // finds the server restarted (unknown incarnation) joins again and carries on. Optimizer
-// moments are kept (reference behaviour). on_finish: leave.
+// moments are kept (reference behaviour). With spes_config.overlap the round runs in the
+// background on a copy of the weights while training goes on (round_in_flight.h), and is
+// applied at the first step boundary after it ends (or exactly overlap_delay_steps steps after
+// the upload), at the latest just before the next sync step; a catch-up is always done in the
+// foreground. The round at the run's last step blocks, so a run ends on a published model.
+// on_finish: leave.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -24,6 +29,7 @@
 
 #include "spes/sync/round/delta_upload.h"
 #include "spes/sync/node/faults.h"
+#include "spes/sync/node/round_in_flight.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes/train/trainer.h"
 
@@ -51,7 +57,21 @@ class SyncNode : public StepObserver {
   void on_finish(Trainer& t) override;
 
  private:
+  // A round in the foreground: the node waits for it.
   nlohmann::json sync_round(Trainer& t, int64_t step);
+  // With overlap: starts the round of sync step `step` in the background.
+  void start_round(Trainer& t, int64_t step, int64_t deadline);
+  // With overlap: waits for the round in flight and applies it (or catches up).
+  nlohmann::json settle_round(Trainer& t, int64_t step);
+  // The step until which the round of sync step `step` may stay in flight (== step: none, the
+  // round blocks).
+  int64_t overlap_deadline(const Trainer& t, int64_t step) const;
+  // What the round's upload carries: checks that the frozen tensors did not change since the
+  // last sync and returns their digest; counts the tokens since the last sync.
+  std::string begin_round(Trainer& t, int64_t* tokens);
+  // One round with the server on `reg` (the live registry, or the copy of a round in flight):
+  // upload, wait for publication, download, digest check. Touches no trainer state.
+  RoundExchange exchange(const ParamRegistry& reg, int64_t round, int64_t step, int64_t tokens);
   // Takes the latest published round (at least `min_round`) whole and moves the trainer to its
   // step. Returns the sync record.
   nlohmann::json catch_up(Trainer& t, int64_t min_round, const std::string& why);
@@ -82,6 +102,8 @@ class SyncNode : public StepObserver {
   std::condition_variable hb_cv_;
   bool hb_stop_ = false;
   uint32_t heartbeat_ms_ = 0;
+  std::atomic<bool> stopping_{false};     // ends a round in flight early (destruction)
+  std::unique_ptr<RoundInFlight> inflight_;  // with overlap: the round running in the background
 };
 
 // SHA-256 over the names and fp32 bytes of the registry's frozen (non-trainable) tensors.

@@ -1,0 +1,250 @@
+// SyncNode's side of one round with the server (node.h): exchange() uploads the trainable
+// tensors of a registry (the live one, or the copy of a round in flight), long-polls until the
+// round is published, downloads what the node lacks (a delta with compression; a full download
+// when the delta is refused or gives the wrong digest) and checks the published digest;
+// catch_up() takes the latest published model whole when a round closed without this node.
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "spes/common/strings.h"
+#include "spes/sync/node/client.h"
+#include "spes/sync/node/download.h"
+#include "spes/sync/node/node.h"
+#include "spes/sync/node/node_calls.h"
+#include "spes/sync/round/plan.h"
+#include "spes/sync/round/round_clock.h"
+#include "spes/sync/wire/framing.h"
+
+namespace spes::sync {
+
+using node_detail::Clock;
+using node_detail::since;
+
+nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
+  const Config& cfg = t.config();
+  const ParamRegistry& reg = t.registry();
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
+  const int64_t node = reg.node_id();
+  const double retry = cfg.spes_config.retry_max_s;
+  const auto t0 = Clock::now();
+  spdlog::warn("node {}: {}; taking the published model", node, why);
+  for (int tries = 0;; ++tries) {
+    // Wait until the round this node missed is published, then take the latest one.
+    RoundStatus st;
+    const auto tw = Clock::now();
+    for (;;) {
+      const auto tc = Clock::now();
+      st = call("wait for round", retry, [&] { return client_->wait_round(min_round, kMaxWaitMs); });
+      if (st.published) break;
+      // The server answers at once when it holds no upload of ours (e.g. it restarted): this
+      // node has none to give for this round, so poll gently.
+      if (since(tc) < 1.0) std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (since(tw) > std::max(600.0, 2 * cfg.spes_config.round_timeout))
+        fail("node {}: round {} was not published within {:.0f} s", node, min_round, since(tw));
+    }
+    const int64_t round = st.published_round;
+    const RoundStatus cur = round == min_round && !st.model_sha256.empty()
+                                ? st
+                                : call("wait for round", retry,
+                                       [&] { return client_->wait_round(round, 0); });
+    if (cur.model_sha256.empty() && tries < 5) continue;  // a newer round meanwhile: again
+    Download d(reg, round, Selection::All, wire);
+    uint64_t down = 0;
+    try {
+      down = call("download", retry, [&] { return d.attempt(*client_); });
+    } catch (const SyncError& e) {
+      if (e.code() == SyncErrc::OutOfRange && tries < 5) continue;  // a newer round: again
+      throw;
+    }
+    const std::string sha = reg.weights_sha256();
+    SPES_CHECK(sha == cur.model_sha256, "node {}: after loading round {} its weights hash to {} "
+               "but the server published {}", node, round, sha, cur.model_sha256);
+    const int64_t from = t.state().step;
+    t.state().step = cur.published_step > 0 ? cur.published_step
+                                            : RoundClock(cfg).step_of(round);
+    t.state().sync_round = round;
+    held_round_ = round;
+    frozen_sha_ = frozen_weights_sha256(reg);
+    tokens_at_sync_ = t.state().tokens;
+    if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/true);
+    spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
+                 round, from, t.state().step, human_bytes(static_cast<double>(down)),
+                 sha.substr(0, 16));
+    return {{"round", round},
+            {"step", t.state().step},
+            {"caught_up", true},
+            {"reason", why},
+            {"bytes_up", 0},
+            {"bytes_down", down},
+            {"model_sha256", sha},
+            {"alpha", cur.alpha},
+            {"seconds", since(t0)},
+            {"frozen_sha256_after", frozen_sha_}};
+  }
+}
+
+
+RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_t step,
+                                 int64_t tokens) {
+  const Config& cfg = trainer_->config();
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
+  const int64_t node = reg.node_id();
+  const double retry = cfg.spes_config.retry_max_s;
+  const auto t0 = Clock::now();
+  auto catch_up_from = [&](std::string why) {
+    return RoundExchange{nullptr, round, std::move(why)};
+  };
+
+  // 1. Upload the trainable tensors.
+  const UploadMeta meta{node, round, step, tokens, client_->id().incarnation, reg.fingerprint()};
+  // With compression the payload is the quantised delta (value faults do not apply to it).
+  const SafetensorsStreamWriter payload =
+      delta_->enabled() ? delta_->encode(reg, meta)
+      : faults_         ? faults_->payload(reg, meta, wire)
+                        : node_upload_writer(reg, meta, wire);
+  // Returns a catch-up when the round can no longer take this node's upload.
+  UploadResult up;
+  auto upload = [&]() -> RoundExchange {
+    try {
+      up = call("upload", retry, [&] { return client_->upload(round, step, payload); });
+    } catch (const SyncError& e) {
+      if (e.code() == SyncErrc::OutOfRange)
+        return catch_up_from(fmt::format("round {} closed without this node", round));
+      if (e.code() == SyncErrc::InvalidArgument || e.code() == SyncErrc::ResourceExhausted)
+        return catch_up_from(fmt::format("the server rejected its round {} upload: {}", round,
+                                         e.what()));
+      throw;
+    }
+    return {};
+  };
+  if (RoundExchange r = upload(); r.needs_catch_up()) return r;
+  const double upload_s = since(t0);
+
+  // 2. Long-poll until the round is published.
+  const auto t1 = Clock::now();
+  const double limit = opts_.round_wait_s > 0
+                           ? opts_.round_wait_s
+                           : std::max(600.0, 2 * cfg.spes_config.round_timeout);
+  RoundStatus st;
+  double last_log = 0;
+  for (;;) {
+    st = call("wait for round", retry, [&] { return client_->wait_round(round, kMaxWaitMs); });
+    if (st.published) break;
+    if (stopping_) fail("node {}: stopping while round {} is in flight", node, round);
+    if (std::find(st.waiting_for.begin(), st.waiting_for.end(), node) != st.waiting_for.end()) {
+      // The server lacks this node's upload although it was accepted: the server restarted
+      // and lost the round in progress. Send it again.
+      spdlog::warn("node {}: the server no longer holds its round {} upload (restarted?); "
+                   "sending it again", node, round);
+      if (RoundExchange r = upload(); r.needs_catch_up()) return r;
+      continue;
+    }
+    if (since(t1) > limit)
+      fail("node {}: round {} was not published within {:.0f} s (waiting for node(s) [{}])",
+           node, round, limit, fmt::join(st.waiting_for, ", "));
+    if (since(t1) - last_log >= 30) {
+      last_log = since(t1);
+      spdlog::info("node {}: round {} waits for node(s) [{}] ({:.0f} s)", node, round,
+                   fmt::join(st.waiting_for, ", "), since(t1));
+    }
+  }
+  if (st.published_round != round)
+    return catch_up_from(fmt::format("the server moved on to round {} while this node "
+                                          "waited for round {}", st.published_round, round));
+  const bool used = std::find(st.nodes.begin(), st.nodes.end(), node) != st.nodes.end();
+  if (!used || !up.accepted)
+    return catch_up_from(!up.accepted
+                                  ? fmt::format("round {} already held an earlier upload of "
+                                                "this node (restarted node)", round)
+                                  : fmt::format("round {} was published without this node's "
+                                                "upload", round));
+  if (faults_) faults_->after_published(*client_, round, RoundClock(cfg), payload);
+  const double wait_s = since(t1);
+
+  // 3. Download what the node lacks (resuming after interruptions); tensors it uploaded and
+  // does not get back already hold the published value up to rounding to the transfer dtype,
+  // which we apply here. With compression: the round's delta from the round the node holds,
+  // when it holds the previous one (else the server sends the whole model).
+  const auto t2 = Clock::now();
+  // A compressed upload counts as the server rebuilt it: base + deq(q), bit for bit.
+  if (delta_->enabled()) delta_->apply_rebuilt(reg);
+  const int64_t from_round = delta_->enabled() && held_round_ == round - 1 ? held_round_ : -1;
+  Download d(reg, round, Selection::ForNode, wire, delta_.get(), from_round);
+  uint64_t down = 0;
+  bool delta_refused = false;
+  std::string sha;
+  auto superseded = [&] {
+    return catch_up_from(fmt::format("round {} was superseded during the download", round));
+  };
+  try {
+    down = call("download", retry, [&] { return d.attempt(*client_); });
+  } catch (const SyncError& e) {
+    if (e.code() == SyncErrc::OutOfRange) return superseded();
+    // A delta stream that fails its checks: take the whole model instead (below).
+    if (from_round < 0 || e.code() != SyncErrc::InvalidArgument) throw;
+    spdlog::warn("node {}: the round {} delta was refused ({}); downloading the whole model",
+                 node, round, e.what());
+    delta_refused = true;
+  }
+  if (!delta_refused) {
+    if (!d.receiver.is_delta())
+      for (const auto& e : reg.entries())
+        if (e.trainable && !d.receiver.names().count(e.name)) wire_round_(e.tensor, wire);
+    sha = reg.weights_sha256();
+    if (sha != st.model_sha256 && d.receiver.is_delta()) {
+      // The delta did not give the published model (a hostile or broken stream, or a node
+      // that did not hold what it thought): take the whole model instead.
+      spdlog::warn("node {}: after applying the round {} delta its weights hash to {}, not the "
+                   "published {}; downloading the whole model", node, round, sha.substr(0, 16),
+                   st.model_sha256.substr(0, 16));
+      delta_refused = true;
+    }
+  }
+  if (delta_refused) {
+    Download full(reg, round, Selection::All, wire);
+    try {
+      down += call("download", retry, [&] { return full.attempt(*client_); });
+    } catch (const SyncError& e) {
+      if (e.code() == SyncErrc::OutOfRange) return superseded();
+      throw;
+    }
+    sha = reg.weights_sha256();
+  }
+  const double download_s = since(t2);
+
+  SPES_CHECK(sha == st.model_sha256, "node {}: after loading round {} its weights hash to {} but "
+             "the server published {} (the node and server disagree about the model)", node,
+             round, sha, st.model_sha256);
+  held_round_ = round;
+  const std::string frozen_after = frozen_weights_sha256(reg);
+  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
+  spdlog::info("node {}: round {} (step {}): up {}, down {}, upload {:.2f} s, wait {:.2f} s, "
+               "download {:.2f} s{}, sha256 {}", node, round, step,
+               human_bytes(static_cast<double>(up.bytes)), human_bytes(static_cast<double>(down)),
+               upload_s, wait_s, download_s,
+               st.alpha > 0 ? fmt::format(", merged (alpha {:.4g})", st.alpha) : "",
+               sha.substr(0, 16));
+  nlohmann::json record = {{"round", round},
+          {"step", step},
+          {"bytes_up", up.bytes},
+          {"bytes_up_sent", up.bytes_sent},
+          {"upload_resumed_from", up.resumed_from},
+          {"bytes_down", down},
+          {"download_delta", d.receiver.is_delta() && !delta_refused},
+          {"delta_refused", delta_refused},
+          {"model_sha256", sha},
+          {"alpha", st.alpha},
+          {"tokens", meta.tokens},
+          {"compression", cfg.spes_config.compression.name()},
+          {"upload_s", upload_s},
+          {"wait_s", wait_s},
+          {"download_s", download_s},
+          {"seconds", since(t0)},
+          {"frozen_sha256_after", frozen_after}};
+  return {std::move(record), -1, ""};
+}
+
+
+}  // namespace spes::sync

@@ -1,0 +1,62 @@
+// With spes_config.overlap a node's sync round runs in the background while training goes on
+// (docs/PROTOCOL.md, "Overlap"). Starting one copies the live weights to the CPU (every tensor,
+// its own dtype) and the trainable tensors as uploaded, S (their device and dtype), then runs
+// the round's exchange with the server on the copy in a thread: the copy is uploaded, and ends
+// as the published model P, its digest checked. apply() then sets the live trainable tensors
+// to P + (live - S), keeping the steps trained since the upload, and the frozen ones to P.
+// Memory while a round is in flight: one CPU copy of the model plus one of the trainable
+// tensors. Leaves out: the exchange itself, catch-ups and when to apply (node.cpp).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "spes/model/registry.h"
+
+namespace spes::sync {
+
+// What one round's exchange with the server gave: the sync record of a round published with
+// this node's upload, or the round from which the node must catch up (and why).
+struct RoundExchange {
+  nlohmann::json record;
+  int64_t catch_up_round = -1;
+  std::string why;
+  bool needs_catch_up() const { return catch_up_round >= 0; }
+};
+
+class RoundInFlight {
+ public:
+  using Exchange = std::function<RoundExchange(const ParamRegistry& copy)>;
+  // The round `round` uploaded after step `step`, applied after step `deadline` at the latest.
+  RoundInFlight(const ParamRegistry& live, int64_t round, int64_t step, int64_t deadline,
+                Exchange exchange);
+  ~RoundInFlight();  // waits for the exchange to end
+  RoundInFlight(const RoundInFlight&) = delete;
+  RoundInFlight& operator=(const RoundInFlight&) = delete;
+
+  int64_t round() const { return round_; }
+  int64_t step() const { return step_; }
+  int64_t deadline() const { return deadline_; }
+  bool ready() const;
+  // Waits for the exchange and returns what it gave (once); rethrows its failure.
+  RoundExchange wait();
+  // After wait() gave a published round (else throws): live trainable = P + (live - S), live
+  // frozen = P.
+  void apply(const ParamRegistry& live) const;
+  // Bytes held for the round (the CPU copy and S).
+  uint64_t bytes() const;
+
+ private:
+  int64_t round_, step_, deadline_;
+  ParamRegistry copy_;
+  std::vector<torch::Tensor> uploaded_;  // S, per trainable entry in registry order
+  std::future<RoundExchange> result_;
+  bool published_ = false;  // wait() gave a published round
+};
+
+}  // namespace spes::sync
