@@ -92,14 +92,15 @@ void print_text(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
   std::string head = fmt::format("  {:>5}", "node");
   for (const auto& [dtype, bytes] : mems.at(0).weights_by_dtype)
     head += fmt::format("  {:>12}", "weights " + dtype);
-  fmt::print("{}  {:>12}  {:>12}  {:>12}  {:>12}\n", head, "gradients", "AdamW", "activations",
-             "total");
+  fmt::print("{}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}\n", head, "gradients", "AdamW",
+             "activations", "sync state", "total");
   for (size_t i = 0; i < mems.size(); ++i) {
     std::string row = fmt::format("  {:>5}", i);
     for (const auto& [dtype, bytes] : mems[i].weights_by_dtype)
       row += fmt::format("  {:>12}", spes::human_bytes(bytes));
-    fmt::print("{}  {:>12}  {:>12}  {:>12}  {:>12}\n", row, spes::human_bytes(mems[i].gradients),
-               spes::human_bytes(mems[i].adam_moments), spes::human_bytes(mems[i].activations),
+    fmt::print("{}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}\n", row,
+               spes::human_bytes(mems[i].gradients), spes::human_bytes(mems[i].adam_moments),
+               spes::human_bytes(mems[i].activations), spes::human_bytes(mems[i].sync_state),
                spes::human_bytes(mems[i].total()));
   }
 }
@@ -134,6 +135,7 @@ nlohmann::json to_json(const spes::Config& cfg, const std::vector<ParamCounts>& 
             {"gradients", mem.gradients},
             {"adam_moments", mem.adam_moments},
             {"activations", mem.activations},
+            {"sync_state", mem.sync_state},
             {"total", mem.total()}}},
           {"ignored_keys", ignored},
           {"config_yaml", spes::config_to_yaml(cfg)}};

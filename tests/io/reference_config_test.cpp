@@ -336,7 +336,9 @@ TEST(ReferenceConfig, SpesConfigJsonReportsTheCounts) {
   EXPECT_GT(mem["activations"].get<int64_t>(), 0);
   EXPECT_EQ(mem["total"].get<int64_t>(),
             mem["weights"].get<int64_t>() + mem["gradients"].get<int64_t>() +
-                mem["adam_moments"].get<int64_t>() + mem["activations"].get<int64_t>());
+                mem["adam_moments"].get<int64_t>() + mem["activations"].get<int64_t>() +
+                mem["sync_state"].get<int64_t>());
+  EXPECT_EQ(mem["sync_state"].get<int64_t>(), 0);  // fp32 rounds without overlap
   // The operational keys are named once, on stderr, and stdout stays one JSON object.
   EXPECT_THAT(r.err, HasSubstr("ignoring"));
   EXPECT_THAT(r.err, HasSubstr("fsdp"));

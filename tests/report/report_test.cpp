@@ -126,6 +126,16 @@ TEST(MemoryFormula, FrozenExpertsHaveNoGradientsOrMoments) {
   EXPECT_EQ(m.adam_moments, 8 * node.trainable);
   EXPECT_LT(node.trainable, node.total);
   EXPECT_EQ(m.total(), m.weights() + m.gradients + m.adam_moments + m.activations);
+  EXPECT_EQ(m.sync_state, 0);  // fp32 blocking rounds keep nothing between them
+  // Compressed deltas: the upload base and residual, fp32 per trainable value; overlap adds a
+  // copy of every weight and of the trainable ones.
+  Config sync = cfg;
+  sync.spes_config.compression = "int8";
+  EXPECT_EQ(node_memory(sync, node).sync_state, 8 * node.trainable);
+  sync.spes_config.overlap = true;
+  const NodeMemory o = node_memory(sync, node);
+  EXPECT_EQ(o.sync_state, 8 * node.trainable + 4 * node.total + 4 * node.trainable);
+  EXPECT_EQ(o.total(), m.total() + o.sync_state);
   // Centralized: everything trains; the weights stay, gradients and moments grow by 12 bytes
   // for each value the SPES node froze.
   cfg.spes_config.mode = "centralized";

@@ -52,7 +52,9 @@ int64_t NodeMemory::weights() const {
   return w;
 }
 
-int64_t NodeMemory::total() const { return weights() + gradients + adam_moments + activations; }
+int64_t NodeMemory::total() const {
+  return weights() + gradients + adam_moments + activations + sync_state;
+}
 
 NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
   NodeMemory m;
@@ -70,6 +72,13 @@ NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
   m.gradients = gradient_bytes(counts.trainable);
   m.adam_moments = adam_moment_bytes(counts.trainable);
   m.activations = activation_bytes(activation_shape(cfg));
+  const SpesConfig& s = cfg.spes_config;
+  if (s.mode != SyncMode::Centralized) {
+    if (s.compression != Compression::None) m.sync_state += 8 * counts.trainable;
+    if (s.overlap)  // the copy of the master weights (frozen ones in their storage dtype) + S
+      m.sync_state += m.weights_by_dtype.at("fp32") + (frozen_bf16 ? 2 * frozen : 0) +
+                      4 * counts.trainable;
+  }
   return m;
 }
 

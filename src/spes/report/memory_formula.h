@@ -8,7 +8,12 @@
 //   gradients    fp32, trainable tensors only (4 bytes per trainable value);
 //   AdamW        two fp32 moments, trainable tensors only (8 bytes per trainable value);
 //   activations  what one micro-batch's forward pass keeps for backward
-//                (activation_bytes(), an estimate; its comment lists what it counts).
+//                (activation_bytes(), an estimate; its comment lists what it counts);
+//   sync state   a SPES/FedAvg/DiLoCo node's sync client: with spes_config.compression the
+//                upload base and error-feedback residual (fp32, 8 bytes per trainable value,
+//                host), with spes_config.overlap the round in flight's copy of every weight in
+//                its storage dtype (host) and of the trainable tensors as uploaded (4 bytes per
+//                trainable value, where they live); stream buffers are left out.
 // Left out: allocator caching and fragmentation, the CUDA context, temporary buffers of
 // single kernels, the data loader, the RoPE tables, and several micro-batches in flight at once
 // (CPU threads). This is the one place these figures are computed (`spes config`, `spes
@@ -70,6 +75,7 @@ struct NodeMemory {
   int64_t gradients = 0;
   int64_t adam_moments = 0;
   int64_t activations = 0;
+  int64_t sync_state = 0;
   int64_t weights() const;
   int64_t total() const;
 };
