@@ -5,13 +5,18 @@
 // expert, a node that missed a round (or asks without a base) gets full tensors with the same
 // digest, a restarted server serves the delta it persisted (and full tensors without it), and a
 // corrupted delta is refused before it is applied or, when it parses, fails the digest check,
-// after which a full download restores the published model.
+// after which a full download restores the published model; and the delta file, written while
+// the round is computed, is never served or resumed as another round's when the round's save
+// fails or the server dies before it, and a delta file that cannot be written costs the round
+// its delta only.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include "spes/io/files.h"
 #include "spes/sync/node/download.h"
@@ -23,7 +28,10 @@
 using namespace spes;
 using namespace spes::sync;
 using namespace spes::sync::testing;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -277,7 +285,10 @@ TEST(DeltaDownload, ACorruptedDeltaIsRefusedAndTheNodeRecoversWithAFullDownload)
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), 1e38f}) {
     std::string b = good;
     std::memcpy(&b[at(delta_scale_name(norm))], &bad, 4);
-    EXPECT_THAT(refused(b, 0), HasSubstr("is not a finite value")) << bad;
+    // The node's error names its download, not an upload.
+    EXPECT_THAT(refused(b, 0), AllOf(HasSubstr("download of round 1"),
+                                     HasSubstr("is not a finite value"),
+                                     Not(HasSubstr("upload")))) << bad;
   }
   // A delta the node did not ask for (it names no base round), or from another round.
   EXPECT_THAT(refused(good, -1), HasSubstr("did not ask for"));
@@ -300,4 +311,139 @@ TEST(DeltaDownload, ACorruptedDeltaIsRefusedAndTheNodeRecoversWithAFullDownload)
   receive(full, stream_bytes(st, n.fake.id, 1, Selection::All, -1));
   EXPECT_FALSE(full.is_delta());
   EXPECT_EQ(n.fake.reg->weights_sha256(), sha);
+}
+
+namespace {
+
+// Large enough that the published model outweighs the delta file, and the delta file well
+// outweighs each upload (mostly experts: a node uploads half of them; the tiny model's headers
+// would otherwise dominate).
+Config larger_int8_config() {
+  return tiny_config({"spes_config.compression=int8", "model.d_model=32",
+                      "model.vocab_size=64", "model.mlp_hidden_size=64"});
+}
+
+// The format named in a stream's header (parsed in memory: no file, whatever the disk allows).
+std::string stream_format(const std::string& bytes) {
+  const uint64_t n = safetensors_header_length(bytes.data());
+  return safetensors_header_decode(bytes.data() + 8, n, bytes.size() - 8 - n, "stream")
+      .metadata.at("format");
+}
+
+// A node that holds nothing yet receives `bytes` (a whole-model stream) of round r.
+std::string digest_from_full_stream(const Config& cfg, int64_t r, const std::string& bytes) {
+  FakeNode probe(cfg, 1, 5);
+  DownloadReceiver rec(*probe.reg, r, Selection::ForNode, WireDtype::F32);
+  receive(rec, bytes);
+  EXPECT_FALSE(rec.is_delta());
+  return probe.reg->weights_sha256();
+}
+
+// Every node trains and uploads round r; the round need not publish.
+void upload_round(RoundState& st, std::vector<std::unique_ptr<Node>>& nodes, int64_t r) {
+  for (auto& n : nodes) {
+    train(n->fake, 100 * r + n->fake.id.node_id);
+    UploadMeta m{n->fake.id.node_id, r, r * 10, 80, n->fake.id.incarnation,
+                 n->fake.reg->fingerprint()};
+    m.compression = Compression::Int8;
+    ASSERT_TRUE(send_upload(st, n->fake.id, r, n->delta.encode(*n->fake.reg, m)).accepted);
+  }
+}
+
+// Every node takes the delta of round r (from r - 1) and checks the published digest.
+void take_delta_round(RoundState& st, std::vector<std::unique_ptr<Node>>& nodes, int64_t r) {
+  const std::string sha = st.status().model_sha256;
+  for (auto& n : nodes) {
+    DownloadReceiver rec(*n->fake.reg, r, Selection::ForNode, WireDtype::F32, &n->delta, r - 1);
+    take_round(*n, r, stream_bytes(st, n->fake.id, r, Selection::ForNode, r - 1), r - 1, &rec);
+    EXPECT_TRUE(rec.is_delta()) << "node " << n->fake.id.node_id;
+    EXPECT_EQ(n->fake.reg->weights_sha256(), sha) << "node " << n->fake.id.node_id;
+    n->delta.set_base(*n->fake.reg, false);
+  }
+}
+
+}  // namespace
+
+// The delta file of round 2 is written while round 2 is computed, before its model is saved:
+// when that save fails (a full disk) round 1 stays the published round, and its downloads
+// must not be served from the file that now holds round 2's delta. The server then dies; the
+// restarted one resumes round 1 (serving it whole: the file holds round 2's delta), and round 2,
+// uploaded again, publishes a delta that every node applies to the published digest.
+TEST(DeltaDownload, ASaveThatFailsAfterTheDeltaFileNeitherServesNorResumesTheWrongDelta) {
+  TempDir dir;
+  const Config cfg = larger_int8_config();
+  std::vector<std::unique_ptr<Node>> nodes = int8_nodes(cfg);
+  std::string sha1;
+  {
+    RoundState st(cfg, ServeOptions{dir.path});
+    join_all(st, nodes);
+    run_round(st, nodes, 1, Compression::Int8);
+    sha1 = st.status().model_sha256;
+    const std::string before = stream_bytes(st, nodes[1]->fake.id, 1, Selection::ForNode, 0);
+    EXPECT_EQ(stream_format(before), "spes-download-delta-v1");
+    take_delta_round(st, nodes, 1);
+    // Round 2's delta file (the same layout as round 1's: the same size) fits; its model does
+    // not.
+    const uint64_t delta_size = fs::file_size(dir.path + "/delta.safetensors");
+    ASSERT_LT(delta_size, fs::file_size(dir.path + "/published.safetensors"));
+    {
+      FileSizeLimit full(delta_size);
+      upload_round(st, nodes, 2);
+      ASSERT_EQ(st.published_round(), 1);
+      EXPECT_THAT(st.status().publish_error, HasSubstr("disk full"));
+      const StreamHeader h = read_stream_header(dir.path + "/delta.safetensors");
+      ASSERT_EQ(h.metadata.at("round"), "2");  // the next round's delta is in place
+      const std::string again = stream_bytes(st, nodes[1]->fake.id, 1, Selection::ForNode, 0);
+      if (again != before) {  // not round 1's delta: then the whole round-1 model
+        EXPECT_EQ(stream_format(again), "spes-download-v1");
+        EXPECT_EQ(digest_from_full_stream(cfg, 1, again), sha1);
+      }
+    }
+  }  // the server dies with round 2 closed and unsaved
+  RoundState st(cfg, ServeOptions{dir.path});
+  ASSERT_EQ(st.published_round(), 1);
+  EXPECT_EQ(st.status().model_sha256, sha1);
+  for (auto& n : nodes) st.join(n->fake.join_info());
+  const std::string full = stream_bytes(st, nodes[1]->fake.id, 1, Selection::ForNode, 0);
+  EXPECT_EQ(stream_format(full), "spes-download-v1");
+  EXPECT_EQ(digest_from_full_stream(cfg, 1, full), sha1);
+  upload_round(st, nodes, 2);
+  ASSERT_EQ(st.published_round(), 2);
+  take_delta_round(st, nodes, 2);
+}
+
+// A delta file that cannot be written costs the round its delta, never the round: once the
+// model can be saved the round publishes, and nodes get it whole, at the published digest.
+TEST(DeltaDownload, ARoundWhoseDeltaFileCannotBeWrittenPublishesWhole) {
+  TempDir dir;
+  const Config cfg = larger_int8_config();
+  std::vector<std::unique_ptr<Node>> nodes = int8_nodes(cfg);
+  RoundState st(cfg, ServeOptions{dir.path, /*keep_uploads=*/true});
+  join_all(st, nodes);
+  run_round(st, nodes, 1, Compression::Int8);
+  take_delta_round(st, nodes, 1);
+  const uint64_t delta_size = fs::file_size(dir.path + "/delta.safetensors");
+  const uint64_t upload_size = std::max(fs::file_size(dir.path + "/rounds/1/node0.safetensors"),
+                                        fs::file_size(dir.path + "/rounds/1/node1.safetensors"));
+  ASSERT_LT(upload_size, delta_size);
+  {
+    // Room for the uploads (staged on disk; round 2's are as large), not for the delta file
+    // nor the model.
+    FileSizeLimit full((upload_size + delta_size) / 2);
+    upload_round(st, nodes, 2);
+    ASSERT_EQ(st.published_round(), 1);
+    EXPECT_THAT(st.status().publish_error, HasSubstr("disk full"));
+    EXPECT_FALSE(fs::exists(dir.path + "/delta.safetensors.tmp." + std::to_string(::getpid())));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(5200));  // the save's retry interval
+  st.tick();
+  ASSERT_EQ(st.published_round(), 2);
+  const std::string sha = st.status().model_sha256;
+  for (auto& n : nodes) {
+    n->delta.apply_rebuilt(*n->fake.reg);
+    DownloadReceiver rec(*n->fake.reg, 2, Selection::ForNode, WireDtype::F32, &n->delta, 1);
+    receive(rec, stream_bytes(st, n->fake.id, 2, Selection::ForNode, 1));
+    EXPECT_FALSE(rec.is_delta());
+    EXPECT_EQ(n->fake.reg->weights_sha256(), sha);
+  }
 }

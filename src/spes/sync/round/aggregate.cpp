@@ -192,9 +192,10 @@ void RoundAggregator::end_node() {
   node_ = -1;
 }
 
-void RoundAggregator::keep_owner_delta(const RoundPlan& plan, int64_t node, const StreamEntry& e,
-                                       int64_t first, const torch::Tensor& run) {
-  // The raw runs of a compressed upload: "NAME:scale" (F32) and NAME (I8 / BF16).
+void RoundAggregator::keep_owner_delta(const RoundPlan& plan, int64_t node,
+                                       const std::string& path, uint64_t header_bytes,
+                                       const StreamEntry& e) {
+  // The entries of a compressed upload: "NAME:scale" (F32) and NAME (I8 / BF16).
   const std::string suffix = ":scale";
   const bool scale = e.name.size() > suffix.size() &&
                      e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
@@ -203,10 +204,9 @@ void RoundAggregator::keep_owner_delta(const RoundPlan& plan, int64_t node, cons
   if (i < 0) return;
   const PlanTensor& t = plan.tensors()[i];
   if (t.rule != Combine::OwnerCopy || t.owner != node) return;
-  EncodedDelta& d = out_.owner_deltas[static_cast<size_t>(i)];
-  torch::Tensor& dst = scale ? d.scales : d.q;
-  if (first == 0) dst = torch::empty(e.shape, run.scalar_type());
-  dst.view({-1}).slice(0, first, first + run.numel()).copy_(run);
+  StagedDelta& d = out_.owner_deltas[static_cast<size_t>(i)];
+  d.file = path;
+  (scale ? d.scales_at : d.q_at) = header_bytes + e.begin;
 }
 
 RoundOutcome RoundAggregator::finish() {
@@ -234,9 +234,10 @@ RoundOutcome RoundAggregator::finish() {
           dst.copy_(run);
         },
         path);
-    reader.set_slice_handler([&, node = node](const StreamEntry& e, int64_t first,
-                                              const torch::Tensor& run, bool last) {
-      if (plan.compression() != Compression::None) keep_owner_delta(plan, node, e, first, run);
+    reader.set_slice_handler([&, node = node, path = path](const StreamEntry& e, int64_t first,
+                                                          const torch::Tensor& run, bool last) {
+      if (plan.compression() != Compression::None && first == 0)
+        keep_owner_delta(plan, node, path, reader.header().header_bytes, e);
       decoder(e, first, run, last);
     });
     stream_file(path, reader);

@@ -64,6 +64,13 @@ class SyncModel {
   std::string ownership_fingerprint_;
 };
 
+// Where one tensor's q (and, with int8, its scales) lies in a staged compressed upload file:
+// absolute byte offsets of the values.
+struct StagedDelta {
+  std::string file;
+  uint64_t q_at = 0, scales_at = 0;
+};
+
 struct RoundOutcome {
   int64_t round = 0, step = 0;
   std::vector<int64_t> nodes;      // nodes folded, ascending
@@ -77,9 +84,11 @@ struct RoundOutcome {
   // step (merging excluded); 0 for tensors nobody uploaded. For the drift bound.
   std::vector<double> change;
   // With compression: per owner-copied tensor read back from its owner's upload (model index),
-  // the q the owner sent: the published value is P_prev + deq(q) exactly, so a compressed
-  // download can carry this q again (round/published_delta.h). Empty without compression.
-  std::map<size_t, EncodedDelta> owner_deltas;
+  // where the q the owner sent lies in that upload's file: the published value is
+  // P_prev + deq(q) exactly, so a compressed download can carry this q again
+  // (round/published_delta.h reads it back; the file must exist until then). Empty without
+  // compression.
+  std::map<size_t, StagedDelta> owner_deltas;
 };
 
 class RoundAggregator {
@@ -106,9 +115,10 @@ class RoundAggregator {
   void abort();
 
  private:
-  // With compression: keeps the raw q of an owner copy read back in finish().
-  void keep_owner_delta(const RoundPlan& plan, int64_t node, const StreamEntry& e, int64_t first,
-                        const torch::Tensor& run);
+  // With compression: notes where the raw q (or scales) of an owner copy lie in its file
+  // (`header_bytes`: the file's header size).
+  void keep_owner_delta(const RoundPlan& plan, int64_t node, const std::string& path,
+                        uint64_t header_bytes, const StreamEntry& e);
   SyncModel& model_;
   MergeSchedule schedule_;
   bool active_ = false;

@@ -1,5 +1,5 @@
-// The published model of a compressed run and its delta from the previous round (see
-// published_delta.h).
+// The published model of a compressed run and its delta from the previous round, computed
+// piece by piece (see published_delta.h).
 #include "spes/sync/round/published_delta.h"
 
 #include <fcntl.h>
@@ -19,19 +19,67 @@ bool round_may_change(const PlanTensor& t, bool merged) {
   return !t.uploaders.empty() || (merged && t.role == ParamRole::Expert);
 }
 
-PublicationQuantiser::PublicationQuantiser(SyncModel& model, RoundOutcome& outcome)
-    : model_(model), merged_(outcome.merged) {
+PublishedDelta delta_layout(const RoundPlan& plan, const RoundOutcome& outcome) {
+  PublishedDelta d;
+  for (size_t i = 0; i < plan.tensors().size(); ++i)
+    if (round_may_change(plan.tensors()[i], outcome.merged)) d.tensors.push_back(i);
   // Merging changed the experts after their owners' uploads: their q no longer describes them.
+  if (!outcome.merged)
+    for (const auto& kv : outcome.owner_deltas) d.owner_exact.push_back(kv.first);
+  return d;
+}
+
+PublicationQuantiser::PublicationQuantiser(SyncModel& model, RoundOutcome& outcome,
+                                           DeltaFileWriter* file)
+    : model_(model), merged_(outcome.merged), file_(file) {
   if (!merged_) owner_ = std::move(outcome.owner_deltas);
   outcome.owner_deltas.clear();
   const auto& ts = model_.plan().tensors();
-  q_.resize(ts.size());
+  done_.assign(ts.size(), false);
   exact_.assign(ts.size(), false);
   for (const auto& t : ts) wanted_.push_back(round_may_change(t, merged_));
 }
 
 bool PublicationQuantiser::wants(size_t i) const {
-  return i < wanted_.size() && wanted_[i] && !q_[i].q.defined();
+  return i < wanted_.size() && wanted_[i] && !done_[i];
+}
+
+bool PublicationQuantiser::owner_exact(size_t i, const StagedDelta& own,
+                                       const PrevReader& read_prev) {
+  const Compression c = model_.plan().compression();
+  const torch::Tensor& agg = model_.tensors()[i];
+  const int64_t n = agg.numel();
+  const float* out = agg.data_ptr<float>();
+  const uint64_t es = c == Compression::Int8 ? 1 : 2;
+  const int fd = ::open(own.file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  try {
+    for (int64_t first = 0; first < n; first += kPieceValues) {
+      const int64_t m = std::min(kPieceValues, n - first);
+      read_prev(first, m, prev_.data());
+      file_pread_exact(fd, q_.data(), static_cast<uint64_t>(m) * es,
+                       own.q_at + static_cast<uint64_t>(first) * es, "'" + own.file + "'");
+      if (c == Compression::Int8) {
+        file_pread_exact(fd, scales_.data(), static_cast<uint64_t>(delta_blocks(m)) * 4,
+                         own.scales_at + static_cast<uint64_t>(first / kDeltaBlock) * 4,
+                         "'" + own.file + "'");
+        delta_rebuild_int8(prev_.data(), reinterpret_cast<const int8_t*>(q_.data()),
+                           scales_.data(), 0, m, work_.data());
+      } else {
+        delta_rebuild_bf16(prev_.data(), reinterpret_cast<const uint16_t*>(q_.data()), m,
+                           work_.data());
+      }
+      if (std::memcmp(work_.data(), out + first, static_cast<size_t>(m) * 4) != 0) return false;
+      if (file_) file_->write(i, first, m, q_.data(), scales_.data());
+    }
+  } catch (const std::exception&) {
+    return false;  // unreadable: D is computed from the values instead
+  }
+  return true;
 }
 
 void PublicationQuantiser::tensor(size_t i, const PrevReader& read_prev) {
@@ -45,77 +93,61 @@ void PublicationQuantiser::tensor(size_t i, const PrevReader& read_prev) {
              "publication: '{}' must be contiguous fp32 on CPU (internal)", name);
   const int64_t n = agg.numel();
   float* out = agg.data_ptr<float>();
-  std::vector<float> prev(static_cast<size_t>(std::min(n, kPieceValues)));
-  std::vector<float> work(prev.size());
+  const size_t piece = static_cast<size_t>(kPieceValues);
+  if (prev_.size() < piece) {
+    prev_.resize(piece);
+    work_.resize(piece);
+    scales_.resize(static_cast<size_t>(delta_blocks(kPieceValues)));
+    q_.resize(piece * 2);
+  }
+  done_[i] = true;
   // An owner copy is its owner's rebuilt upload P_prev + deq(q): that q is D, exactly (checked).
   auto own = owner_.find(i);
   if (own != owner_.end()) {
-    const EncodedDelta& o = own->second;
-    bool exact = o.q.defined() && o.q.numel() == n &&
-                 (c != Compression::Int8 ||
-                  (o.scales.defined() && o.scales.numel() == delta_blocks(n)));
-    for (int64_t first = 0; exact && first < n; first += kPieceValues) {
-      const int64_t m = std::min(kPieceValues, n - first);
-      read_prev(first, m, prev.data());
-      if (c == Compression::Int8)
-        delta_rebuild_int8(prev.data(), o.q.data_ptr<int8_t>() + first,
-                           o.scales.data_ptr<float>(), first, m, work.data());
-      else
-        delta_rebuild_bf16(prev.data(), static_cast<const uint16_t*>(o.q.data_ptr()) + first, m,
-                           work.data());
-      exact = std::memcmp(work.data(), out + first, static_cast<size_t>(m) * 4) == 0;
-    }
+    const bool exact = owner_exact(i, own->second, read_prev);
+    owner_.erase(own);
     if (exact) {
-      q_[i] = {o.q.view(agg.sizes()), o.scales};
       exact_[i] = true;
-      owner_.erase(own);
       return;
     }
   }
   // D = Q(P_agg - P_prev) and P_new = P_prev + deq(D), piece by piece (pieces are whole blocks).
-  EncodedDelta q;
-  q.q = torch::empty(agg.sizes(), delta_wire_dtype(c));
-  if (c == Compression::Int8) q.scales = torch::empty({delta_blocks(n)}, torch::kFloat32);
   for (int64_t first = 0; first < n; first += kPieceValues) {
     const int64_t m = std::min(kPieceValues, n - first);
-    read_prev(first, m, prev.data());
-    for (int64_t k = 0; k < m; ++k) work[k] = out[first + k] - prev[k];
+    read_prev(first, m, prev_.data());
+    for (int64_t k = 0; k < m; ++k) work_[k] = out[first + k] - prev_[k];
     int64_t bad;
     if (c == Compression::Int8) {
-      bad = delta_quantise_int8(work.data(), m, q.q.data_ptr<int8_t>() + first,
-                                q.scales.data_ptr<float>() + first / kDeltaBlock);
-      if (bad < 0)
-        delta_rebuild_int8(prev.data(), q.q.data_ptr<int8_t>() + first,
-                           q.scales.data_ptr<float>(), first, m, out + first);
+      int8_t* q8 = reinterpret_cast<int8_t*>(q_.data());
+      bad = delta_quantise_int8(work_.data(), m, q8, scales_.data());
+      if (bad < 0) delta_rebuild_int8(prev_.data(), q8, scales_.data(), 0, m, out + first);
     } else {
-      uint16_t* q16 = static_cast<uint16_t*>(q.q.data_ptr()) + first;
-      bad = delta_quantise_bf16(work.data(), m, q16);
-      if (bad < 0) delta_rebuild_bf16(prev.data(), q16, m, out + first);
+      uint16_t* q16 = reinterpret_cast<uint16_t*>(q_.data());
+      bad = delta_quantise_bf16(work_.data(), m, q16);
+      if (bad < 0) delta_rebuild_bf16(prev_.data(), q16, m, out + first);
     }
     SPES_CHECK(bad < 0, "publication: tensor '{}': the change from the previous round is {} at "
-               "element {}, which a {} delta cannot carry", name, work[bad], first + bad,
+               "element {}, which a {} delta cannot carry", name, work_[bad], first + bad,
                compression_name(c));
+    if (file_) file_->write(i, first, m, q_.data(), scales_.data());
   }
-  q_[i] = std::move(q);
 }
 
 PublishedDelta PublicationQuantiser::finish() {
   PublishedDelta d;
-  for (size_t i = 0; i < q_.size(); ++i) {
-    SPES_CHECK(!wanted_[i] || q_[i].q.defined(), "publication: no previous value was given for "
+  for (size_t i = 0; i < wanted_.size(); ++i) {
+    SPES_CHECK(!wanted_[i] || done_[i], "publication: no previous value was given for "
                "'{}' (internal)", model_.plan().tensors()[i].name);
     if (!wanted_[i]) continue;
     d.tensors.push_back(i);
-    d.q.push_back(std::move(q_[i]));
     if (exact_[i]) d.owner_exact.push_back(i);
   }
-  q_.clear();
   return d;
 }
 
 PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
-                                    const std::string& prev_file) {
-  PublicationQuantiser pq(model, outcome);
+                                    const std::string& prev_file, DeltaFileWriter* file) {
+  PublicationQuantiser pq(model, outcome, file);
   const RoundPlan& plan = model.plan();
   const StreamHeader h = read_stream_header(prev_file);
   const int fd = ::open(prev_file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -139,8 +171,9 @@ PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
 }
 
 PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
-                                    const std::vector<torch::Tensor>& prev) {
-  PublicationQuantiser pq(model, outcome);
+                                    const std::vector<torch::Tensor>& prev,
+                                    DeltaFileWriter* file) {
+  PublicationQuantiser pq(model, outcome, file);
   SPES_CHECK(prev.size() == model.tensors().size(), "publication: {} previous tensors for a "
              "model of {}", prev.size(), model.tensors().size());
   for (size_t i = 0; i < prev.size(); ++i) {
@@ -153,94 +186,6 @@ PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
     });
   }
   return pq.finish();
-}
-
-SafetensorsStreamWriter delta_file_writer(const RoundPlan& plan, const PublishedDelta& d,
-                                          const DeltaRecord& r) {
-  NamedTensors parts;
-  for (size_t k = 0; k < d.tensors.size(); ++k) {
-    const std::string& name = plan.tensors()[d.tensors[k]].name;
-    if (plan.compression() == Compression::Int8)
-      parts.emplace_back(delta_scale_name(name), d.q[k].scales);
-    parts.emplace_back(name, d.q[k].q);
-  }
-  std::string exact;
-  for (size_t i : d.owner_exact) exact += (exact.empty() ? "" : ",") + std::to_string(i);
-  return SafetensorsStreamWriter::as_stored(
-      std::move(parts), {{"format", "spes-delta-v1"},
-                         {"round", std::to_string(r.round)},
-                         {"from_round", std::to_string(r.from_round)},
-                         {"model_sha256", r.model_sha256},
-                         {"from_sha256", r.from_sha256},
-                         {"compression", compression_name(plan.compression())},
-                         {"owner_exact", exact}});
-}
-
-namespace {
-int64_t parse_index(const std::string& s, const std::string& what, const std::string& origin) {
-  try {
-    size_t pos = 0;
-    const long long v = std::stoll(s, &pos);
-    if (pos == s.size() && v >= 0) return v;
-  } catch (const std::exception&) {
-  }
-  sync_fail(SyncErrc::InvalidArgument, "{}: {} '{}' is not a non-negative integer", origin, what,
-            printable(s, 40));
-}
-}  // namespace
-
-DeltaRecord delta_record_of(const RoundPlan& plan, const StreamHeader& h,
-                            const std::string& origin) {
-  const Metadata& md = h.metadata;
-  auto get = [&](const char* key) {
-    auto it = md.find(key);
-    if (it == md.end())
-      sync_fail(SyncErrc::InvalidArgument, "{}: delta metadata lacks '{}'", origin, key);
-    return it->second;
-  };
-  if (get("format") != "spes-delta-v1")
-    sync_fail(SyncErrc::InvalidArgument, "{}: not a published delta (format '{}')", origin,
-              printable(get("format"), 40));
-  if (get("compression") != compression_name(plan.compression()))
-    sync_fail(SyncErrc::InvalidArgument, "{}: a {} delta, but spes_config.compression is {}",
-              origin, printable(get("compression"), 40), compression_name(plan.compression()));
-  DeltaRecord r;
-  r.round = parse_index(get("round"), "round", origin);
-  r.from_round = parse_index(get("from_round"), "from_round", origin);
-  r.model_sha256 = get("model_sha256");
-  r.from_sha256 = get("from_sha256");
-  const torch::ScalarType dtype = delta_wire_dtype(plan.compression());
-  for (const StreamEntry& e : delta_tensor_entries(h.entries, plan.compression(), origin)) {
-    const int64_t i = plan.index(e.name);
-    if (i < 0 || e.shape != plan.tensors()[i].shape || e.dtype != dtype ||
-        (!r.tensors.empty() && static_cast<size_t>(i) <= r.tensors.back()))
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not a {} delta of the model in "
-                "model order", origin, printable(e.name), compression_name(plan.compression()));
-    r.tensors.push_back(static_cast<size_t>(i));
-  }
-  for (const std::string& s : split(get("owner_exact"), ',')) {
-    if (s.empty()) continue;
-    const size_t i = static_cast<size_t>(parse_index(s, "owner_exact entry", origin));
-    SPES_CHECK(std::binary_search(r.tensors.begin(), r.tensors.end(), i),
-               "{}: owner_exact names tensor {}, which the delta does not hold", origin, i);
-    r.owner_exact.push_back(i);
-  }
-  return r;
-}
-
-std::vector<std::string> delta_download_names(const RoundPlan& plan, const DeltaRecord& r,
-                                               int64_t node, bool used) {
-  std::vector<std::string> names;
-  for (size_t i : r.tensors) {
-    const PlanTensor& t = plan.tensors()[i];
-    // The owner already holds this expert's published value: its own rebuilt upload.
-    if (used && t.owner == node &&
-        std::find(r.owner_exact.begin(), r.owner_exact.end(), i) != r.owner_exact.end())
-      continue;
-    if (plan.compression() == Compression::Int8) names.push_back(delta_scale_name(t.name));
-    names.push_back(t.name);
-  }
-  return names;
 }
 
 }  // namespace spes::sync

@@ -4,11 +4,11 @@
 // computed with the same codec and kernel as uploads, so that a node holding P_prev rebuilds
 // P_new bit for bit from D (the delta file the server persists and serves). An owner-copied
 // expert that merging did not touch is published as its owner's rebuilt upload exactly: its D is
-// the q the owner sent (kept by the aggregator), and the owner, which already holds that value,
-// is not sent it. Here: computing D and P_new (from P_prev in a file or in memory), the delta
-// file's tensors and metadata, and the record a server keeps of it. Leaves out: persisting
-// (server/round_store.h), serving (server/download_session.h), applying on a node
-// (node/download.h).
+// the q the owner sent (read back from the owner's staged upload), and the owner, which already
+// holds that value, is not sent it. Here: computing D and P_new (from P_prev in a file or in
+// memory), piece by piece, each piece of D going straight to the delta file (delta_file.h), so
+// that D is never held whole. Leaves out: the file's format and record (delta_file.h), serving
+// (server/download_session.h), applying on a node (node/download.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -19,35 +19,33 @@
 #include <vector>
 
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/delta_file.h"
 #include "spes/sync/wire/delta_codec.h"
 
 namespace spes::sync {
 
-// A published round's delta from the previous published round, in memory until persisted.
+// Which tensors a published round's delta holds, and which of them are their owner's upload
+// exactly (both ascending model indices).
 struct PublishedDelta {
-  std::vector<size_t> tensors;      // model indices, ascending
-  std::vector<EncodedDelta> q;      // D of each of `tensors`
-  std::vector<size_t> owner_exact;  // tensors whose D is their owner's own upload, ascending
-};
-
-// What a server knows of the delta file of its latest published round (kept in memory; read
-// back from the file's header on restart).
-struct DeltaRecord {
-  int64_t round = -1, from_round = -1;
-  std::string model_sha256, from_sha256;
-  std::vector<size_t> tensors, owner_exact;
-  bool valid() const { return round >= 1; }
+  std::vector<size_t> tensors;
+  std::vector<size_t> owner_exact;
 };
 
 // True when a round may change tensor `t` (someone uploads it, or merging touches experts).
 bool round_may_change(const PlanTensor& t, bool merged);
 
+// The tensors of a round's delta (those it may change, model order) and the ones that may be
+// their owner's upload exactly (the owner copies of a round without merging): the layout a
+// DeltaFileWriter is opened with before quantise_publication.
+PublishedDelta delta_layout(const RoundPlan& plan, const RoundOutcome& outcome);
+
 // Turns the round's aggregate, held in `model`'s tensors, into the published model, tensor by
 // tensor: give every tensor wants() asks for its previous published fp32 values (any order),
-// then finish(). Takes `outcome.owner_deltas`.
+// then finish(). Takes `outcome.owner_deltas`. With `file`, D goes there piece by piece (its
+// tensors: delta_layout's); without, D is computed and dropped (an offline round).
 class PublicationQuantiser {
  public:
-  PublicationQuantiser(SyncModel& model, RoundOutcome& outcome);
+  PublicationQuantiser(SyncModel& model, RoundOutcome& outcome, DeltaFileWriter* file);
   bool wants(size_t i) const;
   // `read_prev(first, n, out)`: writes P_prev's values [first, first + n) of tensor i to out.
   // The tensor is processed in block-aligned pieces of kPieceValues (memory: a few pieces).
@@ -57,31 +55,24 @@ class PublicationQuantiser {
   static constexpr int64_t kPieceValues = kDeltaBlock * 4096;  // 4 MiB of fp32
 
  private:
+  // True (its q written to the file) when tensor i, given by its owner, is P_prev + deq(q) of
+  // the owner's staged q exactly; false (nothing usable written) otherwise.
+  bool owner_exact(size_t i, const StagedDelta& own, const PrevReader& read_prev);
   SyncModel& model_;
   bool merged_;
-  std::map<size_t, EncodedDelta> owner_;
-  std::vector<EncodedDelta> q_;  // per model tensor (undefined: not given yet / unchanged)
-  std::vector<bool> wanted_, exact_;
+  DeltaFileWriter* file_;
+  std::map<size_t, StagedDelta> owner_;
+  std::vector<bool> wanted_, done_, exact_;
+  std::vector<float> prev_, work_, scales_;  // one piece each
+  std::vector<char> q_;
 };
 
 // The quantiser driven by P_prev read from a published model file (pread, piece by piece), or
 // by P_prev in memory (model order, every tensor).
 PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
-                                    const std::string& prev_file);
+                                    const std::string& prev_file, DeltaFileWriter* file);
 PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
-                                    const std::vector<torch::Tensor>& prev);
-
-// The delta file: per tensor of `d`, in model order, int8: "NAME:scale" then NAME; bf16: NAME;
-// metadata format "spes-delta-v1", round, from_round, model_sha256, from_sha256, compression,
-// owner_exact (comma-separated model indices).
-SafetensorsStreamWriter delta_file_writer(const RoundPlan& plan, const PublishedDelta& d,
-                                          const DeltaRecord& record);
-// The record of a delta file from its header; throws when the header does not fit the plan.
-DeltaRecord delta_record_of(const RoundPlan& plan, const StreamHeader& header,
-                            const std::string& origin);
-// The stream entry names of a delta download for `node`: the record's tensors (with their
-// scales), less the node's owner_exact experts when `used` (the round used its upload).
-std::vector<std::string> delta_download_names(const RoundPlan& plan, const DeltaRecord& r,
-                                              int64_t node, bool used);
+                                    const std::vector<torch::Tensor>& prev,
+                                    DeltaFileWriter* file = nullptr);
 
 }  // namespace spes::sync

@@ -14,8 +14,10 @@ std::unique_ptr<SafetensorsStreamWriter> download_writer(const RoundPlan& plan,
                     published.nodes.end();
   if (selection == Selection::ForNode && round > 0 && plan.compression() != Compression::None) {
     const DeltaRecord* r = delta.record;
+    // The file must still hold that delta: a later round's replaces it before that round is
+    // persisted, and a round whose save failed leaves it there (round_state.h).
     if (r && r->valid() && r->round == round && delta.from_round >= 0 &&
-        delta.from_round == r->from_round)
+        delta.from_round == r->from_round && delta_file_holds(delta.path, *r))
       return std::make_unique<SafetensorsStreamWriter>(SafetensorsStreamWriter::from_file_as_stored(
           delta.path, delta_download_names(plan, *r, node, used),
           Metadata{{"format", "spes-download-delta-v1"},

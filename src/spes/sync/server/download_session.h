@@ -29,7 +29,8 @@ struct DeltaSource {
 // Selection::ForNode (and round > 0) the tensors the node lacks (plan.download_for); a node
 // whose upload the round did not use gets its own experts back too. With compression,
 // ForNode is the delta (format spes-download-delta-v1, delta_download_names) when `delta`
-// holds this round's delta from the round the node holds, and the whole model otherwise.
+// holds this round's delta from the round the node holds (and its file still does), and the
+// whole model otherwise.
 std::unique_ptr<SafetensorsStreamWriter> download_writer(const RoundPlan& plan,
                                                          const PublishedRound& published,
                                                          const std::string& path, int64_t node,

@@ -229,12 +229,27 @@ bool RoundState::publish() {
     uploads_.close_round();
     RoundOutcome o = round_.finish();
     // With compression the published model is P_prev + deq(D), P_prev read back from the
-    // previous round's published file (published_delta.h).
+    // previous round's published file, D written to the delta file as it is computed
+    // (published_delta.h); the file is complete before the model is persisted.
     const bool compressed = model_->plan().compression() != Compression::None;
     PublishedDelta delta;
-    if (compressed) delta = quantise_publication(*model_, o, store_.published_path());
+    std::unique_ptr<DeltaFileWriter> delta_file;
+    if (compressed) {
+      delta_file = store_.begin_delta(delta_layout(model_->plan(), o), o.round,
+                                      published_.round);
+      delta = quantise_publication(*model_, o, store_.published_path(), delta_file.get());
+    }
     const double aggregate_s = seconds_since(t0);
     const std::string sha = model_->weights_sha256();
+    const auto t_delta = Clock::now();
+    DeltaRecord record;  // invalid: no delta for this round (nodes get full tensors)
+    if (delta_file) {
+      const DeltaRecord r{o.round, published_.round, sha, published_.sha256, delta.tensors,
+                          delta.owner_exact};
+      if (store_.commit_delta(*delta_file, r)) record = r;
+    }
+    delta_file.reset();
+    const double delta_s = seconds_since(t_delta);
     const size_t N = members_.size();
     std::vector<uint64_t> bytes_in(N), wire_in(N), resumed_in(N);
     uint64_t total_in = 0;
@@ -248,11 +263,7 @@ bool RoundState::publish() {
     closing_ = std::make_unique<Closing>();
     closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
     closing_->change = o.change;
-    if (compressed) {
-      closing_->record = DeltaRecord{o.round, published_.round, sha, published_.sha256,
-                                     delta.tensors, delta.owner_exact};
-      closing_->delta = std::move(delta);
-    }
+    closing_->record = std::move(record);
     closing_->closed_at = Clock::now();
     closing_->line = {{"round", o.round},
                       {"step", o.step},
@@ -272,6 +283,7 @@ bool RoundState::publish() {
                       {"node_states", node_states},
                       {"missing", missing}};
     if (o.merged) closing_->line["gate_cos_before"] = o.gate_cos_before;
+    if (compressed) closing_->line["delta_write_s"] = delta_s;
   }
   Closing& c = *closing_;
   c.last_try = Clock::now();
@@ -279,9 +291,7 @@ bool RoundState::publish() {
   try {
     // Saved before anyone can see the round: a crash now loses nothing, and a restarted
     // server continues from here (the line is kept in state.json for rounds.jsonl).
-    const bool compressed = c.record.valid();
-    store_.persist(c.round, c.line, compressed ? &c.delta : nullptr,
-                   compressed ? &c.record : nullptr);
+    store_.persist(c.round, c.line);
   } catch (const std::exception& e) {
     c.error = printable(e.what(), kMaxDetailBytes);
     spdlog::error("round {}: saving the published model failed, so the round is not published; "
@@ -341,7 +351,8 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
     r.model_sha256 = published_.sha256;
     r.alpha = published_.alpha;
     r.nodes = published_.nodes;
-    // As for a node that holds the previous round (the usual case).
+    // As for a node that holds the previous round (the usual case; the server does not know
+    // what the node holds: RoundStatus::download_bytes says so).
     r.download_bytes =
         download_writer(node.node_id, round, Selection::ForNode, round - 1)->total_bytes();
   }

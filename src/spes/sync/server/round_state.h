@@ -4,8 +4,10 @@
 // (upload_staging.h: streams, their checks, staging, resuming), the collecting round itself
 // (open_round.h: fold order, deadline, quorum), the state on disk and the restart
 // (round_store.h), rounds.jsonl and the recent history (round_log.h), and downloads of the
-// published round (download_session.h). Here: publication (aggregate, with compression turn the
-// aggregate into P_prev + deq(D) (round/published_delta.h), persist, then wake the waiters), node states and status for `spes status` and the dashboard, and leaving.
+// published round (download_session.h). Here: publication (aggregate; with compression turn
+// the aggregate into P_prev + deq(D) (round/published_delta.h), D written to the delta file as
+// it is computed; persist; then wake the waiters), node states and status for `spes status`
+// and the dashboard, and leaving.
 // server.cpp maps gRPC calls onto it one to one; tests drive it directly.
 //
 // Publication is a transaction: the round's result is computed once, then saved (round_store);
@@ -137,8 +139,7 @@ class RoundState {
     PublishedRound round;
     nlohmann::json line;
     std::vector<double> change;
-    PublishedDelta delta;  // compression: D of the round, until persisted
-    DeltaRecord record;
+    DeltaRecord record;  // compression: the round's delta file, already in place
     std::chrono::steady_clock::time_point closed_at, last_try;
     std::string error;
   };

@@ -26,7 +26,8 @@ RoundStore::RoundStore(const Config& cfg, std::string dir, bool keep_copies, Syn
 
 void RoundStore::remove_leftovers() const {
   // What a crash of this server can leave: temporary files of its atomic writes
-  // (state.json.tmp.PID, published.safetensors.tmp.PID, momentum-R.safetensors.tmp.PID) and
+  // (state.json.tmp.PID, published.safetensors.tmp.PID, delta.safetensors.tmp.PID,
+  // momentum-R.safetensors.tmp.PID) and
   // partial kept uploads (rounds/<r>/node<i>.safetensors.partial<k>). Only the server's own
   // names: DIR may also hold the nodes' folders of a local cluster.
   auto own_tmp = [](const std::string& name) {
@@ -174,15 +175,36 @@ std::optional<DeltaRecord> RoundStore::load_delta(const PublishedRound& p) const
   return std::nullopt;
 }
 
-void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line,
-                         const PublishedDelta* delta, const DeltaRecord* record) {
+std::unique_ptr<DeltaFileWriter> RoundStore::begin_delta(const PublishedDelta& layout,
+                                                         int64_t round,
+                                                         int64_t from_round) const {
+  try {
+    return std::make_unique<DeltaFileWriter>(model_.plan(), delta_path(), layout.tensors,
+                                             layout.owner_exact, round, from_round);
+  } catch (const std::exception& e) {
+    spdlog::warn("round {}: the delta file cannot be created ({}); nodes get full tensors for "
+                 "this round", round, e.what());
+    return nullptr;
+  }
+}
+
+bool RoundStore::commit_delta(DeltaFileWriter& file, const DeltaRecord& record) const {
+  try {
+    file.commit(record);
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::warn("round {}: the delta file could not be written ({}); nodes get full tensors "
+                 "for this round", record.round, e.what());
+    return false;
+  }
+}
+
+void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
   const std::string& dir = dir_;
   const bool diloco = cfg_.spes_config.mode == SyncMode::Diloco;
-  // Order: momentum of the round, the round's delta, then the published model (authoritative
-  // on restart; a delta of a round it does not describe is ignored), then state.json; each
-  // written to a temporary name, fsynced and renamed.
-  if (delta && record)
-    write_stream_file(delta_path(), delta_file_writer(model_.plan(), *delta, *record));
+  // Order (the round's delta is already in place, commit_delta): momentum of the round, then
+  // the published model (authoritative on restart; a delta of a round it does not describe is
+  // ignored), then state.json; each written to a temporary name, fsynced and renamed.
   if (diloco)
     write_stream_file(momentum_path(p.round),
                       SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,

@@ -1,13 +1,15 @@
 // The sync server's state on disk in its directory DIR, written so that a crash at any moment
-// loses nothing and a restarted server continues from the latest published round: the round's
-// diloco momentum (momentum-<r>.safetensors), with compression the round's delta from the
-// previous round (delta.safetensors, round/published_delta.h), the published model (published.safetensors,
-// authoritative on restart), then state.json (the round's record and the run's identity), each
-// written to a temporary name, fsynced and renamed; with keep_uploads also copies under
-// rounds/<r>/. On restart, checks that DIR holds the same run and loads the model from it.
+// loses nothing and a restarted server continues from the latest published round: with
+// compression the round's delta from the previous round (delta.safetensors, written while it
+// is computed: round/delta_file.h), the round's diloco momentum (momentum-<r>.safetensors), the
+// published model (published.safetensors, authoritative on restart), then state.json (the
+// round's record and the run's identity), each written to a temporary name, fsynced and
+// renamed; with keep_uploads also copies under rounds/<r>/. On restart, checks that DIR holds
+// the same run and loads the model from it.
 // Leaves out: rounds.jsonl (round_log.h) and staged uploads (upload_staging.h).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,12 +43,18 @@ class RoundStore {
   // round's record comes back only if state.json describes that round. Nothing: no state.json.
   // Throws with the fix when DIR is corrupt or holds another run.
   std::optional<PublishedRound> resume();
-  // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json, and
-  // with `delta` (compression) the round's delta file first. Throws (nothing replaced) when
-  // the published model cannot be written; once it is in place (the commit point) a failure
-  // to update state.json is logged, not thrown.
-  void persist(const PublishedRound& p, const nlohmann::json& line,
-               const PublishedDelta* delta = nullptr, const DeltaRecord* record = nullptr);
+  // Opens the delta file of round `round` (from `from_round`) with `layout`
+  // (round/published_delta.h: delta_layout) for quantise_publication; nothing (logged: the
+  // round's nodes then get full tensors) when it cannot be created.
+  std::unique_ptr<DeltaFileWriter> begin_delta(const PublishedDelta& layout, int64_t round,
+                                               int64_t from_round) const;
+  // Completes it as DIR/delta.safetensors, before the round's model is persisted; false
+  // (logged; nodes get full tensors for the round) when it could not be written.
+  bool commit_delta(DeltaFileWriter& file, const DeltaRecord& record) const;
+  // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json.
+  // Throws (nothing replaced) when the published model cannot be written; once it is in place
+  // (the commit point) a failure to update state.json is logged, not thrown.
+  void persist(const PublishedRound& p, const nlohmann::json& line);
   // The delta file of round `p` (same round and digest) when DIR holds one, else nothing (a
   // restarted server then serves full tensors once).
   std::optional<DeltaRecord> load_delta(const PublishedRound& p) const;
