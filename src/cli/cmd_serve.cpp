@@ -38,6 +38,10 @@ void run_serve(const ServeArgs& a) {
   // adaptive mmap threshold they end up in per-thread arenas that never shrink (measured: peak
   // RSS 1007 MiB instead of 640 MiB for a 252 MB model). A fixed threshold returns them.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  // The smaller pieces (gRPC's slices, per-run checks) of several streams at once, each thread
+  // in its own arena, stayed resident after use: ~140 MiB after one round with the d_model 512
+  // shape (docs/PERFORMANCE.md, sync benchmark). One arena reuses them across threads.
+  mallopt(M_ARENA_MAX, 1);
 #endif
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);

@@ -293,10 +293,19 @@ void UploadStaging::open_staged_file(UploadStream& s) {
         if (i < 0 || run.numel() == 0) return;
         const torch::Tensor pub =
             model_.tensors()[i].view({-1}).slice(0, first, first + run.numel());
-        const double d = (run.to(torch::kFloat32) - pub).pow(2).sum().item<double>();
+        // One pass, no temporaries (several uploads arrive at once, each with its own runs).
+        const torch::Tensor u = run.to(torch::kFloat32).contiguous();
+        const float* up = u.data_ptr<float>();
+        const float* pp = pub.data_ptr<float>();
+        double d = 0, b = 0;
+        for (int64_t k = 0; k < run.numel(); ++k) {
+          const double x = static_cast<double>(up[k]) - pp[k];
+          d += x * x;
+          b += static_cast<double>(pp[k]) * pp[k];
+        }
         sp->diff_sq += d;
         sp->tensor_diff_sq[static_cast<size_t>(i)] += d;
-        sp->base_sq += pub.pow(2).sum().item<double>();
+        sp->base_sq += b;
       };
   s.decoder = std::make_unique<DeltaStreamDecoder>(
       model_.plan().compression(),

@@ -80,7 +80,7 @@ void check_delta_scales(const std::string& tensor, const float* s, int64_t n,
   for (int64_t k = 0; k < n; ++k)
     if (!(s[k] >= 0.0f && s[k] <= kMaxDeltaScale))  // false for NaN too
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': int8 scale {} of block {} is not a "
-                "finite value in [0, {:.4g}]; the upload is rejected", origin, tensor, s[k], k,
+                "finite value in [0, {:.4g}]; the stream is refused", origin, tensor, s[k], k,
                 kMaxDeltaScale);
 }
 
@@ -123,7 +123,7 @@ void DeltaStreamDecoder::operator()(const StreamEntry& e, int64_t first, const t
     if (e.name.size() <= suffix.size() ||
         e.name.compare(e.name.size() - suffix.size(), suffix.size(), suffix) != 0)
       sync_fail(SyncErrc::InvalidArgument, "{}: '{}' is F32 but only int8 scales are F32 in an "
-                "int8 upload", origin_, printable(e.name));
+                "int8 delta stream", origin_, printable(e.name));
     const std::string tensor = e.name.substr(0, e.name.size() - suffix.size());
     if (first == 0) {
       int64_t blocks = 1;
@@ -141,8 +141,8 @@ void DeltaStreamDecoder::operator()(const StreamEntry& e, int64_t first, const t
   }
   const torch::ScalarType want = delta_wire_dtype(c_);
   if (e.dtype != want)
-    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but a {} upload carries it as {}",
-              origin_, printable(e.name), safetensors_dtype_name(e.dtype), compression_name(c_),
+    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but a {} delta stream carries "
+              "it as {}", origin_, printable(e.name), safetensors_dtype_name(e.dtype), compression_name(c_),
               safetensors_dtype_name(want));
   if (c_ == Compression::Int8) {
     int64_t numel = 1;
@@ -152,21 +152,31 @@ void DeltaStreamDecoder::operator()(const StreamEntry& e, int64_t first, const t
                 "right before it", origin_, printable(e.name), delta_blocks(numel),
                 delta_scale_name(printable(e.name)));
   }
-  torch::Tensor out = torch::empty({n}, torch::kFloat32);
-  if (n > 0) {
-    const torch::Tensor prev = prev_(e).slice(0, first, first + n);
-    SPES_CHECK(prev.is_contiguous() && prev.scalar_type() == torch::kFloat32 &&
-                   prev.device().is_cpu(),
-               "delta decoder: published values of '{}' must be contiguous fp32 on CPU", e.name);
-    if (c_ == Compression::Int8)
-      delta_rebuild_int8(prev.data_ptr<float>(), run.data_ptr<int8_t>(),
-                         scales_.data_ptr<float>(), first, n, out.data_ptr<float>());
-    else
-      delta_rebuild_bf16(prev.data_ptr<float>(), static_cast<const uint16_t*>(run.data_ptr()),
-                         n, out.data_ptr<float>());
+  if (n == 0) {
+    if (last && c_ == Compression::Int8) scales_of_.clear();
+    return out_(e, first, torch::empty({0}, torch::kFloat32), last);
   }
-  if (last && c_ == Compression::Int8) scales_of_.clear();
-  out_(e, first, out, last);
+  const torch::Tensor prev = prev_(e).slice(0, first, first + n);
+  SPES_CHECK(prev.is_contiguous() && prev.scalar_type() == torch::kFloat32 &&
+                 prev.device().is_cpu(),
+             "delta decoder: published values of '{}' must be contiguous fp32 on CPU", e.name);
+  // Rebuilt and passed on in runs of at most kOutValues (one buffer, reused): a large run of
+  // int8 values would otherwise need four times its size at once.
+  torch::Tensor out = torch::empty({std::min(n, kOutValues)}, torch::kFloat32);
+  for (int64_t off = 0; off < n; off += kOutValues) {
+    const int64_t m = std::min(kOutValues, n - off);
+    const torch::Tensor piece = out.slice(0, 0, m);
+    if (c_ == Compression::Int8)
+      delta_rebuild_int8(prev.data_ptr<float>() + off, run.data_ptr<int8_t>() + off,
+                         scales_.data_ptr<float>(), first + off, m, piece.data_ptr<float>());
+    else
+      delta_rebuild_bf16(prev.data_ptr<float>() + off,
+                         static_cast<const uint16_t*>(run.data_ptr()) + off, m,
+                         piece.data_ptr<float>());
+    const bool end = last && off + m == n;
+    if (end && c_ == Compression::Int8) scales_of_.clear();
+    out_(e, first + off, piece, end);
+  }
 }
 
 }  // namespace spes::sync

@@ -54,11 +54,13 @@ std::vector<StreamEntry> delta_tensor_entries(const std::vector<StreamEntry>& al
                                               const std::string& origin);
 
 // Turns the runs of a compressed stream (SafetensorsStreamReader slice mode) into runs of
-// rebuilt fp32 values P_prev + deq(q), passed on with the tensor's own name; scale entries are
+// rebuilt fp32 values P_prev + deq(q), passed on with the tensor's own name, each at most
+// kOutValues long (one reused buffer: a consumer must not keep a run); scale entries are
 // consumed here (held for one tensor at a time). With Compression::None runs pass through.
 // `prev(entry)`: the tensor's published fp32 values (CPU, contiguous, flattened).
 class DeltaStreamDecoder {
  public:
+  static constexpr int64_t kOutValues = int64_t{1} << 18;  // 1 MiB of fp32
   using PrevFn = std::function<torch::Tensor(const StreamEntry&)>;
   DeltaStreamDecoder(Compression c, PrevFn prev, SafetensorsStreamReader::SliceFn out,
                      std::string origin);
