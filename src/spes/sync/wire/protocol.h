@@ -82,6 +82,8 @@ struct RoundStatus {
   int64_t step = 0;
   std::string model_sha256;
   double alpha = 0;
+  // The caller's ForNode stream size if it holds round - 1 (compression: the delta, when the
+  // server holds it); a node that holds another round gets the whole model instead.
   uint64_t download_bytes = 0;
   std::vector<int64_t> waiting_for;
   int64_t published_round = 0, published_step = 0;
