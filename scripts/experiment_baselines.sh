@@ -1,143 +1,220 @@
 #!/usr/bin/env bash
-# The five-arm experiment of SPES.md section 4 on the built-in corpus, at equal total tokens:
-#   centralized   one node, everything trainable, batch NODES x NODE_BATCH
-#   fedavg        NODES nodes train everything; the server averages everything
-#   diloco        fedavg + an outer Nesterov step (outer lr 0.7, momentum 0.9)
-#   spes-nomerge  NODES nodes train the shared tensors + their own experts; no merging
-#   spes-merge    the same with the expert-merging warm-up
-# Every arm runs STEPS optimizer steps with the same learning-rate schedule and evaluates the
-# same VAL_WINDOWS validation windows every EVAL steps. Then it draws the curves (`spes plot`),
-# tabulates loss, memory and bytes next to the SPES.md formulas (`spes compare`) and writes
-# docs/RESULTS.md (keeping the section scripts/experiment_wan.sh wrote, docs/results/wan.md).
-# Arms already finished in OUT are kept (RERUN=1 runs them again).
-# The model is the default config's at half width (MODEL="d_model=128 mlp_hidden_size=512",
-# experts of hidden size F 256: 5.5M parameters, 8 experts per layer), so that the five arms fit
-# in well under an hour on 2 cores; MODEL="" runs the default width.
+# SPES against its baselines and its own ablations on the built-in corpus, at equal total
+# tokens, with paired seeds, in two data regimes; writes docs/RESULTS.md.
+#
+# Arms (every cluster arm: NODES nodes of NODE_BATCH sequences per step, sync every SYNC steps):
+#   centralized      one node, everything trainable, batch NODES x NODE_BATCH
+#   fedavg           every node trains everything; the server averages everything
+#   diloco           fedavg + DiLoCo's outer Nesterov step (outer lr 0.7, momentum 0.9)
+#   diloco-mild      the same with outer lr 1.0, momentum 0.5
+#   spes-nomerge     SPES: the shared tensors + the node's own experts; no merging
+#   spes-merge-a0.01 SPES with the merging warm-up as the paper runs it: a merge every 5 sync
+#   spes-merge-a0.05   rounds, alpha from a0 decaying to 0 by 20% of training, K = E/4 donors
+#                      (the reference's 4 of 16 experts, scaled)
+#   spes-outer       SPES + the outer step (lr 1.0, momentum 0.5) on the shared tensors
+#   spes-sync5       SPES synced every 5 steps (4x the rounds)
+#   spes-lr          SPES with the learning rate halved and the warm-up 4x longer (a node's
+#                    batch is a quarter of the centralized one)
+# Data regimes: "whole" (every node samples the whole corpus in its own seeded order: the
+# reference's behaviour) and "split" (data.split_across_nodes: each node on its own disjoint
+# quarter). Seeds: cfg.seed sets the initial model and every node's data order; arm X with seed s
+# and arm Y with seed s start from the same model, so arms are compared seed by seed.
+#
+# The model is the default job's (OLMoE-style, 4 layers, 8 experts top-2, sequence 128) shrunk so
+# that the runs fit on 2 CPU cores: d_model 64, experts of F 128, a 2048-piece vocabulary
+# trained by `spes prepare` on the same text (data/bible-tokens-2k). Runs already finished in
+# OUT are kept (RERUN=1 runs them again). Each run's wall time is kept in its directory
+# (wall_s) and the total is stated in the document.
 #   bash scripts/experiment_baselines.sh
-#   STEPS=20 EVAL=10 SYNC=10 MERGE_INTERVAL=10 OUT=/tmp/x DOC=/tmp/x/RESULTS.md \
-#     bash scripts/experiment_baselines.sh   # a quick smoke run
+#   STEPS=40 EVAL=20 SYNC=10 SEEDS="1 2" WHOLE_ARMS="fedavg spes-nomerge" SPLIT_ARMS=fedavg \
+#     OUT=/tmp/x DOC=/tmp/x/RESULTS.md bash scripts/experiment_baselines.sh   # a quick smoke run
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-STEPS=${STEPS:-160}          # optimizer steps per node
+STEPS=${STEPS:-1600}         # optimizer steps per node
 NODES=${NODES:-4}
 NODE_BATCH=${NODE_BATCH:-4}  # sequences per step per node (centralized: NODES x NODE_BATCH)
 SYNC=${SYNC:-20}             # steps between syncs
-EVAL=${EVAL:-40}             # steps between validation passes
+EVAL=${EVAL:-160}            # steps between validation passes (never a merge step, see below)
 VAL_WINDOWS=${VAL_WINDOWS:-128}
-MERGE_INTERVAL=${MERGE_INTERVAL:-40}
-MERGE_ALPHA=${MERGE_ALPHA:-0.05}
-MERGE_DECAY=${MERGE_DECAY:-$((2 * STEPS))}
-MERGE_TOPK=${MERGE_TOPK:-4}
-MODEL=${MODEL-d_model=128 mlp_hidden_size=512}
-THREADS=${THREADS:-1}        # intra-op threads per process (cluster arms: NODES processes)
+SEEDS=${SEEDS:-1 2 3}
+WHOLE_ARMS=${WHOLE_ARMS:-fedavg spes-nomerge spes-merge-a0.01 spes-merge-a0.05 diloco diloco-mild spes-outer spes-sync5 spes-lr}
+SPLIT_ARMS=${SPLIT_ARMS:-fedavg spes-nomerge spes-merge-a0.01 diloco}
+VOCAB=${VOCAB:-2048}
+MODEL=${MODEL-d_model=64 mlp_hidden_size=256 vocab_size=$VOCAB}
+DATA=${DATA:-data/bible-tokens-2k}
 OUT=${OUT:-runs/experiment}
 DOC=${DOC:-docs/RESULTS.md}
 FIGS=$(dirname "$DOC")/results  # charts, linked from DOC as results/...
 CONFIG=configs/default.yaml
-ARMS=(centralized fedavg diloco spes-nomerge spes-merge)
+EXPERTS=8
+MERGE_INTERVAL=$((5 * SYNC))   # every 5 sync rounds
+MERGE_DECAY=$((STEPS / 5))     # alpha reaches 0 at 20% of training
+MERGE_TOPK=$((EXPERTS / 4))
 
-[ -x build/spes ] || bash scripts/build.sh
-bash scripts/prepare_default_data.sh
+[ -x build/spes ] || bash scripts/build.sh spes
+bash scripts/get_corpus.sh data/corpus
+if [ ! -f "$DATA/manifest.json" ]; then
+  build/spes prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
+    --out "$DATA"
+fi
 mkdir -p "$OUT"
+# An evaluation right after a merge measures the merge's transient, not the training: refuse it.
+for ((s = MERGE_INTERVAL; s < MERGE_DECAY; s += MERGE_INTERVAL)); do
+  if (( s % EVAL == 0 )); then
+    echo "EVAL=$EVAL evaluates at step $s, right after a merge; pick another EVAL" >&2; exit 2
+  fi
+done
 
-common=(--set "max_duration=$STEPS" --set "eval_interval=$EVAL" --set "threads=$THREADS")
+common=(--set "max_duration=$STEPS" --set "eval_interval=$EVAL" --set "data.paths=[$DATA]")
 for kv in $MODEL; do common+=(--set "model.$kv"); done
 cluster=(--set "global_train_batch_size=$NODE_BATCH" --set "device_train_microbatch_size=$NODE_BATCH"
          --set "eval_batches=$((VAL_WINDOWS / NODE_BATCH))" --set "spes_config.sync_steps=$SYNC"
-         --set "spes_config.num_peers=$NODES")
+         --set "spes_config.num_peers=$NODES" --set threads=1 --set spes_config.mode=spes
+         --set spes_config.merge_interval=0)
 central_batch=$((NODES * NODE_BATCH))
+lr=$(awk '/^  learning_rate:/ {print $2}' "$CONFIG")
+warmup=$(awk '/^  t_warmup:/ {print $2}' "$CONFIG")
 
-arm_args() {  # the command line of one arm
+arm_settings() {  # the settings that make an arm, on top of `cluster`
   case "$1" in
-    centralized) echo build/spes train --config "$CONFIG" --out "$OUT/centralized" --resume none \
-                   --no-summary --progress lines "${common[@]}" \
-                   --set "global_train_batch_size=$central_batch" \
-                   --set "device_train_microbatch_size=$central_batch" \
-                   --set "eval_batches=$((VAL_WINDOWS / central_batch))" ;;
-    fedavg|diloco) echo build/spes launch --config "$CONFIG" --nodes "$NODES" --out "$OUT/$1" \
-                   --overwrite "${common[@]}" "${cluster[@]}" --set "spes_config.mode=$1" ;;
-    spes-nomerge) echo build/spes launch --config "$CONFIG" --nodes "$NODES" --out "$OUT/$1" \
-                   --overwrite "${common[@]}" "${cluster[@]}" --set spes_config.mode=spes \
-                   --set spes_config.merge_interval=0 ;;
-    spes-merge) echo build/spes launch --config "$CONFIG" --nodes "$NODES" --out "$OUT/$1" \
-                   --overwrite "${common[@]}" "${cluster[@]}" --set spes_config.mode=spes \
-                   --set "spes_config.merge_interval=$MERGE_INTERVAL" \
-                   --set "spes_config.merge_alpha_start=$MERGE_ALPHA" \
-                   --set "spes_config.merge_decay_steps=$MERGE_DECAY" \
-                   --set "spes_config.merge_topk=$MERGE_TOPK" ;;
+    fedavg) echo spes_config.mode=fedavg ;;
+    diloco) echo spes_config.mode=diloco spes_config.outer_lr=0.7 spes_config.outer_momentum=0.9 ;;
+    diloco-mild) echo spes_config.mode=diloco spes_config.outer_lr=1.0 spes_config.outer_momentum=0.5 ;;
+    spes-nomerge) ;;
+    spes-merge-a*) echo "spes_config.merge_interval=$MERGE_INTERVAL" \
+                     "spes_config.merge_alpha_start=${1#spes-merge-a}" \
+                     "spes_config.merge_decay_steps=$MERGE_DECAY" "spes_config.merge_topk=$MERGE_TOPK" ;;
+    spes-outer) echo spes_config.outer_step=true spes_config.outer_lr=1.0 spes_config.outer_momentum=0.5 ;;
+    spes-sync5) echo spes_config.sync_steps=5 ;;
+    spes-lr) echo "optimizer.learning_rate=$(awk "BEGIN {print $lr / 2}")" \
+                  "scheduler.t_warmup=$((4 * warmup))" ;;
+    *) echo "unknown arm '$1'" >&2; return 1 ;;
   esac
 }
 
-finished() {  # an arm counts as done when its last metrics line reached STEPS
-  local f="$OUT/$1/metrics.jsonl"
-  [ "$1" = centralized ] || f="$OUT/$1/summary.json"
-  [ -f "$f" ] || return 1
-  [ "$1" != centralized ] && return 0
-  tail -n 1 "$f" | grep -q "\"step\":$STEPS[,}]"
+run() {  # run REGIME ARM SEED: one run into OUT/REGIME/ARM/seedSEED (centralized: OUT/centralized)
+  local regime=$1 arm=$2 seed=$3 dir cmd
+  if [ "$arm" = centralized ]; then
+    dir=$OUT/centralized/seed$seed
+    cmd=(build/spes train --config "$CONFIG" --out "$dir" --resume none --no-summary
+         --progress lines "${common[@]}" --set "seed=$seed" --set threads=2
+         --set "global_train_batch_size=$central_batch"
+         --set "device_train_microbatch_size=$central_batch"
+         --set "eval_batches=$((VAL_WINDOWS / central_batch))")
+  else
+    dir=$OUT/$regime/$arm/seed$seed
+    cmd=(build/spes launch --config "$CONFIG" --nodes "$NODES" --out "$dir" --overwrite
+         "${common[@]}" "${cluster[@]}" --set "seed=$seed")
+    [ "$regime" = split ] && cmd+=(--set data.split_across_nodes=true)
+    local kv
+    for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
+  fi
+  if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
+    echo "== $dir: already finished (RERUN=1 to run it again)"
+    return
+  fi
+  echo "== $dir: ${cmd[*]}"
+  mkdir -p "$dir"
+  rm -f "$dir/wall_s"
+  local start=$SECONDS
+  "${cmd[@]}" > "$dir.log" 2>&1 || { echo "$dir failed; see $dir.log" >&2; tail -n 30 "$dir.log" >&2; exit 1; }
+  echo $((SECONDS - start)) > "$dir/wall_s"
+  echo "   done in $((SECONDS - start)) s"
 }
 
-for arm in "${ARMS[@]}"; do
-  if [ "${RERUN:-0}" != 1 ] && finished "$arm"; then
-    echo "== $arm: already finished in $OUT/$arm (RERUN=1 to run it again)"
-    continue
-  fi
-  echo "== $arm: $(arm_args "$arm")"
-  start=$(date +%s)
-  # shellcheck disable=SC2046  # arm_args prints words without spaces inside them
-  $(arm_args "$arm") > "$OUT/$arm.log" 2>&1 || { echo "$arm failed; see $OUT/$arm.log" >&2; tail -n 30 "$OUT/$arm.log" >&2; exit 1; }
-  echo "   done in $(( $(date +%s) - start )) s"
+for a in $WHOLE_ARMS $SPLIT_ARMS; do arm_settings "$a" > /dev/null; done  # typos fail first
+for seed in $SEEDS; do  # seed by seed, so that a stopped experiment has every arm at some seeds
+  run - centralized "$seed"
+  for arm in $WHOLE_ARMS; do run whole "$arm" "$seed"; done
+  for arm in $SPLIT_ARMS; do run split "$arm" "$seed"; done
 done
 
-dirs=()
-for arm in "${ARMS[@]}"; do dirs+=("$OUT/$arm"); done
-labels=$(IFS=,; echo "${ARMS[*]}")
+# --- the document --------------------------------------------------------------------------
+seed_dirs() { local d="" s; for s in $SEEDS; do d+="${d:+,}$1/seed$s"; done; echo "$d"; }
+specs=()
+for arm in $WHOLE_ARMS; do specs+=("whole/$arm=$(seed_dirs "$OUT/whole/$arm")"); done
+for arm in $SPLIT_ARMS; do specs+=("split/$arm=$(seed_dirs "$OUT/split/$arm")"); done
+table=$(.venv/bin/python scripts/experiment_baselines_report.py --reference fedavg \
+          --centralized "$(seed_dirs "$OUT/centralized")" "${specs[@]}")
+first=$(echo "$SEEDS" | awk '{print $1}')
 mkdir -p "$FIGS"
-build/spes plot "${dirs[@]}" --labels "$labels" --metric val_loss --out "$FIGS/val_loss.svg"
-build/spes plot "${dirs[@]}" --labels "$labels" --metric loss --smooth 20 \
-  --out "$FIGS/train_loss.svg"
-build/spes plot "$OUT/spes-merge" --out "$FIGS/spes-merge"
-table=$(build/spes compare "${dirs[@]}" --labels "$labels")
+for regime in whole split; do
+  arms=$WHOLE_ARMS; [ "$regime" = split ] && arms=$SPLIT_ARMS
+  dirs=("$OUT/centralized/seed$first"); labels=centralized
+  for arm in $arms; do dirs+=("$OUT/$regime/$arm/seed$first"); labels+=",$arm"; done
+  build/spes plot "${dirs[@]}" --labels "$labels" --metric val_loss --out "$FIGS/val_loss_$regime.svg"
+done
+dirs=("$OUT/centralized/seed$first"); labels=centralized
+for arm in fedavg diloco spes-nomerge spes-merge-a0.01; do
+  [ -d "$OUT/whole/$arm/seed$first" ] && { dirs+=("$OUT/whole/$arm/seed$first"); labels+=",$arm"; }
+done
+compare=$(build/spes compare "${dirs[@]}" --labels "$labels")
+build/spes plot "$OUT/whole/spes-merge-a0.05/seed$first" --out "$FIGS/spes-merge" 2>/dev/null || true
+total=0
+for f in $(find "$OUT" -name wall_s); do total=$((total + $(cat "$f"))); done
+nruns=$(find "$OUT" -name wall_s | wc -l)
+nseeds=$(echo "$SEEDS" | wc -w)
 
 {
   cat <<DOC
 # Results: SPES against its baselines on the built-in corpus
 
 Generated by \`bash scripts/experiment_baselines.sh\` on $(date -u +%Y-%m-%d) ($(nproc) CPU cores,
-$(build/spes --version 2>/dev/null || echo spes)); every figure below comes from the run directories
-in \`$OUT/\` (\`spes compare\` and \`spes plot\` on them reproduce the table and the charts).
+$(build/spes --version 2>/dev/null || echo spes)): $nruns runs, $((total / 60)) minutes of wall
+time in all (each run's time is in its directory, \`$OUT/.../wall_s\`). Every figure below comes
+from those run directories; \`scripts/experiment_baselines_report.py\`, \`spes compare\` and
+\`spes plot\` on them reproduce the tables and the charts.
 
 ## Setup
 
-- Model: \`$CONFIG\` with \`${MODEL:-no changes}\` (OLMoE-style MoE, 4 layers, 8 experts top-2,
-  vocabulary 8192, sequence 128), trained on the King James + World English Bibles tokenized by
-  \`spes prepare\` (the default job's data).
-- Equal total tokens: every arm runs $STEPS optimizer steps of $central_batch sequences in all
-  (centralized: one node with batch $central_batch; the others: $NODES nodes with batch $NODE_BATCH each,
-  each node on its own part of the data), the same warm-up + cosine schedule, and is evaluated on
-  the same $VAL_WINDOWS held-out windows every $EVAL steps (the cluster curve is the mean over nodes).
-- Sync every $SYNC steps ($((STEPS / SYNC)) rounds), fp32 transfers, equal weights. DiLoCo: outer lr
-  0.7, momentum 0.9. SPES: node i owns experts [2i, 2i+2) of every layer. Merging (spes-merge
-  only): a merge at the first sync at or after every $MERGE_INTERVAL steps, alpha = $MERGE_ALPHA x
-  max(0, 1 - t/$MERGE_DECAY), K = $MERGE_TOPK donors.
+- Model: \`$CONFIG\` shrunk to fit 2 CPU cores: \`${MODEL:-no changes}\` (OLMoE-style MoE,
+  4 layers, 8 experts top-2, experts of F $(( $(echo "$MODEL" | tr ' ' '\n' | awk -F= '/mlp_hidden_size/ {print $2}') / 2 )),
+  sequence 128), on the King James + World English Bibles tokenized by \`spes prepare\` with a
+  $VOCAB-piece vocabulary (\`$DATA\`; the default job uses 8192 pieces).
+- Equal total tokens: every run takes $STEPS optimizer steps of $central_batch sequences in all
+  ($((STEPS * central_batch * 128)) tokens; centralized: one node with batch $central_batch; the
+  others: $NODES nodes with batch $NODE_BATCH each), the default job's schedule (AdamW, peak lr
+  $lr, warm-up $warmup steps, cosine to 0.1x), and is evaluated on the same $VAL_WINDOWS held-out
+  windows every $EVAL steps. The final loss of a cluster run is that of the published model of
+  the last round (every node holds it; the table's value is the mean over nodes).
+- Sync every $SYNC steps ($((STEPS / SYNC)) rounds), fp32 transfers, equal weights. SPES: node i
+  owns experts [2i, 2i+2) of every layer.
+- Merging (spes-merge-a*): as the paper schedules it, a merge every 5 sync rounds
+  ($MERGE_INTERVAL steps), alpha = a0 x max(0, 1 - t/$MERGE_DECAY) (zero from 20% of training),
+  K = $MERGE_TOPK donors of $EXPERTS experts (the reference's 4 of 16, scaled); no evaluation
+  falls on a merge step.
+- DiLoCo: outer Nesterov step on the averaged pseudo-gradient, outer lr 0.7 and momentum 0.9
+  (diloco), 1.0 and 0.5 (diloco-mild); spes-outer applies the mild one to the shared tensors of
+  SPES (\`spes_config.outer_step\`). spes-sync5 syncs every 5 steps; spes-lr halves the peak
+  learning rate and warms up over $((4 * warmup)) steps.
+- Seeds $SEEDS ($nseeds per arm): the seed sets the initial model and every node's data order,
+  so the runs of one seed are paired across arms. Spread: sample standard deviation over seeds
+  and, for differences, over the per-seed differences.
+- Data regimes. *whole*: every node draws windows from the whole corpus in its own seeded order
+  (the reference's behaviour: nodes may see the same window). *split*: \`data.split_across_nodes\`,
+  each node on its own disjoint $((100 / NODES))% of the windows ($((STEPS * NODE_BATCH)) windows drawn from it per node).
 
-## Validation loss against tokens
-
-![validation loss against tokens](results/val_loss.svg)
-
-Training loss (moving average over 20 steps, mean over nodes): [results/train_loss.svg](results/train_loss.svg).
-Expert similarity and round statistics of the merging arm: [results/spes-merge/](results/spes-merge/).
-
-## Loss, memory and bytes per node
+## Final validation loss over seeds
 
 $table
+
+![validation loss, data regime whole, seed $first](results/val_loss_whole.svg)
+![validation loss, data regime split, seed $first](results/val_loss_split.svg)
+
+Charts: seed $first of every arm. Expert similarity and round statistics of spes-merge-a0.05:
+[results/spes-merge/](results/spes-merge/).
+
+## Memory and bytes per node (seed $first, data regime whole)
+
+$compare
 
 Measured figures come from the runs: peak RSS from each node's metrics (the largest node),
 gradient + AdamW bytes measured on the tensors at the first step, bytes per round as sent and
 received by node 0 (merge rounds separately). In brackets, the SPES.md formula for the same
 config: gradient + AdamW = 12 bytes x trainable values (S + X/N for SPES, P otherwise); upload
-S + X/N values, download P - X/N (P in merge rounds, when merging changed the node's own
-experts), P each way for FedAvg and DiLoCo; the rest is the safetensors header of each stream.
+S + X/N values, download P - X/N (P in merge rounds), P each way for FedAvg and DiLoCo; the rest
+is the safetensors header of each stream.
 DOC
   if [ -f "$FIGS/notes.md" ]; then printf '\n'; cat "$FIGS/notes.md"; fi
   # The WAN trade-off section of scripts/experiment_wan.sh, kept when this part is regenerated.

@@ -31,10 +31,10 @@ void run_aggregate(const AggregateArgs& a) {
     model.load(spes::safetensors_load(a.previous), a.previous);
   }
   if (!a.momentum.empty()) model.load_momentum(spes::safetensors_load(a.momentum), a.momentum);
-  SPES_CHECK(cfg.spes_config.mode != spes::SyncMode::Diloco || !a.momentum.empty() ||
+  SPES_CHECK(!cfg.spes_config.uses_outer_step() || !a.momentum.empty() ||
                  a.step == spes::sync::RoundClock(cfg).step_of(1),
-             "mode diloco after round 1 needs --momentum (the server keeps it in "
-             "rounds/<round-1>/momentum.safetensors)");
+             "the outer step (mode diloco, or spes with outer_step) after round 1 needs "
+             "--momentum (the server keeps it in rounds/<round-1>/momentum.safetensors)");
   const spes::sync::RoundOutcome o = spes::sync::aggregate_offline(model, a.inputs, a.step);
   const std::string sha = model.weights_sha256();
   spes::sync::write_stream_file(a.out, spes::sync::published_writer(model, o.round, o.step, sha));
@@ -57,8 +57,8 @@ spes::cli::SubcommandRegistrar register_aggregate("aggregate",
   sub.add_option("--out", a->out, "Output safetensors file (the published model)")->required();
   sub.add_option("--previous", a->previous,
                  "Published model of the previous round (default: the initial model)");
-  sub.add_option("--momentum", a->momentum, "diloco: outer momentum of the previous round");
-  sub.add_option("--momentum-out", a->momentum_out, "diloco: write the new outer momentum");
+  sub.add_option("--momentum", a->momentum, "outer step: its momentum after the previous round");
+  sub.add_option("--momentum-out", a->momentum_out, "outer step: write the new momentum");
   spes::cli::add_set_option(sub, a->sets);
   sub.add_option("inputs", a->inputs, "Uploads of the round (node<i>.safetensors)")->required();
   sub.callback([a] { run_aggregate(*a); });

@@ -102,6 +102,26 @@ TEST(Config, OverlapSettingsAreChecked) {
   EXPECT_THAT(error_of("spes_config:\n  overlap: sometimes\n"), HasSubstr("spes_config.overlap"));
 }
 
+// The outer step: mode diloco always (every tensor), mode spes with outer_step (shared tensors).
+TEST(Config, OuterStepSettingsAreChecked) {
+  EXPECT_FALSE(config_parse("spes_config:\n  mode: spes\n", {}, "t.yaml")
+                   .spes_config.uses_outer_step());
+  EXPECT_TRUE(config_parse("spes_config:\n  mode: spes\n  outer_step: true\n", {}, "t.yaml")
+                  .spes_config.uses_outer_step());
+  EXPECT_TRUE(config_parse("spes_config:\n  mode: diloco\n", {}, "t.yaml")
+                  .spes_config.uses_outer_step());
+  EXPECT_FALSE(config_parse("spes_config:\n  mode: fedavg\n", {}, "t.yaml")
+                   .spes_config.uses_outer_step());
+  EXPECT_THAT(error_of("spes_config:\n  mode: fedavg\n  outer_step: true\n"),
+              HasSubstr("with an outer step is mode diloco"));
+  EXPECT_THAT(error_of("spes_config:\n  mode: diloco\n  outer_step: true\n"),
+              HasSubstr("drop outer_step"));
+  EXPECT_THAT(error_of("spes_config:\n  mode: spes\n  outer_step: true\n  outer_momentum: 1\n"),
+              HasSubstr("outer_momentum in [0, 1)"));
+  EXPECT_THAT(error_of("spes_config:\n  mode: diloco\n  outer_lr: 0\n"),
+              HasSubstr("outer_lr > 0"));
+}
+
 TEST(Config, MalformedYamlGivesLine) {
   EXPECT_THAT(error_of("model:\n  d_model: [1, 2\n"), HasSubstr("malformed YAML at line"));
 }

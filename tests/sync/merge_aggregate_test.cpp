@@ -1,7 +1,7 @@
 // Aggregation and expert merging against hand-computed values, tensor by tensor: the merge
 // schedule (merge points, alpha), similarity and donors (K), simultaneous update, owner copies,
-// equal and token weighting, a missing owner, fedavg, the diloco outer Nesterov step, bf16
-// rounding, and what each node downloads.
+// equal and token weighting, a missing owner, fedavg, the diloco outer Nesterov step (and spes's
+// on the shared tensors), bf16 rounding, and what each node downloads.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -235,6 +235,36 @@ TEST(Aggregate, DilocoOuterNesterovStep) {
   agg.finish();
   EXPECT_NEAR(uniform_value(m, kEmbed), -0.2145, 1e-6);
   EXPECT_NEAR(m.momentum()[m.plan().index(kEmbed)].max().item<double>(), 0.65, 1e-6);
+}
+
+// Mode spes with outer_step: the same Nesterov step on the averaged (shared) tensors, while an
+// expert is still exactly its owner's copy and keeps no momentum.
+TEST(Aggregate, SpesOuterStepMovesOnlyTheSharedTensors) {
+  SyncModel m(tiny_config({"spes_config.outer_step=true"}));  // outer lr 0.7, momentum 0.9
+  NamedTensors ones;
+  for (const auto& t : m.plan().tensors()) ones.emplace_back(t.name, full(t, 1.0));
+  m.load(ones, "test");
+  RoundAggregator agg(m);
+  agg.begin(1, 10);
+  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.25); });
+  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.75); });
+  agg.finish();
+  // Shared: prev 1, avg 0.5 -> 1 - 0.7 * (0.5 + 0.9 * 0.5) = 0.335 (as in the diloco test).
+  EXPECT_NEAR(uniform_value(m, kEmbed), 0.335, 1e-6);
+  EXPECT_NEAR(uniform_value(m, kRouter), 0.335, 1e-6);
+  EXPECT_DOUBLE_EQ(uniform_value(m, gate(0)), 0.25);  // node 0's expert, as it sent it
+  EXPECT_DOUBLE_EQ(uniform_value(m, down(3)), 0.75);  // node 1's
+  EXPECT_TRUE(m.momentum()[m.plan().index(kEmbed)].defined());
+  EXPECT_FALSE(m.momentum()[m.plan().index(gate(0))].defined());
+  // Without outer_step, mode spes is the plain mean.
+  SyncModel plain(tiny_config());
+  plain.load(ones, "test");
+  RoundAggregator agg2(plain);
+  agg2.begin(1, 10);
+  fold_filled(agg2, plain.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.25); });
+  fold_filled(agg2, plain.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.75); });
+  agg2.finish();
+  EXPECT_DOUBLE_EQ(uniform_value(plain, kEmbed), 0.5);
 }
 
 // DiLoCo's outer step with outer lr 1 and no momentum is the plain average: the published

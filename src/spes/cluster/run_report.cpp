@@ -135,7 +135,7 @@ std::string format_cluster_report(const nlohmann::json& rep) {
 nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_dir) {
   nlohmann::json out = {{"checked", 0}, {"equal", 0}, {"mismatched", nlohmann::json::array()}};
   sync::SyncModel model(cfg);
-  const bool diloco = cfg.spes_config.mode == SyncMode::Diloco;
+  const bool outer = cfg.spes_config.uses_outer_step();
   const sync::RoundClock clock(cfg);
   for (int64_t r = 1;; ++r) {
     const std::string rdir = run_layout::kept_round(server_dir, r);
@@ -149,7 +149,7 @@ nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_d
     }
     const std::string prev = run_layout::kept_published(server_dir, r - 1);
     if (fs::exists(prev)) model.load(safetensors_load(prev), prev);
-    if (diloco) {
+    if (outer) {
       for (auto& m : model.momentum()) m = torch::Tensor();
       const std::string mom = run_layout::kept_momentum(server_dir, r - 1);
       if (fs::exists(mom)) model.load_momentum(safetensors_load(mom), mom);

@@ -390,6 +390,15 @@ void config_validate(const Config& c, const std::string& o) {
              "round when it arrives), found {}", o, s.sync_steps, s.overlap_delay_steps);
   SPES_CHECK(s.overlap || s.overlap_delay_steps == 0, "{}: spes_config.overlap_delay_steps {} "
              "needs spes_config.overlap: true", o, s.overlap_delay_steps);
+  SPES_CHECK(!s.outer_step || s.mode == SyncMode::Spes, "{}: spes_config.outer_step is for mode "
+             "spes (the outer step on the shared tensors); mode {} {}", o, s.mode,
+             s.mode == SyncMode::Diloco ? "always applies it (to every tensor): drop outer_step"
+             : s.mode == SyncMode::Fedavg ? "with an outer step is mode diloco"
+                                          : "has no sync server to apply it");
+  SPES_CHECK(!s.uses_outer_step() || (s.outer_lr > 0 && s.outer_momentum >= 0 &&
+                                      s.outer_momentum < 1),
+             "{}: the outer step needs spes_config.outer_lr > 0 and outer_momentum in [0, 1), "
+             "found {} and {}", o, s.outer_lr, s.outer_momentum);
   SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
   SPES_CHECK(s.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
   SPES_CHECK(s.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers ({}); "

@@ -176,8 +176,12 @@ struct SpesConfig {
   double merge_alpha_start = 0.01;
   int64_t merge_decay_steps = 10000;
   int64_t merge_topk = 4;
-  double outer_lr = 0.7;                // diloco
-  double outer_momentum = 0.9;          // diloco
+  // DiLoCo's outer Nesterov step on the averaged pseudo-gradient (server side): mode diloco
+  // applies it to every tensor; mode spes with outer_step: true to the shared tensors (the
+  // averaged ones; an expert is still its owner's copy).
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool outer_step = false;
   double round_timeout = 600.0;         // seconds a round waits for stragglers
   int64_t min_nodes = 1;                // uploads a round needs to publish at its deadline
   std::string auth_tokens_file;         // YAML/JSON map node id -> secret token ("": no auth)
@@ -212,6 +216,7 @@ struct SpesConfig {
     v("weighting", weighting); v("merge_interval", merge_interval);
     v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
     v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);
+    v("outer_step", outer_step);
     v("round_timeout", round_timeout); v("min_nodes", min_nodes);
     v("auth_tokens_file", auth_tokens_file); v("heartbeat_timeout", heartbeat_timeout);
     v("max_update_norm_ratio", max_update_norm_ratio);
@@ -223,6 +228,10 @@ struct SpesConfig {
     v("tls_key", tls_key); v("tls_client_ca", tls_client_ca); v("tls_ca", tls_ca);
     v("tls_client_cert", tls_client_cert); v("tls_client_key", tls_client_key);
     v("dashboard_port", dashboard_port); v("dashboard_host", dashboard_host);
+  }
+  // Whether the server applies the outer step (and keeps its momentum).
+  bool uses_outer_step() const {
+    return mode == SyncMode::Diloco || (mode == SyncMode::Spes && outer_step);
   }
 };
 

@@ -213,7 +213,7 @@ RoundOutcome RoundAggregator::finish() {
   SPES_CHECK(active_ && node_ < 0, "aggregator: finish() without a complete round");
   const RoundPlan& plan = model_.plan();
   const auto& pub = model_.tensors();
-  const bool diloco = plan.mode() == SyncMode::Diloco;
+  const bool outer = model_.config().spes_config.uses_outer_step();
   const double lr = model_.config().spes_config.outer_lr;
   const double mu = model_.config().spes_config.outer_momentum;
   torch::NoGradGuard ng;
@@ -255,7 +255,7 @@ RoundOutcome RoundAggregator::finish() {
     if (plan.tensors()[i].rule == Combine::Mean && statistic_ == Aggregation::Mean &&
         wsum_[i] != 1.0)
       acc.div_(wsum_[i]);
-    if (diloco) {
+    if (outer && plan.tensors()[i].rule == Combine::Mean) {
       // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m), computed
       // as avg + (1 - lr) * delta - lr * mu * m: the same value, and with lr 1 and mu 0
       // exactly the average (FedAvg bit for bit).

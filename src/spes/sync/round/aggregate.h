@@ -4,7 +4,8 @@
 //     (weights: 1 each, or the tokens each node reports), or, with spes_config.aggregation,
 //     the coordinate-wise median or trimmed mean of the nodes' values (unweighted);
 //   expert tensor in mode spes: its owner's copy (owner absent: the last published value);
-//   diloco: outer Nesterov step on the averaged pseudo-gradient, momentum kept here;
+//   diloco (and spes with outer_step, on the shared tensors): outer Nesterov step on the
+//   averaged pseudo-gradient, momentum kept here;
 //   then, in mode spes at a merge point, expert merging (merge.h);
 //   then rounding to the transfer dtype, so the published model is exactly what nodes receive.
 // Memory: the published model plus one running sum per averaged tensor (S, the shared tensors

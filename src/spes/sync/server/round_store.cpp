@@ -112,11 +112,11 @@ std::optional<PublishedRound> RoundStore::resume() {
     p.merged = st.value("merged", false);
     p.nodes = st.value("nodes", std::vector<int64_t>{});
   }
-  if (cfg_.spes_config.mode == SyncMode::Diloco) {
+  if (cfg_.spes_config.uses_outer_step()) {
     const std::string mpath = momentum_path(p.round);
     if (p.round > 0) {
-      SPES_CHECK(fs::exists(mpath), "'{}' is missing (diloco momentum of round {}); start over "
-                 "with --overwrite", mpath, p.round);
+      SPES_CHECK(fs::exists(mpath), "'{}' is missing (outer-step momentum of round {}); start "
+                 "over with --overwrite", mpath, p.round);
       model_.load_momentum(safetensors_load(mpath), mpath);
     }
   }
@@ -201,11 +201,11 @@ bool RoundStore::commit_delta(DeltaFileWriter& file, const DeltaRecord& record) 
 
 void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
   const std::string& dir = dir_;
-  const bool diloco = cfg_.spes_config.mode == SyncMode::Diloco;
+  const bool outer = cfg_.spes_config.uses_outer_step();
   // Order (the round's delta is already in place, commit_delta): momentum of the round, then
   // the published model (authoritative on restart; a delta of a round it does not describe is
   // ignored), then state.json; each written to a temporary name, fsynced and renamed.
-  if (diloco)
+  if (outer)
     write_stream_file(momentum_path(p.round),
                       SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,
                                               {{"format", "spes-momentum-v1"},
@@ -233,7 +233,7 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
     spdlog::error("round {} is published but '{}/state.json' could not be updated ({}); a "
                   "restart resumes from published.safetensors", p.round, dir, e.what());
   }
-  if (diloco && p.round > 1) {
+  if (outer && p.round > 1) {
     std::error_code ec;
     fs::remove(momentum_path(p.round - 1), ec);
   }
@@ -246,7 +246,7 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
       if (ec) fs::copy_file(from, as);
     };
     keep(published_path(), run_layout::kept_published(dir, p.round));
-    if (diloco && p.round > 0)
+    if (outer && p.round > 0)
       keep(momentum_path(p.round), run_layout::kept_momentum(dir, p.round));
   }
 }
