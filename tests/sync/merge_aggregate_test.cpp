@@ -212,27 +212,36 @@ TEST(Aggregate, FedAvgAveragesEverything) {
   for (const auto& t : m.plan().tensors()) EXPECT_DOUBLE_EQ(uniform_value(m, t.name), 1.5) << t.name;
 }
 
+namespace {
+// Sets every tensor of `m` to the constant v.
+void fill_model(SyncModel& m, double v) {
+  NamedTensors all;
+  for (const auto& t : m.plan().tensors()) all.emplace_back(t.name, full(t, v));
+  m.load(all, "test");
+}
+// Round `round` (step 10 x round) in which node 0 sends every tensor as the constant a and
+// node 1 as b.
+void two_node_round(SyncModel& m, int64_t round, double a, double b) {
+  RoundAggregator agg(m);
+  agg.begin(round, 10 * round);
+  fold_filled(agg, m.plan(), 0, 80, [a](const PlanTensor& t) { return full(t, a); });
+  fold_filled(agg, m.plan(), 1, 80, [b](const PlanTensor& t) { return full(t, b); });
+  agg.finish();
+}
+}  // namespace
+
 TEST(Aggregate, DilocoOuterNesterovStep) {
   SyncModel m(tiny_config({"spes_config.mode=diloco"}));  // outer lr 0.7, momentum 0.9
-  NamedTensors ones;
-  for (const auto& t : m.plan().tensors()) ones.emplace_back(t.name, full(t, 1.0));
-  m.load(ones, "test");
-  RoundAggregator agg(m);
+  fill_model(m, 1.0);
   // Round 1: prev 1, avg (0.25 + 0.75) / 2 = 0.5 -> delta 0.5, m = 0.5,
   // new = 1 - 0.7 * (0.5 + 0.9 * 0.5) = 0.335.
-  agg.begin(1, 10);
-  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.25); });
-  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.75); });
-  agg.finish();
+  two_node_round(m, 1, 0.25, 0.75);
   EXPECT_NEAR(uniform_value(m, kEmbed), 0.335, 1e-6);
   EXPECT_NEAR(uniform_value(m, gate(3)), 0.335, 1e-6);  // experts too (no owners in diloco)
   EXPECT_NEAR(m.momentum()[m.plan().index(kEmbed)].max().item<double>(), 0.5, 1e-6);
   // Round 2: prev 0.335, avg 0.135 -> delta 0.2, m = 0.9*0.5 + 0.2 = 0.65,
   // new = 0.335 - 0.7 * (0.2 + 0.9 * 0.65) = -0.2145.
-  agg.begin(2, 20);
-  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.135); });
-  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.135); });
-  agg.finish();
+  two_node_round(m, 2, 0.135, 0.135);
   EXPECT_NEAR(uniform_value(m, kEmbed), -0.2145, 1e-6);
   EXPECT_NEAR(m.momentum()[m.plan().index(kEmbed)].max().item<double>(), 0.65, 1e-6);
 }
@@ -241,14 +250,8 @@ TEST(Aggregate, DilocoOuterNesterovStep) {
 // expert is still exactly its owner's copy and keeps no momentum.
 TEST(Aggregate, SpesOuterStepMovesOnlyTheSharedTensors) {
   SyncModel m(tiny_config({"spes_config.outer_step=true"}));  // outer lr 0.7, momentum 0.9
-  NamedTensors ones;
-  for (const auto& t : m.plan().tensors()) ones.emplace_back(t.name, full(t, 1.0));
-  m.load(ones, "test");
-  RoundAggregator agg(m);
-  agg.begin(1, 10);
-  fold_filled(agg, m.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.25); });
-  fold_filled(agg, m.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.75); });
-  agg.finish();
+  fill_model(m, 1.0);
+  two_node_round(m, 1, 0.25, 0.75);
   // Shared: prev 1, avg 0.5 -> 1 - 0.7 * (0.5 + 0.9 * 0.5) = 0.335 (as in the diloco test).
   EXPECT_NEAR(uniform_value(m, kEmbed), 0.335, 1e-6);
   EXPECT_NEAR(uniform_value(m, kRouter), 0.335, 1e-6);
@@ -258,12 +261,8 @@ TEST(Aggregate, SpesOuterStepMovesOnlyTheSharedTensors) {
   EXPECT_FALSE(m.momentum()[m.plan().index(gate(0))].defined());
   // Without outer_step, mode spes is the plain mean.
   SyncModel plain(tiny_config());
-  plain.load(ones, "test");
-  RoundAggregator agg2(plain);
-  agg2.begin(1, 10);
-  fold_filled(agg2, plain.plan(), 0, 80, [](const PlanTensor& t) { return full(t, 0.25); });
-  fold_filled(agg2, plain.plan(), 1, 80, [](const PlanTensor& t) { return full(t, 0.75); });
-  agg2.finish();
+  fill_model(plain, 1.0);
+  two_node_round(plain, 1, 0.25, 0.75);
   EXPECT_DOUBLE_EQ(uniform_value(plain, kEmbed), 0.5);
 }
 
