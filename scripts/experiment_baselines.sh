@@ -4,6 +4,7 @@
 #
 # Arms (every cluster arm: NODES nodes of NODE_BATCH sequences per step, sync every SYNC steps):
 #   centralized      one node, everything trainable, batch NODES x NODE_BATCH
+#   centralized-lr-double  the same with the peak learning rate doubled
 #   fedavg           every node trains everything; the server averages everything
 #   diloco           fedavg + DiLoCo's outer Nesterov step (outer lr 0.7, momentum 0.9)
 #   diloco-mild      the same with outer lr 1.0, momentum 0.5
@@ -13,8 +14,9 @@
 #                      (the reference's 4 of 16 experts, scaled)
 #   spes-outer       SPES + the outer step (lr 1.0, momentum 0.5) on the shared tensors
 #   spes-sync5       SPES synced every 5 steps (4x the rounds)
-#   spes-lr          SPES with the learning rate halved and the warm-up 4x longer (a node's
+#   spes-lr-half     SPES with the peak learning rate halved and the warm-up 4x longer (a node's
 #                    batch is a quarter of the centralized one)
+#   spes-lr-double   SPES with the peak learning rate doubled
 # Data regimes: "whole" (every node samples the whole corpus in its own seeded order: the
 # reference's behaviour) and "split" (data.split_across_nodes: each node on its own disjoint
 # quarter). Seeds: cfg.seed sets the initial model and every node's data order; arm X with seed s
@@ -38,8 +40,11 @@ SYNC=${SYNC:-20}             # steps between syncs
 EVAL=${EVAL:-160}            # steps between validation passes (never a merge step, see below)
 VAL_WINDOWS=${VAL_WINDOWS:-128}
 SEEDS=${SEEDS:-1 2 3}
-WHOLE_ARMS=${WHOLE_ARMS:-fedavg spes-nomerge spes-merge-a0.01 spes-merge-a0.05 diloco diloco-mild spes-outer spes-sync5 spes-lr}
-SPLIT_ARMS=${SPLIT_ARMS:-fedavg spes-nomerge spes-merge-a0.01 diloco}
+WHOLE_ARMS=${WHOLE_ARMS:-fedavg spes-nomerge spes-merge-a0.01 spes-merge-a0.05 diloco diloco-mild spes-outer spes-lr-double}
+SPLIT_ARMS=${SPLIT_ARMS:-fedavg spes-nomerge}
+# Exploratory arms, run with the first seed only (REGIME/ARM) and reported apart.
+EXPLORE_ARMS=${EXPLORE_ARMS:-whole/spes-sync5 whole/spes-lr-half split/spes-merge-a0.01}
+CENTRAL_ARMS=${CENTRAL_ARMS:-centralized centralized-lr-double}  # the first is the reference
 VOCAB=${VOCAB:-2048}
 MODEL=${MODEL-d_model=64 mlp_hidden_size=256 vocab_size=$VOCAB}
 DATA=${DATA:-data/bible-tokens-2k}
@@ -87,27 +92,30 @@ arm_settings() {  # the settings that make an arm, on top of `cluster`
                      "spes_config.merge_decay_steps=$MERGE_DECAY" "spes_config.merge_topk=$MERGE_TOPK" ;;
     spes-outer) echo spes_config.outer_step=true spes_config.outer_lr=1.0 spes_config.outer_momentum=0.5 ;;
     spes-sync5) echo spes_config.sync_steps=5 ;;
-    spes-lr) echo "optimizer.learning_rate=$(awk "BEGIN {print $lr / 2}")" \
-                  "scheduler.t_warmup=$((4 * warmup))" ;;
+    spes-lr-half) echo "optimizer.learning_rate=$(awk "BEGIN {print $lr / 2}")" \
+                       "scheduler.t_warmup=$((4 * warmup))" ;;
+    spes-lr-double|centralized-lr-double) echo "optimizer.learning_rate=$(awk "BEGIN {print $lr * 2}")" ;;
+    centralized) ;;
     *) echo "unknown arm '$1'" >&2; return 1 ;;
   esac
 }
 
 run() {  # run REGIME ARM SEED: one run into OUT/REGIME/ARM/seedSEED (centralized: OUT/centralized)
   local regime=$1 arm=$2 seed=$3 dir cmd
-  if [ "$arm" = centralized ]; then
-    dir=$OUT/centralized/seed$seed
+  local kv
+  if [[ "$arm" == centralized* ]]; then
+    dir=$OUT/$arm/seed$seed
     cmd=(build/spes train --config "$CONFIG" --out "$dir" --resume none --no-summary
          --progress lines "${common[@]}" --set "seed=$seed" --set threads=2
          --set "global_train_batch_size=$central_batch"
          --set "device_train_microbatch_size=$central_batch"
          --set "eval_batches=$((VAL_WINDOWS / central_batch))")
+    for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
   else
     dir=$OUT/$regime/$arm/seed$seed
     cmd=(build/spes launch --config "$CONFIG" --nodes "$NODES" --out "$dir" --overwrite
          "${common[@]}" "${cluster[@]}" --set "seed=$seed")
     [ "$regime" = split ] && cmd+=(--set data.split_across_nodes=true)
-    local kv
     for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
   fi
   if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
@@ -123,24 +131,30 @@ run() {  # run REGIME ARM SEED: one run into OUT/REGIME/ARM/seedSEED (centralize
   echo "   done in $((SECONDS - start)) s"
 }
 
-for a in $WHOLE_ARMS $SPLIT_ARMS; do arm_settings "$a" > /dev/null; done  # typos fail first
+for a in $CENTRAL_ARMS $WHOLE_ARMS $SPLIT_ARMS; do arm_settings "$a" > /dev/null; done  # typos fail first
+for a in $EXPLORE_ARMS; do arm_settings "${a#*/}" > /dev/null; done
 for seed in $SEEDS; do  # seed by seed, so that a stopped experiment has every arm at some seeds
-  run - centralized "$seed"
+  for arm in $CENTRAL_ARMS; do run - "$arm" "$seed"; done
   for arm in $WHOLE_ARMS; do run whole "$arm" "$seed"; done
   for arm in $SPLIT_ARMS; do run split "$arm" "$seed"; done
 done
+first=$(echo "$SEEDS" | awk '{print $1}')
+for a in $EXPLORE_ARMS; do run "${a%%/*}" "${a#*/}" "$first"; done
 
 # --- the document --------------------------------------------------------------------------
 seed_dirs() { local d="" s; for s in $SEEDS; do d+="${d:+,}$1/seed$s"; done; echo "$d"; }
 specs=()
 for arm in $WHOLE_ARMS; do specs+=("whole/$arm=$(seed_dirs "$OUT/whole/$arm")"); done
 for arm in $SPLIT_ARMS; do specs+=("split/$arm=$(seed_dirs "$OUT/split/$arm")"); done
+for a in $EXPLORE_ARMS; do specs+=("$a=$OUT/$a/seed$first"); done
+central=()
+for arm in $CENTRAL_ARMS; do central+=(--centralized "$arm=$(seed_dirs "$OUT/$arm")"); done
 table=$(.venv/bin/python scripts/experiment_baselines_report.py --reference fedavg \
-          --centralized "$(seed_dirs "$OUT/centralized")" "${specs[@]}")
-first=$(echo "$SEEDS" | awk '{print $1}')
+          "${central[@]}" "${specs[@]}")
 mkdir -p "$FIGS"
 for regime in whole split; do
   arms=$WHOLE_ARMS; [ "$regime" = split ] && arms=$SPLIT_ARMS
+  for a in $EXPLORE_ARMS; do [ "${a%%/*}" = "$regime" ] && arms+=" ${a#*/}"; done
   dirs=("$OUT/centralized/seed$first"); labels=centralized
   for arm in $arms; do dirs+=("$OUT/$regime/$arm/seed$first"); labels+=",$arm"; done
   build/spes plot "${dirs[@]}" --labels "$labels" --metric val_loss --out "$FIGS/val_loss_$regime.svg"
@@ -184,11 +198,14 @@ from those run directories; \`scripts/experiment_baselines_report.py\`, \`spes c
   ($MERGE_INTERVAL steps), alpha = a0 x max(0, 1 - t/$MERGE_DECAY) (zero from 20% of training),
   K = $MERGE_TOPK donors of $EXPERTS experts (the reference's 4 of 16, scaled); no evaluation
   falls on a merge step.
+- centralized-lr-double: the centralized run with the peak learning rate doubled (is the
+  default learning rate also the best one for one node?).
 - DiLoCo: outer Nesterov step on the averaged pseudo-gradient, outer lr 0.7 and momentum 0.9
   (diloco), 1.0 and 0.5 (diloco-mild); spes-outer applies the mild one to the shared tensors of
-  SPES (\`spes_config.outer_step\`). spes-sync5 syncs every 5 steps; spes-lr halves the peak
-  learning rate and warms up over $((4 * warmup)) steps.
-- Seeds $SEEDS ($nseeds per arm): the seed sets the initial model and every node's data order,
+  SPES (\`spes_config.outer_step\`). spes-sync5 syncs every 5 steps; spes-lr-half halves the
+  peak learning rate and warms up over $((4 * warmup)) steps; spes-lr-double doubles it.
+- Seeds $SEEDS ($nseeds per arm; the exploratory arms $EXPLORE_ARMS: seed $first only, marked
+  "one seed"): the seed sets the initial model and every node's data order,
   so the runs of one seed are paired across arms. Spread: sample standard deviation over seeds
   and, for differences, over the per-seed differences.
 - Data regimes. *whole*: every node draws windows from the whole corpus in its own seeded order

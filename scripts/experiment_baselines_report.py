@@ -7,8 +7,9 @@ as mean and standard deviation of the per-seed differences, and how many seeds w
 same against centralized training. Also the validation loss at each evaluation step (mean over
 seeds), so that a curve can be read without the chart. Python 3 standard library only.
 
-Usage: experiment_baselines_report.py --reference ARM [--centralized DIR[,DIR...]]
+Usage: experiment_baselines_report.py --reference ARM [--centralized ARM=DIR[,DIR...] ...]
            REGIME/ARM=DIR[,DIR...] ...
+The first --centralized arm is the one the cluster arms are compared with.
 Each DIR is a run directory (`spes train --out`: DIR/metrics.jsonl, or `spes launch --out`:
 DIR/node<i>/metrics.jsonl), one per seed, in the same seed order for every arm.
 Prints markdown on stdout.
@@ -55,21 +56,39 @@ def std(xs):  # sample standard deviation (n - 1); 0 for one value
 
 
 def paired(xs, ys):
-    """Per-seed differences x - y: 'mean +- std (k of n lower)'."""
+    """Per-seed differences x - y (an arm run with fewer seeds is paired with the first seeds
+    of the other): 'mean +- std (k of n lower)'."""
     d = [x - y for x, y in zip(xs, ys)]
+    if len(d) == 1:
+        return f"{d[0]:+.3f} (one seed)"
     lower = sum(1 for v in d if v < 0)
     return f"{mean(d):+.3f} ± {std(d):.3f} ({lower} of {len(d)} lower)"
+
+
+def spread(xs):
+    """'mean +- std' and 'min - max' of final losses over seeds."""
+    if len(xs) == 1:
+        return f"{xs[0]:.3f} (one seed)", "-"
+    return f"{mean(xs):.3f} ± {std(xs):.3f}", f"{min(xs):.3f} - {max(xs):.3f}"
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reference", required=True, help="arm the others are paired against")
-    ap.add_argument("--centralized", default="", help="centralized runs, one per seed: DIR,DIR...")
+    ap.add_argument("--centralized", action="append", default=[],
+                    help="single-node runs, one per seed: ARM=DIR,DIR...")
     ap.add_argument("arms", nargs="+", help="REGIME/ARM=DIR[,DIR...]")
     a = ap.parse_args()
 
-    central = [val_curve(d) for d in a.centralized.split(",") if d]
-    central_final = [c[max(c)] for c in central]
+    central, central_final = None, None
+    lines = []
+    for spec in a.centralized:
+        arm, _, dirs = spec.partition("=")
+        finals = [c[max(c)] for c in (val_curve(d) for d in dirs.split(","))]
+        if central_final is None:
+            central, central_final = arm, finals
+        lines.append(f"| {arm} | " + " | ".join(spread(finals)) + " | "
+                     + ("-" if arm == central else paired(finals, central_final)) + " |")
     regimes = {}
     for spec in a.arms:
         key, _, dirs = spec.partition("=")
@@ -79,9 +98,12 @@ def main():
 
     out = []
     if central:
-        out.append(f"Centralized (one node, batch of the whole cluster): final validation loss "
-                   f"{mean(central_final):.3f} ± {std(central_final):.3f} "
-                   f"(seeds: {', '.join(f'{v:.3f}' for v in central_final)}).\n")
+        out.append("#### One node (batch of the whole cluster)\n")
+        out.append(f"| arm | final val loss, mean ± std | range over seeds | minus {central}, "
+                   "paired by seed |")
+        out.append("| --- | --- | --- | --- |")
+        out.extend(lines)
+        out.append("")
     for regime, arms in regimes.items():
         ref = dict(arms).get(a.reference)
         ref_final = [c[max(c)] for c in ref] if ref else None
@@ -90,13 +112,12 @@ def main():
         if ref_final:
             head.append(f"minus {a.reference}, paired by seed")
         if central:
-            head.append("minus centralized, paired by seed")
+            head.append(f"minus {central}, paired by seed")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + " --- |" * len(head))
         for arm, curves in arms:
             final = [c[max(c)] for c in curves]
-            row = [arm, f"{mean(final):.3f} ± {std(final):.3f}",
-                   f"{min(final):.3f} - {max(final):.3f}"]
+            row = [arm, *spread(final)]
             if ref_final:
                 row.append("-" if arm == a.reference else paired(final, ref_final))
             if central:
@@ -104,7 +125,8 @@ def main():
             out.append("| " + " | ".join(row) + " |")
         out.append("")
         steps = sorted(set.intersection(*[set(c) for _, cs in arms for c in cs]))
-        out.append("<details><summary>Validation loss at each evaluation (mean over seeds)"
+        out.append("<details><summary>Validation loss at each evaluation (mean over the seeds "
+                   "each arm ran)"
                    "</summary>\n")
         out.append("| step | " + " | ".join(arm for arm, _ in arms) + " |")
         out.append("|" + " --- |" * (len(arms) + 1))
