@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include "spes/common/build_features.h"
 #include "spes/common/error.h"
@@ -17,6 +18,27 @@
 namespace spes {
 namespace {
 
+class CountingAllocator;
+
+// Every live counted allocation, by data pointer: the inner allocation, its size and the
+// allocator that counted it. The data pointer is also the DataPtr's context, as
+// c10::Allocator::raw_allocate requires (oneDNN's bf16 matmuls allocate their scratch that way
+// on CPUs with AVX512-BF16), so one deleter serves DataPtrs and raw_deallocate. Never
+// destroyed: allocations made while a meter was installed may be freed after it is gone.
+struct Live {
+  c10::DataPtr inner;
+  size_t bytes;
+  CountingAllocator* owner;
+};
+std::mutex& live_mu() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_map<void*, Live>& live() {
+  static auto* m = new std::unordered_map<void*, Live>;
+  return *m;
+}
+
 // Wraps the CPU allocator: every allocation's bytes are added to `current` until freed.
 class CountingAllocator final : public c10::Allocator {
  public:
@@ -25,10 +47,15 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = inner_->allocate(n);
     void* data = inner.get();
-    auto* ctx = new Ctx{std::move(inner), n, this};
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
+    {
+      std::lock_guard<std::mutex> lk(live_mu());
+      live().insert_or_assign(data, Live{std::move(inner), n, this});
+    }
     add(static_cast<int64_t>(n));
-    return {data, ctx, &CountingAllocator::free_ctx, c10::Device(c10::DeviceType::CPU)};
+    return {data, data, &CountingAllocator::free_data, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &CountingAllocator::free_data; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
@@ -42,15 +69,17 @@ class CountingAllocator final : public c10::Allocator {
   std::atomic<int64_t> current{0}, peak{0};
 
  private:
-  struct Ctx {
-    c10::DataPtr inner;
-    size_t bytes;
-    CountingAllocator* owner;
-  };
-  static void free_ctx(void* p) {
-    auto* ctx = static_cast<Ctx*>(p);
-    ctx->owner->current.fetch_sub(static_cast<int64_t>(ctx->bytes));
-    delete ctx;  // frees the inner allocation
+  static void free_data(void* data) {
+    if (data == nullptr) return;
+    c10::DataPtr inner;  // freed after the lock is released
+    {
+      std::lock_guard<std::mutex> lk(live_mu());
+      auto it = live().find(data);
+      if (it == live().end()) return;
+      it->second.owner->current.fetch_sub(static_cast<int64_t>(it->second.bytes));
+      inner = std::move(it->second.inner);
+      live().erase(it);
+    }
   }
   c10::Allocator* inner_;
 };
