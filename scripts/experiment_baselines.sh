@@ -52,7 +52,7 @@ OUT=${OUT:-runs/experiment}
 DOC=${DOC:-docs/RESULTS.md}
 FIGS=$(dirname "$DOC")/results  # charts, linked from DOC as results/...
 CONFIG=configs/default.yaml
-EXPERTS=8
+EXPERTS=$(awk '/^  moe_num_experts:/ {print $2}' "$CONFIG")
 MERGE_INTERVAL=$((5 * SYNC))   # every 5 sync rounds
 MERGE_DECAY=$((STEPS / 5))     # alpha reaches 0 at 20% of training
 MERGE_TOPK=$((EXPERTS / 4))
@@ -110,14 +110,13 @@ run() {  # run REGIME ARM SEED: one run into OUT/REGIME/ARM/seedSEED (centralize
          --set "global_train_batch_size=$central_batch"
          --set "device_train_microbatch_size=$central_batch"
          --set "eval_batches=$((VAL_WINDOWS / central_batch))")
-    for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
   else
     dir=$OUT/$regime/$arm/seed$seed
     cmd=(build/spes launch --config "$CONFIG" --nodes "$NODES" --out "$dir" --overwrite
          "${common[@]}" "${cluster[@]}" --set "seed=$seed")
     [ "$regime" = split ] && cmd+=(--set data.split_across_nodes=true)
-    for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
   fi
+  for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
   if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
     echo "== $dir: already finished (RERUN=1 to run it again)"
     return
@@ -164,7 +163,8 @@ for arm in fedavg diloco spes-nomerge spes-merge-a0.01; do
   [ -d "$OUT/whole/$arm/seed$first" ] && { dirs+=("$OUT/whole/$arm/seed$first"); labels+=",$arm"; }
 done
 compare=$(build/spes compare "${dirs[@]}" --labels "$labels")
-build/spes plot "$OUT/whole/spes-merge-a0.05/seed$first" --out "$FIGS/spes-merge" 2>/dev/null || true
+merge_run=$OUT/whole/spes-merge-a0.05/seed$first
+[ -d "$merge_run" ] && build/spes plot "$merge_run" --out "$FIGS/spes-merge"
 total=0
 for f in $(find "$OUT" -name wall_s); do total=$((total + $(cat "$f"))); done
 nruns=$(find "$OUT" -name wall_s | wc -l)
@@ -219,8 +219,7 @@ $table
 ![validation loss, data regime whole, seed $first](results/val_loss_whole.svg)
 ![validation loss, data regime split, seed $first](results/val_loss_split.svg)
 
-Charts: seed $first of every arm. Expert similarity and round statistics of spes-merge-a0.05:
-[results/spes-merge/](results/spes-merge/).
+Charts: seed $first of every arm.$([ -d "$merge_run" ] && printf ' %s\n%s' "Expert similarity and round statistics of spes-merge-a0.05:" "[results/spes-merge/](results/spes-merge/).")
 
 ## Memory and bytes per node (seed $first, data regime whole)
 
