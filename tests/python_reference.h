@@ -1,7 +1,7 @@
 // Runs the tests' Python reference scripts (tests/**/*.py) with the project's interpreter,
 // .venv/bin/python, which scripts/setup.sh --tests fills with the independent references from
-// PyPI: PyTorch, Hugging Face tokenizers and transformers. A missing interpreter, a missing
-// package or a failing script is a test failure naming the fix, never a skip.
+// PyPI: PyTorch, Hugging Face tokenizers and transformers, python-xxhash. A missing interpreter,
+// a missing package or a failing script is a test failure naming the fix, never a skip.
 #pragma once
 #include <sys/wait.h>
 

@@ -9,6 +9,7 @@
 #include "spes/io/safetensors.h"
 #if SPES_WITH_SYNC
 #include "spes/sync/server/upload_assembly.h"
+#include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes_sync.pb.h"
@@ -86,19 +87,19 @@ void fuzz_upload_stream(const uint8_t* data, size_t size) {
     reader.set_slice_handler([&](const StreamEntry&, int64_t, const torch::Tensor& run, bool) {
       if (run.numel() > 0) sum += run.to(torch::kFloat64).sum().item<double>();
     });
-    std::string whole_sha256;
+    std::string whole_checksum;
     for (pb::UploadChunk& c : chunks) {
       if (c.node().node_id() != first.node().node_id() || c.round() != first.round() ||
           c.total_bytes() != total || c.resume_query())
         sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
-      if (c.sha256().empty()) c.set_sha256(chunk_sha256(c.data()));
-      if (!c.upload_sha256().empty()) whole_sha256 = c.upload_sha256();
-      const std::string_view fresh = assembly.accept(c.offset(), c.data(), c.sha256());
+      if (c.checksum().empty()) c.set_checksum(chunk_checksum(c.data()));
+      if (!c.upload_checksum().empty()) whole_checksum = c.upload_checksum();
+      const std::string_view fresh = assembly.accept(c.offset(), c.data(), c.checksum());
       reader.feed(fresh.data(), fresh.size());
     }
-    const std::string sha = assembly.sha256();
-    if (!whole_sha256.empty() && whole_sha256 != sha)
-      sync_fail(SyncErrc::DataLoss, "the upload's bytes hash to {}, not {}", sha, whole_sha256);
+    const std::string sha = assembly.checksum();
+    if (!whole_checksum.empty() && whole_checksum != sha)
+      sync_fail(SyncErrc::DataLoss, "the upload's bytes hash to {}, not {}", sha, whole_checksum);
     reader.finish();
   });
 }

@@ -6,7 +6,7 @@
 // records of [u8 op][u8 caller][u16 little-endian n][n bytes]:
 //   op % 9 = 0 Join       the bytes are a JoinRequest (none: the caller's honest join)
 //            1 Upload     the bytes are UploadChunk records [u16 n][message]; a chunk without
-//                         a digest gets its correct one (the fuzzer cannot forge SHA-256)
+//                         a checksum gets its correct one (the fuzzer would not guess it)
 //            2 Upload     the caller's real upload for the collecting round (as the node
 //                         joined with its honest join), in 1000-byte chunks, with the bytes'
 //                         [u32 offset][u8 xor] edits applied
@@ -106,7 +106,7 @@ void upload_bytes(RoundState& st, const NodeId& who, int64_t round, const std::s
     c.set_total_bytes(bytes.size());
     c.set_offset(off);
     c.set_data(bytes.substr(off, 1000));
-    c.set_sha256(chunk_sha256(c.data()));
+    c.set_checksum(chunk_checksum(c.data()));
   }
   send_chunks(st, who, chunks);
 }
@@ -144,7 +144,7 @@ void one_call(RoundState& st, int op, const NodeId& who, const uint8_t* p, size_
         if (len > n - pos) break;
         pb::UploadChunk c;
         if (!parse(&c, p + pos, len)) break;
-        if (c.sha256().empty()) c.set_sha256(chunk_sha256(c.data()));
+        if (c.checksum().empty()) c.set_checksum(chunk_checksum(c.data()));
         chunks.push_back(std::move(c));
         pos += len;
       }
@@ -177,7 +177,7 @@ void one_call(RoundState& st, int op, const NodeId& who, const uint8_t* p, size_
       if (!parse(&req, p, n)) return;
       int chunks = 0;
       call_download(st, who, req, [&](const pb::DownloadChunk& c) {
-        invariant(c.sha256() == chunk_sha256(c.data()), "a download chunk's digest is wrong");
+        invariant(c.checksum() == chunk_checksum(c.data()), "a download chunk's digest is wrong");
         if (++chunks == 64) sync_fail(SyncErrc::Aborted, "the fuzzed node stops reading");
       });
       return;

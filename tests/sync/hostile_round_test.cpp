@@ -107,7 +107,7 @@ TEST(HostileRound, InvalidUtf8NameIsRefusedAndTheServerKeepsPublishing) {
   bytes.replace(bytes.find("MARK"), 4, "\xff\xfe\n\x01");
   const std::string why = error_of([&] {
     auto s = st.begin_upload(a.id, 1, 10, bytes.size());
-    s->chunk(0, bytes, chunk_sha256(bytes));
+    s->chunk(0, bytes, chunk_checksum(bytes));
     s->finish();
   });
   EXPECT_THAT(why, HasSubstr("\\xff"));  // quoted, escaped
@@ -463,7 +463,7 @@ TEST(HostileRound, RandomHostileCallsNeverStopTheServer) {
         for (uint64_t off = 0; off < bytes.size(); off += 1000) {
           const std::string data = bytes.substr(off, 1000);
           s->chunk(rng() % 16 ? off : rng(), data,
-                   rng() % 8 ? chunk_sha256(data) : random_bytes(64));
+                   rng() % 8 ? chunk_checksum(data) : random_bytes(64));
         }
         s->finish(rng() % 2 ? "" : random_bytes(64));
       } else if (op == 1) {

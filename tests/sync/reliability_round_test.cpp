@@ -407,7 +407,7 @@ std::string upload_bytes(const Peer& p, int64_t round) {
 void send_range(UploadSession& s, const std::string& bytes, uint64_t from, uint64_t upto) {
   for (uint64_t off = from; off < upto; off += 1000) {
     const std::string piece = bytes.substr(off, std::min<uint64_t>(1000, upto - off));
-    s.chunk(off, piece, chunk_sha256(piece));
+    s.chunk(off, piece, chunk_checksum(piece));
   }
 }
 
@@ -449,13 +449,13 @@ TEST(RoundStateReliability, InterruptedUploadResumesFromTheBytesTheServerKept) {
   {
     auto s = st.begin_upload(n0.id, 1, 10, total, cut);
     send_range(*s, bytes, cut, total);
-    r = s->finish(sha256_hex(bytes));
+    r = s->finish(chunk_checksum(bytes));
   }
   EXPECT_TRUE(r.accepted);
   EXPECT_FALSE(r.duplicate);
   EXPECT_EQ(r.resumed_from, cut);
   EXPECT_EQ(r.bytes, total);
-  EXPECT_EQ(r.sha256, sha256_hex(bytes));
+  EXPECT_EQ(r.checksum, chunk_checksum(bytes));
   EXPECT_TRUE(send_upload(st, n1.id, 1, n1.upload(1)).accepted);
   const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
   ASSERT_TRUE(r1.published);
@@ -488,13 +488,13 @@ TEST(RoundStateReliability, KeptUploadBytesAreDroppedWhenTheyCannotBeUsed) {
   {
     auto s = st.begin_upload(n0.id, 1, 10, total);
     send_range(*s, bytes, 0, 2000);
-    EXPECT_EQ(code_of([&] { s->chunk(2000, bytes.substr(2000, 1000), chunk_sha256("x")); }),
+    EXPECT_EQ(code_of([&] { s->chunk(2000, bytes.substr(2000, 1000), chunk_checksum("x")); }),
               SyncErrc::DataLoss);
   }
   EXPECT_EQ(st.upload_resume_offset(n0.id, 1, 10, total), 2000u);
   // A resumed stream must end with the digest of the whole stream, the right one: otherwise
   // the kept bytes are dropped and the node sends everything again.
-  for (const std::string& digest : {std::string(), sha256_hex("another stream")}) {
+  for (const std::string& digest : {std::string(), chunk_checksum("another stream")}) {
     {
       auto s = st.begin_upload(n0.id, 1, 10, total, 2000);
       send_range(*s, bytes, 2000, total);
@@ -544,13 +544,13 @@ TEST(RoundStateReliability, RepeatedChunkIsNeverAppliedTwice) {
     send_range(*s, bytes, 1000, 2000);  // chunk 1 again
     send_range(*s, bytes, 0, 1000);     // chunk 0 again
     const std::string overlap = bytes.substr(1500, 1000);  // [1500, 2500): 500 new bytes
-    s->chunk(1500, overlap, chunk_sha256(overlap));
+    s->chunk(1500, overlap, chunk_checksum(overlap));
     send_range(*s, bytes, 2500, total);
-    r = s->finish(sha256_hex(bytes));
+    r = s->finish(chunk_checksum(bytes));
   }
   EXPECT_TRUE(r.accepted);
   EXPECT_EQ(r.bytes, total);
-  EXPECT_EQ(r.sha256, sha256_hex(bytes));  // the stream as assembled is the one sent
+  EXPECT_EQ(r.checksum, chunk_checksum(bytes));  // the stream as assembled is the one sent
   EXPECT_TRUE(send_upload(st, n1.id, 1, n1.upload(1)).accepted);
   const RoundStatus r1 = st.wait_round(n1.id, 1, 10);
   ASSERT_TRUE(r1.published);

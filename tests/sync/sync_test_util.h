@@ -22,6 +22,7 @@
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/server/round_state.h"
+#include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -153,7 +154,7 @@ inline UploadResult send_upload(RoundState& st, const NodeId& id, int64_t round,
   for (uint64_t off = 0; off < w.total_bytes(); off += chunk, ++k) {
     std::string data;
     w.read(off, chunk, &data);
-    std::string sha = chunk_sha256(data);
+    std::string sha = chunk_checksum(data);
     if (k == corrupt_chunk) data[data.size() / 2] ^= 1;
     s->chunk(off, data, sha);
   }

@@ -6,6 +6,7 @@
 
 #include "spes/io/files.h"
 #include "spes/sync/server/upload_assembly.h"
+#include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 #include "sync/sync_test_util.h"
@@ -17,7 +18,7 @@ using namespace spes::sync::testing;
 namespace {
 
 std::string add(UploadAssembly& a, uint64_t offset, const std::string& data) {
-  return std::string(a.accept(offset, data, chunk_sha256(data)));
+  return std::string(a.accept(offset, data, chunk_checksum(data)));
 }
 
 }  // namespace
@@ -32,22 +33,22 @@ TEST(UploadAssembly, RepeatedChunksAreIgnoredAndOverlapsAddOnlyTheirNewBytes) {
   EXPECT_EQ(add(a, 2, "2345"), "45");  // overlaps the end: only the new bytes count
   EXPECT_EQ(a.received(), 6u);
   EXPECT_FALSE(a.complete());
-  EXPECT_EQ(code_of([&] { a.sha256(); }), SyncErrc::DataLoss);  // not every byte yet
+  EXPECT_EQ(code_of([&] { a.checksum(); }), SyncErrc::DataLoss);  // not every byte yet
   EXPECT_EQ(add(a, 6, "6789"), "6789");
   EXPECT_EQ(add(a, 0, "0123456789"), "");  // a repeat of everything after the end
   ASSERT_TRUE(a.complete());
-  EXPECT_EQ(a.sha256(), sha256_hex("0123456789"));  // each byte hashed once
+  EXPECT_EQ(a.checksum(), chunk_checksum("0123456789"));  // each byte hashed once
 }
 
 TEST(UploadAssembly, CorruptOversizedOutOfOrderAndOverrunningChunksAreRefused) {
   UploadAssembly a(10, "node 0 round 1");
   add(a, 0, "0123");
-  EXPECT_EQ(code_of([&] { a.accept(4, "4567", chunk_sha256("4568")); }), SyncErrc::DataLoss);
+  EXPECT_EQ(code_of([&] { a.accept(4, "4567", chunk_checksum("4568")); }), SyncErrc::DataLoss);
   EXPECT_EQ(code_of([&] { add(a, 6, "67"); }), SyncErrc::InvalidArgument);  // a gap
   EXPECT_EQ(code_of([&] { add(a, 4, "4567890"); }), SyncErrc::InvalidArgument);  // past 10
   EXPECT_EQ(code_of([&] { add(a, 4, std::string(kMaxChunkBytes + 1, 'x')); }),
             SyncErrc::ResourceExhausted);
   EXPECT_EQ(a.received(), 4u);  // nothing refused was counted
   EXPECT_EQ(add(a, 4, "456789"), "456789");
-  EXPECT_EQ(a.sha256(), sha256_hex("0123456789"));
+  EXPECT_EQ(a.checksum(), chunk_checksum("0123456789"));
 }

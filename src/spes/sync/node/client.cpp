@@ -12,6 +12,7 @@
 
 #include "spes/io/files.h"
 #include "spes/sync/wire/auth.h"
+#include "spes/sync/wire/checksum.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
@@ -183,8 +184,8 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
     spdlog::info("node {}: resuming the round {} upload at byte {} of {}", id_.node_id, round,
                  start, total);
   const uint64_t chunk_bytes = filter_ ? filter_->open_stream(round, total) : kChunkBytes;
-  // The whole stream's digest goes with the last chunk; the part not sent again is hashed here.
-  Sha256 whole;
+  // The whole stream's checksum goes with the last chunk; the part not sent again is read here.
+  StreamChecksum whole;
   std::string data;
   for (uint64_t off = 0; off < start; off += chunk_bytes) {
     data.clear();
@@ -200,9 +201,9 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   // the stream, and Finish() says why.
   const std::function<bool(OutgoingChunk&)> send = [&](OutgoingChunk& o) {
     c.set_offset(o.offset);
-    c.set_sha256(o.sha256);
-    if (o.upload_sha256.empty()) c.clear_upload_sha256();
-    else c.set_upload_sha256(o.upload_sha256);
+    c.set_checksum(o.checksum);
+    if (o.upload_checksum.empty()) c.clear_upload_checksum();
+    else c.set_upload_checksum(o.upload_checksum);
     const size_t n = o.data.size();
     c.set_data(std::move(o.data));
     const bool ok = w->Write(c);
@@ -216,8 +217,8 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
     payload.read(off, chunk_bytes, &chunk.data);
     whole.update(chunk.data.data(), chunk.data.size());
     chunk.offset = off;
-    chunk.sha256 = chunk_sha256(chunk.data);
-    chunk.upload_sha256 = off + chunk.data.size() >= total ? whole.hex_digest() : "";
+    chunk.checksum = chunk_checksum(chunk.data);
+    chunk.upload_checksum = off + chunk.data.size() >= total ? whole.hex_digest() : "";
     if (!(filter_ ? filter_->send(chunk, send) : send(chunk))) break;
   }
   w->WritesDone();
@@ -226,7 +227,7 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   r.accepted = rep.accepted();
   r.duplicate = rep.duplicate();
   r.bytes = rep.bytes_received();
-  r.sha256 = rep.upload_sha256();
+  r.checksum = rep.upload_checksum();
   r.resumed_from = start;
   r.bytes_sent = attempted_.sent;
   return r;
@@ -284,7 +285,7 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
       if (c.data().size() > kMaxChunkBytes)
         sync_fail(SyncErrc::ResourceExhausted, "download chunk of {} bytes exceeds {}",
                   c.data().size(), kMaxChunkBytes);
-      if (chunk_sha256(c.data()) != c.sha256())
+      if (chunk_checksum(c.data()) != c.checksum())
         sync_fail(SyncErrc::DataLoss, "download of round {}: checksum mismatch in the chunk at "
                   "offset {}", round, c.offset());
       on_data(c.data().data(), c.data().size());

@@ -26,8 +26,8 @@ struct ClientTls {
 // One chunk of an upload stream as the client sends it.
 struct OutgoingChunk {
   uint64_t offset = 0;
-  std::string data, sha256;   // the bytes and their hex SHA-256
-  std::string upload_sha256;  // the whole stream's hex SHA-256, on its last chunk
+  std::string data, checksum;   // the bytes and their checksum (wire/checksum.h)
+  std::string upload_checksum;  // the whole stream's checksum, on its last chunk
 };
 
 // Stands between an upload stream and the wire: the client hands it each chunk and the

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "spes/common/error.h"
+#include "spes/sync/wire/checksum.h"
 
 namespace spes::sync {
 
@@ -112,7 +113,7 @@ class FaultyUploadStreams : public UploadStreamFilter {
       const size_t at = c.data.find(kBadNameMarker);
       if (at != std::string::npos) {
         c.data.replace(at, 4, "\xff\xfe\xff\xfe");  // same length: offsets stay right
-        c.sha256 = chunk_sha256(c.data);
+        c.checksum = chunk_checksum(c.data);
       }
     }
     if (round_ == f_.corrupt_round && !corrupt_done_ && !c.data.empty()) {
@@ -124,7 +125,7 @@ class FaultyUploadStreams : public UploadStreamFilter {
     if (!send(c)) return false;
     if (index == repeat_ + 1 && !repeated_.data.empty()) {
       // The same chunk again, after the server already took it.
-      repeated_.upload_sha256.clear();
+      repeated_.upload_checksum.clear();
       return send(repeated_);
     }
     return true;

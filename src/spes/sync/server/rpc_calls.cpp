@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
@@ -56,18 +57,18 @@ void call_upload(RoundState& st, const NodeId& credentials,
     return;
   }
   std::unique_ptr<UploadSession> s = st.begin_upload(node, round, step, total, c.offset());
-  std::string whole_sha256;
+  std::string whole_checksum;
   do {
     if (c.node().node_id() != node.node_id || c.round() != round || c.total_bytes() != total ||
         c.resume_query())
       sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
-    if (!c.upload_sha256().empty()) whole_sha256 = c.upload_sha256();
-    s->chunk(c.offset(), c.data(), c.sha256());
+    if (!c.upload_checksum().empty()) whole_checksum = c.upload_checksum();
+    s->chunk(c.offset(), c.data(), c.checksum());
   } while (read(&c));
-  const UploadResult r = s->finish(whole_sha256);
+  const UploadResult r = s->finish(whole_checksum);
   rep->set_accepted(r.accepted);
   rep->set_bytes_received(r.bytes);
-  rep->set_upload_sha256(r.sha256);
+  rep->set_upload_checksum(r.checksum);
   rep->set_duplicate(r.duplicate);
 }
 
@@ -101,7 +102,7 @@ void call_download(RoundState& st, const NodeId& credentials, const pb::Download
     c.set_round(s->round());
     c.set_offset(offset);
     c.set_total_bytes(s->total_bytes());
-    c.set_sha256(chunk_sha256(data));
+    c.set_checksum(chunk_checksum(data));
     c.set_data(std::move(data));
     write(c);
     data = std::move(*c.mutable_data());  // reuses the buffer

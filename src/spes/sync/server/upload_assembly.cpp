@@ -1,7 +1,6 @@
 // Upload stream assembly from chunks (see upload_assembly.h).
 #include "spes/sync/server/upload_assembly.h"
 
-#include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 
 namespace spes::sync {
@@ -10,8 +9,8 @@ UploadAssembly::UploadAssembly(uint64_t total_bytes, std::string origin)
     : total_(total_bytes), origin_(std::move(origin)) {}
 
 std::string_view UploadAssembly::accept(uint64_t offset, const std::string& data,
-                                        const std::string& sha) {
-  if (chunk_sha256(data) != sha)  // transport damage: the sender may send it again
+                                        const std::string& checksum) {
+  if (chunk_checksum(data) != checksum)  // transport damage: the sender may send it again
     sync_fail(SyncErrc::DataLoss, "{}: checksum mismatch in the chunk at offset {} ({} bytes); "
               "the chunk is corrupt", origin_, offset, data.size());
   if (data.size() > kMaxChunkBytes)
@@ -32,7 +31,7 @@ std::string_view UploadAssembly::accept(uint64_t offset, const std::string& data
   return std::string_view(data.data() + skip, n);
 }
 
-const std::string& UploadAssembly::sha256() {
+const std::string& UploadAssembly::checksum() {
   if (!complete())
     sync_fail(SyncErrc::DataLoss, "{}: upload ended after {} of {} bytes", origin_, received_,
               total_);

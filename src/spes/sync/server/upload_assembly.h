@@ -1,7 +1,7 @@
 // Server-side assembly of one upload stream from its chunks, without what the bytes mean: each
-// chunk's SHA-256, the chunk size bound, order (a chunk wholly before the bytes received so far
+// chunk's checksum (wire/checksum.h), the chunk size bound, order (a chunk wholly before the bytes received so far
 // is a repeat and ignored; one overlapping their end contributes only its new bytes; a gap is
-// refused), the declared total, and the running SHA-256 of the whole stream. One object lives
+// refused), the declared total, and the running checksum of the whole stream. One object lives
 // as long as the upload, across a resumed stream. Used by the upload streams
 // (upload_staging.cpp) and the protocol fuzz target (tests/fuzz). Leaves out: parsing the
 // bytes (framing.h).
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "spes/io/files.h"
+#include "spes/sync/wire/checksum.h"
 
 namespace spes::sync {
 
@@ -22,17 +22,17 @@ class UploadAssembly {
   // counted as received. Throws SyncError: DataLoss (checksum mismatch: transport damage),
   // ResourceExhausted (chunk above kMaxChunkBytes), InvalidArgument (a gap before the chunk, or
   // bytes past the declared total).
-  std::string_view accept(uint64_t offset, const std::string& data, const std::string& sha256_hex);
+  std::string_view accept(uint64_t offset, const std::string& data, const std::string& checksum);
   uint64_t total() const { return total_; }
   uint64_t received() const { return received_; }
   bool complete() const { return received_ == total_; }
-  // Hex SHA-256 of the whole stream. Throws SyncError(DataLoss) unless complete.
-  const std::string& sha256();
+  // Checksum of the whole stream. Throws SyncError(DataLoss) unless complete.
+  const std::string& checksum();
 
  private:
   uint64_t total_, received_ = 0;
   std::string origin_, digest_;
-  Sha256 whole_;
+  StreamChecksum whole_;
 };
 
 }  // namespace spes::sync

@@ -13,26 +13,11 @@
 #include "spes/io/run_layout.h"
 #include "spes/sync/server/upload_assembly.h"
 #include "spes/sync/wire/delta_codec.h"
+#include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
 namespace fs = std::filesystem;
-
-namespace {
-// Hex SHA-256 of a file, read a piece at a time.
-std::string file_sha256(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) sync_fail(SyncErrc::Internal, "cannot open '{}' to check it", path);
-  Sha256 h;
-  std::string buf(4u << 20, '\0');
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.update(buf.data(), n);
-  const bool bad = std::ferror(f) != 0;
-  std::fclose(f);
-  if (bad) sync_fail(SyncErrc::Internal, "cannot read '{}' to check it", path);
-  return h.hex_digest();
-}
-}  // namespace
 
 // One upload's state; kept in its node's slot while a broken stream waits for a resume.
 struct UploadStream {
@@ -73,12 +58,12 @@ UploadSession::~UploadSession() {
   if (stream_ && !stream_->finished) staging_.end(std::move(stream_));
 }
 
-void UploadSession::chunk(uint64_t offset, const std::string& data, const std::string& sha) {
-  staging_.chunk(*stream_, offset, data, sha);
+void UploadSession::chunk(uint64_t offset, const std::string& data, const std::string& checksum) {
+  staging_.chunk(*stream_, offset, data, checksum);
 }
 
-UploadResult UploadSession::finish(const std::string& expected_sha256) {
-  return staging_.finish(*stream_, expected_sha256);
+UploadResult UploadSession::finish(const std::string& expected_checksum) {
+  return staging_.finish(*stream_, expected_checksum);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -320,11 +305,11 @@ void UploadStaging::open_staged_file(UploadStream& s) {
 }
 
 void UploadStaging::chunk(UploadStream& s, uint64_t offset, const std::string& data,
-                          const std::string& sha) {
+                          const std::string& checksum) {
   s.wire += data.size();
   std::string_view fresh;
   try {
-    fresh = s.assembly->accept(offset, data, sha);
+    fresh = s.assembly->accept(offset, data, checksum);
     if (fresh.empty() || s.duplicate) return;
     s.reader->feed(fresh.data(), fresh.size());  // header and value checks as the bytes arrive
   } catch (const std::exception& e) {
@@ -340,9 +325,9 @@ void UploadStaging::chunk(UploadStream& s, uint64_t offset, const std::string& d
   }
 }
 
-UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_sha256) {
+UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_checksum) {
   UploadResult r;
-  r.sha256 = s.assembly->sha256();  // throws DataLoss unless every byte arrived
+  r.checksum = s.assembly->checksum();  // throws DataLoss unless every byte arrived
   r.bytes = s.assembly->received();
   r.accepted = true;
   r.resumed_from = s.resumed_from;
@@ -357,17 +342,17 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   }
   // The whole stream, as assembled here (over several streams when resumed), must be the one
   // the node sent; otherwise it is sent again from the start.
-  if (s.resumed_from > 0 && expected_sha256.empty()) {
+  if (s.resumed_from > 0 && expected_checksum.empty()) {
     s.broken = true;
-    sync_fail(SyncErrc::DataLoss, "node {} round {}: a resumed upload must carry the SHA-256 of "
-              "the whole stream (upload_sha256 in its last chunk); send it again from offset 0",
+    sync_fail(SyncErrc::DataLoss, "node {} round {}: a resumed upload must carry the checksum of "
+              "the whole stream (upload_checksum in its last chunk); send it again from offset 0",
               s.node, s.round);
   }
-  if (!expected_sha256.empty() && expected_sha256 != r.sha256) {
+  if (!expected_checksum.empty() && expected_checksum != r.checksum) {
     s.broken = true;
-    sync_fail(SyncErrc::DataLoss, "node {} round {}: the upload's bytes hash to {} but the node "
-              "sent {}; send it again from offset 0", s.node, s.round, r.sha256,
-              expected_sha256);
+    sync_fail(SyncErrc::DataLoss, "node {} round {}: the upload's bytes have checksum {} but the "
+              "node sent {}; send it again from offset 0", s.node, s.round, r.checksum,
+              expected_checksum);
   }
   try {
     s.reader->finish();
@@ -389,10 +374,11 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   if (!ok) sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
   if (s.resumed_from > 0) {
     // Part of the staged file was written by an earlier stream: check it all before use.
-    const std::string on_disk = file_sha256(s.partial);
-    if (on_disk != r.sha256)
-      sync_fail(SyncErrc::DataLoss, "node {} round {}: the staged upload '{}' hashes to {}, not "
-                "{}; send it again from offset 0", s.node, s.round, s.partial, on_disk, r.sha256);
+    const std::string on_disk = file_checksum(s.partial);
+    if (on_disk != r.checksum)
+      sync_fail(SyncErrc::DataLoss, "node {} round {}: the staged upload '{}' has checksum {}, "
+                "not {}; send it again from offset 0", s.node, s.round, s.partial, on_disk,
+                r.checksum);
   }
   std::lock_guard<std::mutex> lk(mu_);
   Slot& slot = slots_[s.node];

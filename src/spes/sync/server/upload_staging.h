@@ -40,10 +40,10 @@ class UploadSession {
   UploadSession& operator=(const UploadSession&) = delete;
   // A chunk wholly before the bytes received so far is a repeat and ignored; one overlapping
   // their end contributes only its new bytes.
-  void chunk(uint64_t offset, const std::string& data, const std::string& sha256_hex);
-  // `expected_sha256`: the sender's hex SHA-256 of the whole stream (empty: not sent; required
+  void chunk(uint64_t offset, const std::string& data, const std::string& checksum);
+  // `expected_checksum`: the sender's checksum of the whole stream (empty: not sent; required
   // for a resumed upload, whose staged bytes are then also re-read and hashed).
-  UploadResult finish(const std::string& expected_sha256 = "");
+  UploadResult finish(const std::string& expected_checksum = "");
 
  private:
   UploadStaging& staging_;
@@ -111,8 +111,9 @@ class UploadStaging {
   void remove_staged(int64_t round);
 
   // For UploadSession (they take the lock where needed).
-  void chunk(UploadStream& s, uint64_t offset, const std::string& data, const std::string& sha);
-  UploadResult finish(UploadStream& s, const std::string& expected_sha256);
+  void chunk(UploadStream& s, uint64_t offset, const std::string& data,
+             const std::string& checksum);
+  UploadResult finish(UploadStream& s, const std::string& expected_checksum);
   void end(std::unique_ptr<UploadStream> s);
 
  private:

@@ -347,6 +347,5 @@ bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string
   return same;
 }
 
-std::string chunk_sha256(const std::string& data) { return sha256_hex(data); }
 
 }  // namespace spes::sync

@@ -132,7 +132,4 @@ void write_stream_file(const std::string& path, const SafetensorsStreamWriter& w
 // True when the file holds exactly the writer's bytes.
 bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string& path);
 
-// Hex SHA-256 of a chunk.
-std::string chunk_sha256(const std::string& data);
-
 }  // namespace spes::sync
