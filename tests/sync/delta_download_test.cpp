@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "spes/io/files.h"
+#include "spes/io/run_layout.h"
 #include "spes/sync/node/download.h"
 #include "spes/sync/round/delta_upload.h"
 #include "spes/sync/round/published_delta.h"
@@ -129,7 +130,7 @@ TEST(DeltaDownload, NodesRebuildThePublishedDigestFromTheDelta) {
       const std::string sha = st.status().model_sha256;
       // Independent reconstruction: published = prev + q * scale (torch, fp32 ops) for every
       // tensor of the delta file, and prev elsewhere.
-      const NamedTensors delta = safetensors_load(dir.path + "/delta.safetensors");
+      const NamedTensors delta = safetensors_load(run_layout::published_delta(dir.path));
       auto find = [](const NamedTensors& t, const std::string& name) {
         for (const auto& [n, v] : t)
           if (n == name) return v;
@@ -226,7 +227,7 @@ TEST(DeltaDownload, ARestartedServerServesTheDeltaItPersistedAndFullTensorsWitho
     sha = st.status().model_sha256;
   }
   for (bool keep_delta : {true, false}) {
-    if (!keep_delta) std::filesystem::remove(dir.path + "/delta.safetensors");
+    if (!keep_delta) std::filesystem::remove(run_layout::published_delta(dir.path));
     RoundState st(cfg, ServeOptions{dir.path});  // resumes round 1
     ASSERT_EQ(st.published_round(), 1);
     st.join(nodes[1]->fake.join_info());
@@ -384,14 +385,14 @@ TEST(DeltaDownload, ASaveThatFailsAfterTheDeltaFileNeitherServesNorResumesTheWro
     take_delta_round(st, nodes, 1);
     // Round 2's delta file (the same layout as round 1's: the same size) fits; its model does
     // not.
-    const uint64_t delta_size = fs::file_size(dir.path + "/delta.safetensors");
+    const uint64_t delta_size = fs::file_size(run_layout::published_delta(dir.path));
     ASSERT_LT(delta_size, fs::file_size(dir.path + "/published.safetensors"));
     {
       FileSizeLimit full(delta_size);
       upload_round(st, nodes, 2);
       ASSERT_EQ(st.published_round(), 1);
       EXPECT_THAT(st.status().publish_error, HasSubstr("disk full"));
-      const StreamHeader h = read_stream_header(dir.path + "/delta.safetensors");
+      const StreamHeader h = read_stream_header(run_layout::published_delta(dir.path));
       ASSERT_EQ(h.metadata.at("round"), "2");  // the next round's delta is in place
       const std::string again = stream_bytes(st, nodes[1]->fake.id, 1, Selection::ForNode, 0);
       if (again != before) {  // not round 1's delta: then the whole round-1 model
@@ -422,7 +423,7 @@ TEST(DeltaDownload, ARoundWhoseDeltaFileCannotBeWrittenPublishesWhole) {
   join_all(st, nodes);
   run_round(st, nodes, 1, Compression::Int8);
   take_delta_round(st, nodes, 1);
-  const uint64_t delta_size = fs::file_size(dir.path + "/delta.safetensors");
+  const uint64_t delta_size = fs::file_size(run_layout::published_delta(dir.path));
   const uint64_t upload_size = std::max(fs::file_size(dir.path + "/rounds/1/node0.safetensors"),
                                         fs::file_size(dir.path + "/rounds/1/node1.safetensors"));
   ASSERT_LT(upload_size, delta_size);

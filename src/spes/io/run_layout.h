@@ -3,7 +3,8 @@
 //   training run (`spes train --out`, `spes node --out`): metrics.jsonl, checkpoint/
 //   checkpoint: state.json (written last: marks a complete checkpoint), config.yaml, weights
 //   sync server (`spes serve --out`): state.json, published.safetensors, rounds.jsonl,
-//     server.json, drift_window.json, momentum-<r>.safetensors, staging/, rounds/<r>/ (--keep-uploads)
+//     server.json, drift_window.json, delta.safetensors (compression), momentum-<r>.safetensors,
+//     staging/, rounds/<r>/ (--keep-uploads)
 //   local cluster (`spes launch --out`): config.yaml, summary.json, server/ (a sync server's
 //     directory), node<i>/ (training runs)
 // Only names; reading and writing them is the business of each owner.
@@ -29,6 +30,8 @@ inline constexpr const char* kPublishedName = "published.safetensors";
 inline constexpr const char* kRoundsLogName = "rounds.jsonl";
 inline std::string server_state(const std::string& dir) { return dir + "/" + kServerStateName; }
 inline std::string published(const std::string& dir) { return dir + "/" + kPublishedName; }
+// With compression: the latest published round's delta from the round before it.
+inline std::string published_delta(const std::string& dir) { return dir + "/delta.safetensors"; }
 inline std::string rounds_log(const std::string& dir) { return dir + "/" + kRoundsLogName; }
 inline std::string server_info(const std::string& dir) { return dir + "/server.json"; }
 inline std::string drift_window(const std::string& dir) { return dir + "/drift_window.json"; }

@@ -58,7 +58,7 @@ class RoundStore {
   // The delta file of round `p` (same round and digest) when DIR holds one, else nothing (a
   // restarted server then serves full tensors once).
   std::optional<DeltaRecord> load_delta(const PublishedRound& p) const;
-  std::string delta_path() const { return dir_ + "/delta.safetensors"; }
+  std::string delta_path() const { return run_layout::published_delta(dir_); }
   // The update bounds' drift window after round `p` (UpdateBounds::to_json), saved atomically
   // beside the round; a failure is logged (a restart then starts the window empty).
   void save_drift_window(const PublishedRound& p, const nlohmann::json& window) const;
