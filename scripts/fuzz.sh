@@ -10,6 +10,8 @@
 #                   after each call the server ticks and its status serialises, and at the end
 #                   the honest nodes' next round publishes and downloads intact. Its server
 #                   directories go to a tmpfs (/dev/shm) when there is one.
+#   round_rpc_int8  the same with spes_config.compression int8 (honest uploads are int8 deltas;
+#                   downloads may be deltas); its seeds are round_rpc's (same record format).
 # The entry functions are tests/fuzz/fuzz_entries.cpp (the same code the regression test
 # FuzzCases.* replays in the normal build). Builds into build-fuzz/ with clang++, compiling only
 # the sources the targets need and linking the system libtorch, protobuf, yaml-cpp, fmt,
@@ -27,7 +29,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors config upload_stream round_rpc)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors config upload_stream round_rpc round_rpc_int8)
 
 need() {  # need COMMAND PACKAGE
   command -v "$1" >/dev/null ||
@@ -120,10 +122,12 @@ libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" -Wl,--no-as-needed -ltorch 
       -Wl,--as-needed
       -lprotobuf -lyaml-cpp -lspdlog -lfmt -lcrypto -pthread)
 declare -A entry=([safetensors]=fuzz_safetensors [config]=fuzz_config
-                  [upload_stream]=fuzz_upload_stream [round_rpc]=fuzz_round_rpc)
+                  [upload_stream]=fuzz_upload_stream [round_rpc]=fuzz_round_rpc
+                  [round_rpc_int8]=fuzz_round_rpc_int8)
 for t in "${targets[@]}"; do
   [ -n "${entry[$t]:-}" ] ||
-    { echo "fuzz.sh: unknown target '$t' (safetensors, config, upload_stream, round_rpc)" >&2
+    { echo "fuzz.sh: unknown target '$t' (safetensors, config, upload_stream, round_rpc," \
+           "round_rpc_int8)" >&2
       exit 2; }
   bin="$B/fuzz_$t"
   if [ ! -x "$bin" ] || [ tests/fuzz/fuzz_driver.cc -nt "$bin" ] ||
@@ -146,9 +150,11 @@ for t in "${targets[@]}"; do
   rc=0
   # round_rpc's inputs are call sequences: let them grow past its seeds' sizes.
   extra=()
-  [ "$t" = round_rpc ] && extra=(-max_len=4096)
+  case "$t" in round_rpc*) extra=(-max_len=4096) ;; esac
+  seeds=("tests/fuzz/corpus/$t")
+  [ "$t" = round_rpc_int8 ] && seeds=(tests/fuzz/corpus/round_rpc)
   "$B/fuzz_$t" "${extra[@]}" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=4096 \
-    -timeout=20 -artifact_prefix="$art" "$work" "tests/fuzz/corpus/$t" "tests/fuzz/cases/$t" \
+    -timeout=20 -artifact_prefix="$art" "$work" "${seeds[@]}" "tests/fuzz/cases/$t" \
     > "$B/$t.log" 2>&1 || rc=$?
   grep -E '^(#[0-9]+ +(INITED|DONE)|stat::|==[0-9]+==ERROR|SUMMARY|.*runtime error|terminate)' \
     "$B/$t.log" || true

@@ -1,8 +1,9 @@
 // Replays every kept fuzz input through the fuzz targets' entry functions (fuzz_entries.h):
-// the seed corpora (tests/fuzz/corpus/<target>/) and the cases (tests/fuzz/cases/<target>/:
-// inputs that crashed or misbehaved before a fix, and other interesting ones). Each must be
-// accepted or refused with a clean spes::Error, never crash or throw anything else. Runs in the
-// normal build (CTest, CI) without clang; scripts/fuzz.sh finds new cases.
+// the seed corpora (tests/fuzz/corpus/<target>/; round_rpc_int8 uses round_rpc's) and the cases
+// (tests/fuzz/cases/<target>/: inputs that crashed or misbehaved before a fix, and other
+// interesting ones). Each must be accepted or refused with a clean spes::Error, never crash or
+// throw anything else. Runs in the normal build (CTest, CI) without clang; scripts/fuzz.sh finds
+// new cases.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -20,8 +21,11 @@ class FuzzCases : public ::testing::TestWithParam<std::string> {};
 TEST_P(FuzzCases, EveryKeptInputIsAcceptedOrCleanlyRefused) {
   const std::string target = GetParam();
   size_t count = 0;
+  // round_rpc_int8 reads round_rpc's records: it replays round_rpc's seeds and its own cases.
+  const std::string seeds = target == "round_rpc_int8" ? "round_rpc" : target;
   for (const char* kind : {"corpus", "cases"}) {
-    const fs::path dir = fs::path(SPES_SOURCE_DIR) / "tests" / "fuzz" / kind / target;
+    const fs::path dir = fs::path(SPES_SOURCE_DIR) / "tests" / "fuzz" / kind /
+                         (std::string(kind) == "corpus" ? seeds : target);
     if (!fs::exists(dir)) continue;
     for (const auto& e : fs::directory_iterator(dir)) {
       std::ifstream in(e.path(), std::ios::binary);

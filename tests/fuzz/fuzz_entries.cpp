@@ -110,7 +110,7 @@ void fuzz_upload_stream(const uint8_t* data, size_t size) {
 const std::vector<std::string>& fuzz_target_names() {
   static const std::vector<std::string> names = {"safetensors", "config"
 #if SPES_WITH_SYNC
-                                                 , "upload_stream", "round_rpc"
+                                                 , "upload_stream", "round_rpc", "round_rpc_int8"
 #endif
   };
   return names;
@@ -122,8 +122,10 @@ void fuzz_run(const std::string& target, const uint8_t* data, size_t size) {
 #if SPES_WITH_SYNC
   if (target == "upload_stream") return fuzz_upload_stream(data, size);
   if (target == "round_rpc") return fuzz_round_rpc(data, size);
+  if (target == "round_rpc_int8") return fuzz_round_rpc_int8(data, size);
 #endif
-  fail("unknown fuzz target '{}' (safetensors, config, upload_stream, round_rpc)", target);
+  fail("unknown fuzz target '{}' (safetensors, config, upload_stream, round_rpc, "
+       "round_rpc_int8)", target);
 }
 
 }  // namespace spes::fuzz

@@ -26,10 +26,12 @@ void fuzz_upload_stream(const uint8_t* data, size_t size);
 
 // The sync server's RPC handling and round logic with a real (tiny) model: a sequence of calls
 // of every RPC, by the run's nodes and by strangers (the record format and the invariants it
-// checks: fuzz_round_rpc.cpp).
+// checks: fuzz_round_rpc.cpp); round_rpc_int8: the same with int8-compressed deltas.
 void fuzz_round_rpc(const uint8_t* data, size_t size);
+void fuzz_round_rpc_int8(const uint8_t* data, size_t size);
 
-// The targets by name ("safetensors", "config", "upload_stream", "round_rpc"), for
+// The targets by name ("safetensors", "config", "upload_stream", "round_rpc",
+// "round_rpc_int8"), for
 // scripts/fuzz.sh and the regression test; fuzz_run throws spes::Error for an unknown name.
 const std::vector<std::string>& fuzz_target_names();
 void fuzz_run(const std::string& target, const uint8_t* data, size_t size);

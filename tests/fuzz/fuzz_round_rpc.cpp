@@ -1,15 +1,19 @@
-// The round_rpc fuzz target (fuzz_entries.h): the sync server's handling of every RPC
+// The round_rpc fuzz targets (fuzz_entries.h): the sync server's handling of every RPC
 // (src/spes/sync/server/rpc_calls.cpp, the code behind the gRPC handlers) and its round logic
 // (RoundState: membership, upload checks and staging, update bounds, aggregation,
 // publication, downloads) with a real model: the tiny MoE of the sync tests, 4 nodes (one
-// expert each), in a fresh server directory per input. Each input is a sequence of calls,
+// expert each), in a fresh server directory per input. round_rpc runs the server with
+// uncompressed uploads; round_rpc_int8 with spes_config.compression int8, where an honest
+// upload is the node's int8 delta from the published model with its scales (what the server
+// rebuilds, checks and publishes as a delta file), and downloads may be deltas. Each input is
+// a sequence of calls,
 // records of [u8 op][u8 caller][u16 little-endian n][n bytes]:
 //   op % 9 = 0 Join       the bytes are a JoinRequest (none: the caller's honest join)
 //            1 Upload     the bytes are UploadChunk records [u16 n][message]; a chunk without
 //                         a checksum gets its correct one (the fuzzer would not guess it)
 //            2 Upload     the caller's real upload for the collecting round (as the node
-//                         joined with its honest join), in 1000-byte chunks, with the bytes'
-//                         [u32 offset][u8 xor] edits applied
+//                         joined with its honest join; int8: its delta), in 1000-byte chunks,
+//                         with the bytes' [u32 offset][u8 xor] edits applied
 //            3 WaitRound  4 Download  5 Leave  6 Heartbeat   (the bytes are the request;
 //                         waits are cut to 0 ms, downloads to 64 chunks)
 //            7 Status     8 tick
@@ -45,20 +49,25 @@ void invariant(bool ok, const std::string& what) {
   if (!ok) throw std::logic_error("round_rpc invariant broken: " + what);
 }
 
-const Config& fuzz_config() {
-  static const Config cfg = tiny_config({"spes_config.num_peers=4"});
-  return cfg;
-}
+// One server setup: its config and the honest nodes (their models are never changed;
+// downloads go to a fresh node).
+struct Setup {
+  Config cfg;
+  Compression compression = Compression::None;
+  std::vector<std::unique_ptr<FakeNode>> nodes;
 
-// The honest nodes (their models are never changed; downloads go to a fresh node).
-FakeNode& honest(int i) {
-  static std::vector<std::unique_ptr<FakeNode>> nodes = [] {
-    std::vector<std::unique_ptr<FakeNode>> v;
-    for (int k = 0; k < kNodes; ++k)
-      v.push_back(std::make_unique<FakeNode>(fuzz_config(), k, k + 1));
-    return v;
-  }();
-  return *nodes[static_cast<size_t>(i)];
+  explicit Setup(Compression c)
+      : cfg(tiny_config({"spes_config.num_peers=4", std::string("spes_config.compression=") +
+                                                         Choice<Compression>(c).name()})),
+        compression(c) {
+    for (int k = 0; k < kNodes; ++k) nodes.push_back(std::make_unique<FakeNode>(cfg, k, k + 1));
+  }
+  const FakeNode& honest(int64_t i) const { return *nodes[static_cast<size_t>(i)]; }
+};
+
+const Setup& setup_of(Compression c) {
+  static const Setup plain(Compression::None), int8(Compression::Int8);
+  return c == Compression::None ? plain : int8;
 }
 
 template <class F>
@@ -94,15 +103,16 @@ void send_chunks(RoundState& st, const NodeId& who, const std::vector<pb::Upload
   }, &rep);
 }
 
-// Streams `bytes` as the Upload of `who` for `round`, in 1000-byte chunks with right digests.
-void upload_bytes(RoundState& st, const NodeId& who, int64_t round, const std::string& bytes) {
+// Streams `bytes` as the Upload of `who` for `round`, in 1000-byte chunks with right checksums.
+void upload_bytes(const Setup& su, RoundState& st, const NodeId& who, int64_t round,
+                  const std::string& bytes) {
   std::vector<pb::UploadChunk> chunks;
   for (uint64_t off = 0; off == 0 || off < bytes.size(); off += 1000) {
     pb::UploadChunk& c = chunks.emplace_back();
     c.mutable_node()->set_node_id(who.node_id);
     c.mutable_node()->set_incarnation(who.incarnation);
     c.set_round(round);
-    c.set_step(round * fuzz_config().spes_config.sync_steps);
+    c.set_step(round * su.cfg.spes_config.sync_steps);
     c.set_total_bytes(bytes.size());
     c.set_offset(off);
     c.set_data(bytes.substr(off, 1000));
@@ -111,9 +121,29 @@ void upload_bytes(RoundState& st, const NodeId& who, int64_t round, const std::s
   send_chunks(st, who, chunks);
 }
 
-std::string honest_upload(const FakeNode& n, const RoundState& st, int64_t round) {
+// What node `n` uploads for `round`: the published values moved by a node-specific amount,
+// as fp32 tensors, or with int8 compression as the delta (int8 values and their scales).
+std::string honest_upload(const Setup& su, const FakeNode& n, const RoundState& st,
+                          int64_t round) {
+  const double delta = 0.001 * (n.id.node_id + 1);
   std::string bytes;
-  const SafetensorsStreamWriter w = upload_of(n, round, trained(n, st, 0.001 * (n.id.node_id + 1)));
+  if (su.compression == Compression::None) {
+    const SafetensorsStreamWriter w = upload_of(n, round, trained(n, st, delta));
+    w.read(0, w.total_bytes(), &bytes);
+    return bytes;
+  }
+  NamedTensors parts;
+  for (const auto& e : n.reg->entries()) {
+    if (!e.trainable) continue;
+    const EncodedDelta q =
+        delta_encode(torch::full(e.tensor.sizes(), delta), su.compression, e.name);
+    if (q.scales.defined()) parts.emplace_back(delta_scale_name(e.name), q.scales);
+    parts.emplace_back(e.name, q.q);
+  }
+  UploadMeta m{n.id.node_id, round, round * su.cfg.spes_config.sync_steps, 80, n.id.incarnation,
+               n.reg->fingerprint()};
+  m.compression = su.compression;
+  const SafetensorsStreamWriter w = SafetensorsStreamWriter::as_stored(parts, upload_metadata(m));
   w.read(0, w.total_bytes(), &bytes);
   return bytes;
 }
@@ -123,11 +153,12 @@ bool parse(Message* m, const uint8_t* p, size_t n) {
   return m->ParseFromArray(p, static_cast<int>(n));
 }
 
-void one_call(RoundState& st, int op, const NodeId& who, const uint8_t* p, size_t n) {
+void one_call(const Setup& su, RoundState& st, int op, const NodeId& who, const uint8_t* p,
+              size_t n) {
   switch (op) {
     case 0: {
       if (n == 0) {
-        if (who.node_id < kNodes) st.join(honest(static_cast<int>(who.node_id)).join_info());
+        if (who.node_id < kNodes) st.join(su.honest(who.node_id).join_info());
         return;
       }
       pb::JoinRequest req;
@@ -153,15 +184,15 @@ void one_call(RoundState& st, int op, const NodeId& who, const uint8_t* p, size_
     }
     case 2: {
       if (who.node_id >= kNodes) return;
-      const FakeNode& node = honest(static_cast<int>(who.node_id));
+      const FakeNode& node = su.honest(who.node_id);
       const int64_t round = st.published_round() + 1;
-      std::string bytes = honest_upload(node, st, round);
+      std::string bytes = honest_upload(su, node, st, round);
       for (size_t pos = 0; pos + 5 <= n; pos += 5) {
         uint32_t off = 0;
         std::memcpy(&off, p + pos, 4);
         bytes[off % bytes.size()] ^= static_cast<char>(p[pos + 4]);
       }
-      upload_bytes(st, node.id, round, bytes);  // the node's incarnation, as it joined
+      upload_bytes(su, st, node.id, round, bytes);  // the node's incarnation, as it joined
       return;
     }
     case 3: {
@@ -203,12 +234,10 @@ void one_call(RoundState& st, int op, const NodeId& who, const uint8_t* p, size_
   }
 }
 
-}  // namespace
-
-void fuzz_round_rpc(const uint8_t* data, size_t size) {
+void run_round_rpc(const Setup& su, const uint8_t* data, size_t size) {
   TempDir dir;
-  RoundState st(fuzz_config(), ServeOptions{dir.path});
-  for (int i = 0; i < kNodes; ++i) st.join(honest(i).join_info());
+  RoundState st(su.cfg, ServeOptions{dir.path});
+  for (int i = 0; i < kNodes; ++i) st.join(su.honest(i).join_info());
   for (size_t pos = 0; pos + 4 <= size;) {
     const int op = data[pos] % 9;
     NodeId who;
@@ -217,7 +246,7 @@ void fuzz_round_rpc(const uint8_t* data, size_t size) {
     std::memcpy(&n, data + pos + 2, 2);
     pos += 4;
     n = static_cast<uint16_t>(std::min<size_t>(n, size - pos));
-    refusable([&] { one_call(st, op, who, data + pos, n); });
+    refusable([&] { one_call(su, st, op, who, data + pos, n); });
     pos += n;
     try {
       st.tick();
@@ -229,18 +258,28 @@ void fuzz_round_rpc(const uint8_t* data, size_t size) {
   // The honest nodes take part again and publish the next round; its model downloads intact.
   const int64_t next = st.published_round() + 1;
   for (int i = 0; i < kNodes; ++i) {
-    const FakeNode& node = honest(i);
+    const FakeNode& node = su.honest(i);
     st.join(node.join_info());
-    refusable([&] { upload_bytes(st, node.id, next, honest_upload(node, st, next)); });
+    refusable([&] { upload_bytes(su, st, node.id, next, honest_upload(su, node, st, next)); });
   }
   invariant(st.published_round() == next,
             "the honest nodes' round " + std::to_string(next) + " did not publish (published: " +
                 std::to_string(st.published_round()) + ")");
-  FakeNode fresh(fuzz_config(), 0, 99);
+  FakeNode fresh(su.cfg, 0, 99);
   fresh.download(st, next, Selection::All);
   invariant(fresh.reg->weights_sha256() == st.status().model_sha256,
             "a full download does not reproduce the published digest");
   st.close();
+}
+
+}  // namespace
+
+void fuzz_round_rpc(const uint8_t* data, size_t size) {
+  run_round_rpc(setup_of(Compression::None), data, size);
+}
+
+void fuzz_round_rpc_int8(const uint8_t* data, size_t size) {
+  run_round_rpc(setup_of(Compression::Int8), data, size);
 }
 
 }  // namespace spes::fuzz

@@ -80,7 +80,7 @@ SEEDS = {
     "raw_upload_chunks": record(
         UPLOAD, 2, chunk(2, 1, 0, 64, b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}")
         + chunk(2, 1, 40, 64, b"x" * 24)
-        + chunk(2, 1, 16, 64, b"y" * 24, sha="0" * 64))
+        + chunk(2, 1, 16, 64, b"y" * 24, sha="0" * 32))
     + record(UPLOAD, 1, chunk(1, 1, 0, 1 << 40, b"", resume=True))
     + record(UPLOAD, 0, chunk(1, 1, 0, 10, b"0123456789"))
     + honest_round(),
