@@ -17,6 +17,10 @@
 #   spes-lr-half     SPES with the peak learning rate halved and the warm-up 4x longer (a node's
 #                    batch is a quarter of the centralized one)
 #   spes-lr-double   SPES with the peak learning rate doubled
+#   spes-overlap-k2  SPES with overlapping rounds (spes_config.overlap): a node trains on while
+#   spes-overlap-k10   its round is in flight and applies the published model plus its progress
+#                      since the upload exactly K steps after the upload (overlap_delay_steps:
+#                      bit-reproducible, as a round that takes K steps' time)
 # Data regimes: "whole" (every node samples the whole corpus in its own seeded order: the
 # reference's behaviour) and "split" (data.split_across_nodes: each node on its own disjoint
 # quarter). Seeds: cfg.seed sets the initial model and every node's data order; arm X with seed s
@@ -40,7 +44,7 @@ SYNC=${SYNC:-20}             # steps between syncs
 EVAL=${EVAL:-160}            # steps between validation passes (never a merge step, see below)
 VAL_WINDOWS=${VAL_WINDOWS:-128}
 SEEDS=${SEEDS:-1 2 3}
-WHOLE_ARMS=${WHOLE_ARMS:-fedavg spes-nomerge spes-merge-a0.01 spes-merge-a0.05 diloco diloco-mild spes-outer spes-lr-double}
+WHOLE_ARMS=${WHOLE_ARMS:-fedavg spes-nomerge spes-merge-a0.01 spes-merge-a0.05 diloco diloco-mild spes-outer spes-lr-double spes-overlap-k2 spes-overlap-k10}
 SPLIT_ARMS=${SPLIT_ARMS:-fedavg spes-nomerge}
 # Exploratory arms, run with the first seed only (REGIME/ARM) and reported apart.
 EXPLORE_ARMS=${EXPLORE_ARMS:-whole/spes-sync5 whole/spes-lr-half split/spes-merge-a0.01}
@@ -92,6 +96,7 @@ arm_settings() {  # the settings that make an arm, on top of `cluster`
                      "spes_config.merge_decay_steps=$MERGE_DECAY" "spes_config.merge_topk=$MERGE_TOPK" ;;
     spes-outer) echo spes_config.outer_step=true spes_config.outer_lr=1.0 spes_config.outer_momentum=0.5 ;;
     spes-sync5) echo spes_config.sync_steps=5 ;;
+    spes-overlap-k*) echo spes_config.overlap=true "spes_config.overlap_delay_steps=${1#spes-overlap-k}" ;;
     spes-lr-half) echo "optimizer.learning_rate=$(awk "BEGIN {print $lr / 2}")" \
                        "scheduler.t_warmup=$((4 * warmup))" ;;
     spes-lr-double|centralized-lr-double) echo "optimizer.learning_rate=$(awk "BEGIN {print $lr * 2}")" ;;
@@ -204,6 +209,10 @@ from those run directories; \`scripts/experiment_baselines_report.py\`, \`spes c
   (diloco), 1.0 and 0.5 (diloco-mild); spes-outer applies the mild one to the shared tensors of
   SPES (\`spes_config.outer_step\`). spes-sync5 syncs every 5 steps; spes-lr-half halves the
   peak learning rate and warms up over $((4 * warmup)) steps; spes-lr-double doubles it.
+- Overlap (spes-overlap-kK): \`spes_config.overlap\` with \`overlap_delay_steps\` K: each node
+  keeps training while its round is in flight and, exactly K steps after its upload, takes the
+  published model plus its own progress since the upload (docs/PROTOCOL.md, "Overlap"); K = 2
+  and K = 10 of the $SYNC steps between syncs stand for a round that takes 2 or 10 steps' time.
 - Seeds $SEEDS ($nseeds per arm; the exploratory arms $EXPLORE_ARMS: seed $first only, marked
   "one seed"): the seed sets the initial model and every node's data order,
   so the runs of one seed are paired across arms. Spread: sample standard deviation over seeds
