@@ -2,7 +2,8 @@
 // live weights keep training; applying it gives every trainable tensor P + (live - S), checked
 // against the same sum in float64, and every frozen tensor P; with no training since the upload
 // the node holds P bit for bit. Also: ready() only once the exchange ended, its failure comes
-// back from wait(), and bytes() counts the copy and S.
+// back from wait(), bytes() counts the copy and S, and the next round reuses a finished round's
+// copy and S with the same result.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -123,4 +124,55 @@ TEST(RoundInFlight, AFailedExchangeComesBackFromWaitAndCannotBeApplied) {
   }
   EXPECT_THROW(r.apply(*node.reg), Error);
   EXPECT_EQ(node.reg->weights_sha256(), sha);  // the live weights were never touched
+}
+
+TEST(RoundInFlight, TheNextRoundReusesTheBuffersAndGivesTheSameBits) {
+  // Two nodes with the same weights run the same two rounds; one hands round 1's buffers to
+  // round 2, the other allocates afresh. Round 2 works in round 1's memory, its copy holds the
+  // live weights as uploaded, and both nodes end with the same bits.
+  const Config cfg = tiny_config();
+  FakeNode a(cfg, 0, 5), b(cfg, 0, 5), p1(cfg, 0, 6), p2(cfg, 0, 7);
+  const auto publish = [](const ParamRegistry& p) {
+    return [&p](const ParamRegistry& copy) {
+      assign(copy, p);
+      return RoundExchange{{{"round", 1}}, -1, ""};
+    };
+  };
+  RoundInFlight ra(*a.reg, 1, 10, 19, publish(*p1.reg)), rb(*b.reg, 1, 10, 19, publish(*p1.reg));
+  train(*a.reg, 3);
+  train(*b.reg, 3);
+  ra.wait();
+  rb.wait();
+  ra.apply(*a.reg);
+  rb.apply(*b.reg);
+  InFlightBuffers kept = ra.release();
+  EXPECT_THROW(ra.apply(*a.reg), Error);  // released: no longer applicable
+  std::vector<const void*> memory;
+  for (const auto& e : kept.copy->entries()) memory.push_back(e.tensor.data_ptr());
+  for (const auto& t : kept.uploaded) memory.push_back(t.data_ptr());
+
+  train(*a.reg, 4);
+  train(*b.reg, 4);
+  std::map<std::string, torch::Tensor> at_upload;
+  for (const auto& e : a.reg->entries()) at_upload[e.name] = e.tensor.detach().clone();
+  RoundInFlight ra2(*a.reg, 2, 20, 29, [&](const ParamRegistry& copy) {
+    for (const auto& e : copy.entries())
+      EXPECT_TRUE(torch::equal(e.tensor, at_upload[e.name])) << e.name;
+    assign(copy, *p2.reg);
+    return RoundExchange{{{"round", 2}}, -1, ""};
+  }, std::move(kept));
+  RoundInFlight rb2(*b.reg, 2, 20, 29, publish(*p2.reg));
+  train(*a.reg, 5);
+  train(*b.reg, 5);
+  ra2.wait();
+  rb2.wait();
+  ra2.apply(*a.reg);
+  rb2.apply(*b.reg);
+  const InFlightBuffers again = ra2.release();
+  std::vector<const void*> memory2;
+  for (const auto& e : again.copy->entries()) memory2.push_back(e.tensor.data_ptr());
+  for (const auto& t : again.uploaded) memory2.push_back(t.data_ptr());
+  EXPECT_EQ(memory2, memory);
+  EXPECT_EQ(a.reg->weights_sha256(), b.reg->weights_sha256());
+  EXPECT_NE(a.reg->weights_sha256(), p2.reg->weights_sha256());  // the progress is kept
 }

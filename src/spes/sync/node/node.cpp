@@ -295,7 +295,8 @@ void SyncNode::start_round(Trainer& t, int64_t step, int64_t deadline) {
         RoundExchange x = exchange(copy, round, step, tokens);
         x.record["frozen_sha256_before"] = frozen_before;
         return x;
-      });
+      },
+      std::move(inflight_buffers_));
 }
 
 nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
@@ -311,11 +312,13 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
   }
   nlohmann::json rec;
   if (x.needs_catch_up()) {
+    inflight_buffers_ = inflight_->release();
     inflight_.reset();
     // The steps trained since the upload belong to a model the others did not build on.
     rec = catch_up(t, x.catch_up_round, x.why);
   } else {
     inflight_->apply(t.registry());
+    inflight_buffers_ = inflight_->release();
     inflight_.reset();
     frozen_sha_ = x.record["frozen_sha256_after"].get<std::string>();
     SPES_CHECK(frozen_weights_sha256(t.registry()) == frozen_sha_, "node {}: its frozen tensors "

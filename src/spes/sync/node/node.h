@@ -104,6 +104,7 @@ class SyncNode : public StepObserver {
   uint32_t heartbeat_ms_ = 0;
   std::atomic<bool> stopping_{false};     // ends a round in flight early (destruction)
   std::unique_ptr<RoundInFlight> inflight_;  // with overlap: the round running in the background
+  InFlightBuffers inflight_buffers_;          // with overlap: the last round's, for the next one
 };
 
 // SHA-256 over the names and fp32 bytes of the registry's frozen (non-trainable) tensors.

@@ -5,11 +5,51 @@
 
 namespace spes::sync {
 
+namespace {
+// True when `buffer` can hold a copy of `t`: same shape and dtype, on the CPU (`on_device`:
+// on t's device).
+bool fits(const torch::Tensor& buffer, const torch::Tensor& t, bool on_device) {
+  return buffer.defined() && buffer.sizes() == t.sizes() &&
+         buffer.scalar_type() == t.scalar_type() &&
+         buffer.device() == (on_device ? t.device() : torch::Device(torch::kCPU));
+}
+
+bool copy_fits(const ParamRegistry& copy, const ParamRegistry& live) {
+  const auto& c = copy.entries();
+  const auto& l = live.entries();
+  if (c.size() != l.size()) return false;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (c[i].name != l[i].name || c[i].trainable != l[i].trainable ||
+        !fits(c[i].tensor, l[i].tensor, false))
+      return false;
+  return true;
+}
+
+// The live weights copied into `reuse` when they fit it, else into a new CPU copy.
+ParamRegistry copy_of(const ParamRegistry& live, std::optional<ParamRegistry> reuse) {
+  if (!reuse || !copy_fits(*reuse, live)) return live.cpu_copy();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < live.entries().size(); ++i)
+    reuse->entries()[i].tensor.copy_(live.entries()[i].tensor.detach());
+  return std::move(*reuse);
+}
+}  // namespace
+
 RoundInFlight::RoundInFlight(const ParamRegistry& live, int64_t round, int64_t step,
-                             int64_t deadline, Exchange exchange)
-    : round_(round), step_(step), deadline_(deadline), copy_(live.cpu_copy()) {
-  for (const auto& e : live.entries())
-    if (e.trainable) uploaded_.push_back(e.tensor.detach().clone());
+                             int64_t deadline, Exchange exchange, InFlightBuffers reuse)
+    : round_(round), step_(step), deadline_(deadline),
+      copy_(copy_of(live, std::move(reuse.copy))) {
+  torch::NoGradGuard no_grad;
+  size_t k = 0;
+  for (const auto& e : live.entries()) {
+    if (!e.trainable) continue;
+    const torch::Tensor w = e.tensor.detach();
+    if (k < reuse.uploaded.size() && fits(reuse.uploaded[k], w, true))
+      uploaded_.push_back(reuse.uploaded[k].copy_(w));
+    else
+      uploaded_.push_back(w.clone());
+    ++k;
+  }
   result_ = std::async(std::launch::async,
                        [this, exchange = std::move(exchange)] { return exchange(copy_); });
 }
@@ -44,10 +84,19 @@ void RoundInFlight::apply(const ParamRegistry& live) const {
       w.copy_(published);
       continue;
     }
-    // P + (live - S): exactly P when the node has not trained since the upload.
-    const torch::Tensor progress = w - uploaded_[k++];
-    w.copy_(published + progress);
+    // P + (live - S), in place (the same bits: addition commutes); exactly P when the node
+    // has not trained since the upload.
+    w.sub_(uploaded_[k++]).add_(published);
   }
+}
+
+InFlightBuffers RoundInFlight::release() {
+  SPES_CHECK(!result_.valid(), "internal: round {}'s buffers are released while it is in "
+             "flight", round_);
+  published_ = false;
+  InFlightBuffers b{std::move(copy_), std::move(uploaded_)};
+  uploaded_.clear();
+  return b;
 }
 
 uint64_t RoundInFlight::bytes() const {

@@ -5,7 +5,9 @@
 // as the published model P, its digest checked. apply() then sets the live trainable tensors
 // to P + (live - S), keeping the steps trained since the upload, and the frozen ones to P.
 // Memory while a round is in flight: one CPU copy of the model plus one of the trainable
-// tensors. Leaves out: the exchange itself, catch-ups and when to apply (node.cpp).
+// tensors, allocated once per node: a finished round hands them to the next (InFlightBuffers),
+// so a round costs two copies and no allocation or page faults on the training thread.
+// Leaves out: the exchange itself, catch-ups and when to apply (node.cpp).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,12 +32,20 @@ struct RoundExchange {
   bool needs_catch_up() const { return catch_up_round >= 0; }
 };
 
+// The memory a round in flight works in: the CPU copy of the model and S. Empty, or taken from
+// a finished round of the same registry (tensors of another shape or dtype are not reused).
+struct InFlightBuffers {
+  std::optional<ParamRegistry> copy;
+  std::vector<torch::Tensor> uploaded;
+};
+
 class RoundInFlight {
  public:
   using Exchange = std::function<RoundExchange(const ParamRegistry& copy)>;
-  // The round `round` uploaded after step `step`, applied after step `deadline` at the latest.
+  // The round `round` uploaded after step `step`, applied after step `deadline` at the latest;
+  // its copy and S go into `reuse` where they fit.
   RoundInFlight(const ParamRegistry& live, int64_t round, int64_t step, int64_t deadline,
-                Exchange exchange);
+                Exchange exchange, InFlightBuffers reuse = {});
   ~RoundInFlight();  // waits for the exchange to end
   RoundInFlight(const RoundInFlight&) = delete;
   RoundInFlight& operator=(const RoundInFlight&) = delete;
@@ -50,6 +61,8 @@ class RoundInFlight {
   void apply(const ParamRegistry& live) const;
   // Bytes held for the round (the CPU copy and S).
   uint64_t bytes() const;
+  // After wait(): the copy and S, for the next round; this round can no longer be applied.
+  InFlightBuffers release();
 
  private:
   int64_t round_, step_, deadline_;

@@ -1,8 +1,8 @@
 // Server-side assembly of one upload stream from its chunks, without what the bytes mean: each
-// chunk's checksum (wire/checksum.h), the chunk size bound, order (a chunk wholly before the bytes received so far
-// is a repeat and ignored; one overlapping their end contributes only its new bytes; a gap is
-// refused), the declared total, and the running checksum of the whole stream. One object lives
-// as long as the upload, across a resumed stream. Used by the upload streams
+// chunk's checksum (wire/checksum.h), the chunk size bound, order (a chunk wholly before the
+// bytes received so far is a repeat and ignored; one overlapping their end contributes only its
+// new bytes; a gap is refused), the declared total, and the running checksum of the whole
+// stream. One object lives as long as the upload, across a resumed stream. Used by the upload streams
 // (upload_staging.cpp) and the protocol fuzz target (tests/fuzz). Leaves out: parsing the
 // bytes (framing.h).
 #pragma once

@@ -12,8 +12,8 @@
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
 #include "spes/sync/server/upload_assembly.h"
-#include "spes/sync/wire/delta_codec.h"
 #include "spes/sync/wire/checksum.h"
+#include "spes/sync/wire/delta_codec.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
