@@ -6,8 +6,7 @@
 // uncompressed uploads; round_rpc_int8 with spes_config.compression int8, where an honest
 // upload is the node's int8 delta from the published model with its scales (what the server
 // rebuilds, checks and publishes as a delta file), and downloads may be deltas. Each input is
-// a sequence of calls,
-// records of [u8 op][u8 caller][u16 little-endian n][n bytes]:
+// a sequence of calls, records of [u8 op][u8 caller][u16 little-endian n][n bytes]:
 //   op % 9 = 0 Join       the bytes are a JoinRequest (none: the caller's honest join)
 //            1 Upload     the bytes are UploadChunk records [u16 n][message]; a chunk without
 //                         a checksum gets its correct one (the fuzzer would not guess it)

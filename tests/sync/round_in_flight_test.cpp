@@ -32,6 +32,14 @@ void train(const ParamRegistry& live, uint64_t seed) {
     if (e.trainable) e.tensor.add_(torch::randn_like(e.tensor) * 0.01);
 }
 
+// Where the buffers' tensors live (to see that a round reused them).
+std::vector<const void*> memory_of(const InFlightBuffers& b) {
+  std::vector<const void*> m;
+  for (const auto& e : b.copy->entries()) m.push_back(e.tensor.data_ptr());
+  for (const auto& t : b.uploaded) m.push_back(t.data_ptr());
+  return m;
+}
+
 }  // namespace
 
 TEST(RoundInFlight, AppliesThePublishedModelPlusTheProgressSinceTheUpload) {
@@ -147,9 +155,7 @@ TEST(RoundInFlight, TheNextRoundReusesTheBuffersAndGivesTheSameBits) {
   rb.apply(*b.reg);
   InFlightBuffers kept = ra.release();
   EXPECT_THROW(ra.apply(*a.reg), Error);  // released: no longer applicable
-  std::vector<const void*> memory;
-  for (const auto& e : kept.copy->entries()) memory.push_back(e.tensor.data_ptr());
-  for (const auto& t : kept.uploaded) memory.push_back(t.data_ptr());
+  const std::vector<const void*> memory = memory_of(kept);
 
   train(*a.reg, 4);
   train(*b.reg, 4);
@@ -168,11 +174,7 @@ TEST(RoundInFlight, TheNextRoundReusesTheBuffersAndGivesTheSameBits) {
   rb2.wait();
   ra2.apply(*a.reg);
   rb2.apply(*b.reg);
-  const InFlightBuffers again = ra2.release();
-  std::vector<const void*> memory2;
-  for (const auto& e : again.copy->entries()) memory2.push_back(e.tensor.data_ptr());
-  for (const auto& t : again.uploaded) memory2.push_back(t.data_ptr());
-  EXPECT_EQ(memory2, memory);
+  EXPECT_EQ(memory_of(ra2.release()), memory);
   EXPECT_EQ(a.reg->weights_sha256(), b.reg->weights_sha256());
   EXPECT_NE(a.reg->weights_sha256(), p2.reg->weights_sha256());  // the progress is kept
 }
