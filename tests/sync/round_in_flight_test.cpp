@@ -146,13 +146,17 @@ TEST(RoundInFlight, TheNextRoundReusesTheBuffersAndGivesTheSameBits) {
       return RoundExchange{{{"round", 1}}, -1, ""};
     };
   };
+  // Both nodes train the same steps while their rounds are in flight, then apply them.
+  const auto train_and_apply = [&](RoundInFlight& ra, RoundInFlight& rb, uint64_t seed) {
+    train(*a.reg, seed);
+    train(*b.reg, seed);
+    ra.wait();
+    rb.wait();
+    ra.apply(*a.reg);
+    rb.apply(*b.reg);
+  };
   RoundInFlight ra(*a.reg, 1, 10, 19, publish(*p1.reg)), rb(*b.reg, 1, 10, 19, publish(*p1.reg));
-  train(*a.reg, 3);
-  train(*b.reg, 3);
-  ra.wait();
-  rb.wait();
-  ra.apply(*a.reg);
-  rb.apply(*b.reg);
+  train_and_apply(ra, rb, 3);
   InFlightBuffers kept = ra.release();
   EXPECT_THROW(ra.apply(*a.reg), Error);  // released: no longer applicable
   const std::vector<const void*> memory = memory_of(kept);
@@ -168,12 +172,7 @@ TEST(RoundInFlight, TheNextRoundReusesTheBuffersAndGivesTheSameBits) {
     return RoundExchange{{{"round", 2}}, -1, ""};
   }, std::move(kept));
   RoundInFlight rb2(*b.reg, 2, 20, 29, publish(*p2.reg));
-  train(*a.reg, 5);
-  train(*b.reg, 5);
-  ra2.wait();
-  rb2.wait();
-  ra2.apply(*a.reg);
-  rb2.apply(*b.reg);
+  train_and_apply(ra2, rb2, 5);
   EXPECT_EQ(memory_of(ra2.release()), memory);
   EXPECT_EQ(a.reg->weights_sha256(), b.reg->weights_sha256());
   EXPECT_NE(a.reg->weights_sha256(), p2.reg->weights_sha256());  // the progress is kept
