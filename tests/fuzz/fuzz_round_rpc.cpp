@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spes/sync/server/rpc_calls.h"
+#include "sync/compressed_upload_parts.h"
 #include "sync/sync_test_util.h"
 
 namespace spes::fuzz {
@@ -131,14 +132,10 @@ std::string honest_upload(const Setup& su, const FakeNode& n, const RoundState& 
     w.read(0, w.total_bytes(), &bytes);
     return bytes;
   }
-  NamedTensors parts;
-  for (const auto& e : n.reg->entries()) {
-    if (!e.trainable) continue;
-    const EncodedDelta q =
-        delta_encode(torch::full(e.tensor.sizes(), delta), su.compression, e.name);
-    if (q.scales.defined()) parts.emplace_back(delta_scale_name(e.name), q.scales);
-    parts.emplace_back(e.name, q.q);
-  }
+  const NamedTensors parts =
+      compressed_upload_parts(n, su.compression, [&](const RegistryEntry& e) {
+        return torch::full(e.tensor.sizes(), delta);
+      });
   UploadMeta m{n.id.node_id, round, round * su.cfg.spes_config.sync_steps, 80, n.id.incarnation,
                n.reg->fingerprint()};
   m.compression = su.compression;

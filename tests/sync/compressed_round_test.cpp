@@ -16,6 +16,7 @@
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/server/round_state.h"
 #include "spes/sync/wire/delta_codec.h"
+#include "sync/compressed_upload_parts.h"
 #include "sync/sync_test_util.h"
 
 using namespace spes;
@@ -36,16 +37,10 @@ UploadMeta meta_of(const FakeNode& n, int64_t round, Compression c) {
 // A node's int8 upload of `delta` (per trainable tensor; missing names: 0), hand-built so
 // that a test can break any part of it.
 NamedTensors int8_parts(const FakeNode& n, const std::map<std::string, torch::Tensor>& delta) {
-  NamedTensors t;
-  for (const auto& e : n.reg->entries()) {
-    if (!e.trainable) continue;
+  return compressed_upload_parts(n, Compression::Int8, [&](const RegistryEntry& e) {
     auto it = delta.find(e.name);
-    const torch::Tensor d = it != delta.end() ? it->second : torch::zeros_like(e.tensor);
-    const EncodedDelta q = delta_encode(d, Compression::Int8, e.name);
-    t.emplace_back(delta_scale_name(e.name), q.scales);
-    t.emplace_back(e.name, q.q);
-  }
-  return t;
+    return it != delta.end() ? it->second : torch::zeros_like(e.tensor);
+  });
 }
 
 torch::Tensor& part(NamedTensors& t, const std::string& name) {

@@ -6,12 +6,10 @@
 namespace spes::sync {
 
 namespace {
-// True when `buffer` can hold a copy of `t`: same shape and dtype, on the CPU (`on_device`:
-// on t's device).
-bool fits(const torch::Tensor& buffer, const torch::Tensor& t, bool on_device) {
+// True when `buffer` can hold a copy of `t` on `device`: same shape and dtype.
+bool fits(const torch::Tensor& buffer, const torch::Tensor& t, const torch::Device& device) {
   return buffer.defined() && buffer.sizes() == t.sizes() &&
-         buffer.scalar_type() == t.scalar_type() &&
-         buffer.device() == (on_device ? t.device() : torch::Device(torch::kCPU));
+         buffer.scalar_type() == t.scalar_type() && buffer.device() == device;
 }
 
 bool copy_fits(const ParamRegistry& copy, const ParamRegistry& live) {
@@ -20,7 +18,7 @@ bool copy_fits(const ParamRegistry& copy, const ParamRegistry& live) {
   if (c.size() != l.size()) return false;
   for (size_t i = 0; i < l.size(); ++i)
     if (c[i].name != l[i].name || c[i].trainable != l[i].trainable ||
-        !fits(c[i].tensor, l[i].tensor, false))
+        !fits(c[i].tensor, l[i].tensor, torch::kCPU))
       return false;
   return true;
 }
@@ -44,7 +42,7 @@ RoundInFlight::RoundInFlight(const ParamRegistry& live, int64_t round, int64_t s
   for (const auto& e : live.entries()) {
     if (!e.trainable) continue;
     const torch::Tensor w = e.tensor.detach();
-    if (k < reuse.uploaded.size() && fits(reuse.uploaded[k], w, true))
+    if (k < reuse.uploaded.size() && fits(reuse.uploaded[k], w, w.device()))
       uploaded_.push_back(reuse.uploaded[k].copy_(w));
     else
       uploaded_.push_back(w.clone());
