@@ -23,6 +23,7 @@
 #include "spes/io/config.h"
 #include "spes/model/losses.h"
 #include "spes/model/registry.h"
+#include "spes/train/cuda_library.h"
 #include "spes/train/device.h"
 #include "spes/train/memory_meter.h"
 #include "spes/train/micro_batch_workers.h"
@@ -98,6 +99,7 @@ static double flops_per_token(const spes::ModelConfig& m, double frozen_share) {
 }
 
 int main(int argc, char** argv) {
+  spes::load_torch_cuda_if_driver();  // before any torch call (train/cuda_library.h)
   CLI::App app{"spes training throughput benchmark"};
   spes::Config cfg;
   cfg.model.d_model = 512;

@@ -27,8 +27,11 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp build/spes build/tests/spes_tests build/bench/train_bench "$stage/bin/"
-cp build/libspes_sentencepiece.so "$stage/lib/"
-strip --strip-unneeded "$stage"/bin/* "$stage/lib/libspes_sentencepiece.so"
+# The project's modules (found by the binaries in ../lib): SentencePiece's shim, and the NCCL
+# backend that ranks on GPUs load together with libtorch_cuda.
+modules=("$stage/lib/libspes_sentencepiece.so" "$stage/lib/libspes_nccl.so")
+cp build/libspes_sentencepiece.so build/libspes_nccl.so "$stage/lib/"
+strip --strip-unneeded "$stage"/bin/* "${modules[@]}"
 
 # Libraries the GPU machine provides itself: glibc, the C++ runtime, PyTorch and CUDA (through
 # its torch), the kernel's vDSO.
@@ -52,13 +55,13 @@ collect() {  # copies every non-system dependency of $1 (ldd gives the transitiv
     esac
   done < <(LD_LIBRARY_PATH="$torch_lib" ldd "$1" | awk '/=>/ {print $1, $2, $3, $4}')
 }
-for f in "$stage"/bin/* "$stage/lib/libspes_sentencepiece.so"; do collect "$f"; done
+for f in "$stage"/bin/* "${modules[@]}"; do collect "$f"; done
 strip --strip-unneeded "$stage"/lib/*.so* 2>/dev/null || true
 
 # Clean-machine simulation: with only the bundle and torch on the search path (no RUNPATH into
 # this checkout), every dependency must resolve to the bundle, torch, CUDA's wheels or the
 # allowed system set, and the binaries must start.
-for f in "$stage"/bin/*; do
+for f in "$stage"/bin/* "${modules[@]}"; do
   while read -r name _ path _; do
     system_lib "$name" && continue
     case "$path" in

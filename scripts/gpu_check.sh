@@ -92,6 +92,7 @@ else
 fi
 export LD_LIBRARY_PATH="$dest/lib:$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SPES_ASSETS_DIR=$root/assets SPES_SENTENCEPIECE_SHIM=$dest/lib/libspes_sentencepiece.so
+export SPES_NCCL_MODULE=$dest/lib/libspes_nccl.so
 spes=$dest/bin/spes
 if ! run version 30 "$spes" --version; then
   say "the bundled spes does not start here; nothing else can run"

@@ -62,6 +62,6 @@ spes::cli::SubcommandRegistrar register_aggregate("aggregate",
   spes::cli::add_set_option(sub, a->sets);
   sub.add_option("inputs", a->inputs, "Uploads of the round (node<i>.safetensors)")->required();
   sub.callback([a] { run_aggregate(*a); });
-});
+}, spes::cli::GpuUse::Never);
 
 }  // namespace

@@ -26,6 +26,6 @@ spes::cli::SubcommandRegistrar register_compare("compare", "Compare runs side by
       runs.push_back(spes::report::load_run(a->dirs[i], a->labels.empty() ? "" : a->labels[i]));
     std::fputs(spes::report::markdown_comparison(runs).c_str(), stdout);
   });
-});
+}, spes::cli::GpuUse::Never);
 
 }  // namespace

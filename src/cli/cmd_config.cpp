@@ -169,6 +169,6 @@ spes::cli::SubcommandRegistrar register_config(
                    "Print one JSON object (parameters.total, active_per_token, "
                    "trainable_per_node; memory) instead of text");
       sub.callback([a] { run_config(*a); });
-    });
+    }, spes::cli::GpuUse::Never);
 
 }  // namespace

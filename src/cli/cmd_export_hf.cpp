@@ -39,6 +39,6 @@ spes::cli::SubcommandRegistrar register_export_hf(
                      "Largest safetensors file before sharding (e.g. 5GB, 500MB, 2GiB)");
       sub.add_flag("--overwrite", a->overwrite, "Replace OUT if it exists");
       sub.callback([a] { run_export(*a); });
-    });
+    }, spes::cli::GpuUse::Never);
 
 }  // namespace

@@ -43,6 +43,6 @@ spes::cli::SubcommandRegistrar register_import_hf(
                    "Omit the fresh optimizer state (then start runs with model.init_checkpoint)");
       sub.add_flag("--overwrite", a->overwrite, "Replace OUT if it exists");
       sub.callback([a] { run_import(*a); });
-    });
+    }, spes::cli::GpuUse::Never);
 
 }  // namespace

@@ -45,6 +45,6 @@ spes::cli::SubcommandRegistrar register_plot("plot", "Plot a run's curves, or co
   sub.add_option("--smooth", a->smooth, "Moving average of the training loss, in steps")
       ->capture_default_str();
   sub.callback([a] { run_plot(*a); });
-});
+}, spes::cli::GpuUse::Never);
 
 }  // namespace

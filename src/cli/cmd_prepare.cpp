@@ -42,6 +42,6 @@ spes::cli::SubcommandRegistrar register_prepare(
                              : std::string())
                   << std::endl;
       });
-    });
+    }, spes::cli::GpuUse::Never);
 
 }  // namespace

@@ -101,6 +101,6 @@ spes::cli::SubcommandRegistrar register_serve("serve", "Run the SPES sync server
                "Start over even if OUT holds a previous run (default: continue from it)");
   sub.add_flag("--keep-running", a->keep_running, "Do not exit when every node has left");
   sub.callback([a] { run_serve(*a); });
-});
+}, spes::cli::GpuUse::Never);
 
 }  // namespace

@@ -84,6 +84,6 @@ spes::cli::SubcommandRegistrar register_status("status", "Show a sync server's r
   sub.add_flag("--insecure", a->insecure, "Allow plaintext to a server that is not on loopback");
   sub.add_flag("--json", a->json, "Print JSON instead of a table");
   sub.callback([a] { run_status(*a); });
-});
+}, spes::cli::GpuUse::Never);
 
 }  // namespace

@@ -47,6 +47,6 @@ spes::cli::SubcommandRegistrar register_tokenize("tokenize", "Encode text to tok
     SPES_CHECK(text->count() + dec->count() == 1, "give --text or --decode");
     run_tokenize(*a);
   });
-});
+}, spes::cli::GpuUse::Never);
 
 }  // namespace

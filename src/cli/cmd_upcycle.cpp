@@ -84,6 +84,6 @@ spes::cli::SubcommandRegistrar register_upcycle(
       sub.add_flag("--weights-only", a->weights_only, "Omit the fresh optimizer state");
       sub.add_flag("--overwrite", a->overwrite, "Replace OUT if it exists");
       sub.callback([a, &sub] { run_upcycle(*a, sub); });
-    });
+    }, spes::cli::GpuUse::Never);
 
 }  // namespace

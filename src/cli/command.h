@@ -12,10 +12,16 @@ namespace spes::cli {
 // `setup` declares the options on `sub` and sets its callback.
 using SubcommandSetup = std::function<void(CLI::App& sub)>;
 
+// Whether a subcommand may run a model on a GPU. Only those load libtorch_cuda at start (where
+// the machine has an NVIDIA driver, train/cuda_library.h); the others (the sync server, the
+// data and file tools) never map the CUDA libraries.
+enum class GpuUse { May, Never };
+
 struct SubcommandInfo {
   std::string name;
   std::string description;
   SubcommandSetup setup;
+  GpuUse gpu = GpuUse::May;
 };
 
 std::vector<SubcommandInfo>& subcommand_list();
@@ -28,8 +34,9 @@ std::vector<std::string>& command_line_args();
 [[noreturn]] inline void exit_with(int code) { throw CLI::RuntimeError(code); }
 
 struct SubcommandRegistrar {
-  SubcommandRegistrar(std::string name, std::string description, SubcommandSetup setup) {
-    subcommand_list().push_back({std::move(name), std::move(description), std::move(setup)});
+  SubcommandRegistrar(std::string name, std::string description, SubcommandSetup setup,
+                      GpuUse gpu = GpuUse::May) {
+    subcommand_list().push_back({std::move(name), std::move(description), std::move(setup), gpu});
   }
 };
 

@@ -1,6 +1,7 @@
-// Entry point of the `spes` binary: builds the CLI11 app from the registered subcommands and
-// turns library errors into one clear line on stderr and exit code 1. Every model it starts
-// honours model.init_checkpoint (the reader that interop/init_checkpoint.h installs).
+// Entry point of the `spes` binary: loads libtorch_cuda unless the subcommand never uses a GPU
+// (train/cuda_library.h), builds the CLI11 app from the registered subcommands and turns
+// library errors into one clear line on stderr and exit code 1. Every model it starts honours
+// model.init_checkpoint (the reader that interop/init_checkpoint.h installs).
 #include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
@@ -11,6 +12,7 @@
 #include "spes/common/build_features.h"
 #include "spes/common/error.h"
 #include "spes/interop/init_checkpoint.h"
+#include "spes/train/cuda_library.h"
 #include "spes/train/device.h"
 
 namespace spes::cli {
@@ -22,10 +24,29 @@ std::vector<std::string>& command_line_args() {
   static std::vector<std::string> args;
   return args;
 }
+
+namespace {
+// Whether the subcommand that argv names (the first argument that is one) may use a GPU;
+// --version and --help alone may (the version names the GPUs it sees).
+GpuUse gpu_use_of_command(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    for (const auto& info : subcommand_list())
+      if (info.name == argv[i]) return info.gpu;
+  return GpuUse::May;
+}
+}  // namespace
 }  // namespace spes::cli
 
 int main(int argc, char** argv) {
   spes::cli::command_line_args().assign(argv + 1, argv + argc);
+  // Before any torch call: libtorch decides once whether it has CUDA.
+  try {
+    if (spes::cli::gpu_use_of_command(argc, argv) == spes::cli::GpuUse::May)
+      spes::load_torch_cuda_if_driver();
+  } catch (const spes::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
   CLI::App app{"spes: memory-efficient decentralized pretraining of mixture-of-experts models"};
   app.set_version_flag("--version", [] {
     return std::string("spes ") + SPES_VERSION + " (" + spes::torch_build_summary() +

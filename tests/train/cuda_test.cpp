@@ -25,7 +25,7 @@ namespace {
 
 #define SKIP_WITHOUT_GPU()                                                              \
   do {                                                                                  \
-    if (!torch::cuda::is_available())                                                   \
+    if (!spes::cuda_available())                                                        \
       GTEST_SKIP() << "no CUDA GPU visible to libtorch (" << torch_build_summary()      \
                    << "): this GPU check runs on the GPU machine (scripts/gpu_check.sh)"; \
   } while (0)

@@ -30,7 +30,7 @@ std::string dist_backend_for(const Config& cfg, int64_t nproc) {
              cfg.global_train_batch_size, cfg.device_train_microbatch_size, nproc);
   const torch::Device dev = select_device(cfg);
   if (!dev.is_cuda()) return "gloo";
-  const int64_t gpus = torch::cuda::device_count();
+  const int64_t gpus = cuda_device_count();
   SPES_CHECK(gpus >= nproc, "--nproc-per-node {} needs {} GPUs (one per rank) but {} {} visible",
              nproc, nproc, gpus, gpus == 1 ? "is" : "are");
   return "nccl";

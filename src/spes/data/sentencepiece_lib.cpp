@@ -2,13 +2,11 @@
 #include "spes/data/sentencepiece_lib.h"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <mutex>
 
 #include "spes/common/error.h"
-#include "spes/common/sysinfo.h"
+#include "spes/common/shared_module.h"
 
 #ifndef SPES_SP_SHIM_BUILD_PATH
 #define SPES_SP_SHIM_BUILD_PATH ""
@@ -19,7 +17,6 @@
 
 namespace spes {
 namespace {
-namespace fs = std::filesystem;
 
 struct ShimApi {
   void* (*load)(const char*, char*, size_t);
@@ -35,18 +32,10 @@ struct ShimApi {
                size_t);
 };
 
-constexpr const char* kShimName = "libspes_sentencepiece.so";
-
-std::vector<std::string> candidate_paths() {
-  std::vector<std::string> c;
-  if (const char* env = std::getenv("SPES_SENTENCEPIECE_SHIM")) c.push_back(env);
-  const fs::path exe = executable_path();
-  c.push_back((exe.parent_path() / kShimName).string());
-  c.push_back((exe.parent_path().parent_path() / kShimName).string());
-  c.push_back((exe.parent_path().parent_path() / "lib" / kShimName).string());
-  if (*SPES_SP_SHIM_BUILD_PATH) c.push_back(SPES_SP_SHIM_BUILD_PATH);
-  if (*SPES_SP_SHIM_INSTALL_PATH) c.push_back(SPES_SP_SHIM_INSTALL_PATH);
-  return c;
+const SharedModule& shim_module() {
+  static const SharedModule m{"libspes_sentencepiece.so", "SPES_SENTENCEPIECE_SHIM",
+                              SPES_SP_SHIM_BUILD_PATH, SPES_SP_SHIM_INSTALL_PATH};
+  return m;
 }
 
 const ShimApi& shim() {
@@ -54,39 +43,25 @@ const ShimApi& shim() {
   static std::once_flag once;
   static std::string error;
   std::call_once(once, [] {
-    void* h = nullptr;
-    std::string tried;
-    for (const auto& p : candidate_paths()) {
-      if (!fs::exists(p)) {
-        tried += " " + p;
-        continue;
-      }
-      h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-      if (h) break;
-      tried += " " + p + " (" + dlerror() + ")";
+    try {
+      const SharedModule& m = shim_module();
+      void* h = open_shared_module(m, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      auto sym = [&](const char* name) { return shared_module_symbol(h, m, name); };
+      api.load = reinterpret_cast<decltype(api.load)>(sym("spes_spm_load"));
+      api.free_model = reinterpret_cast<decltype(api.free_model)>(sym("spes_spm_free"));
+      api.encode = reinterpret_cast<decltype(api.encode)>(sym("spes_spm_encode"));
+      api.decode = reinterpret_cast<decltype(api.decode)>(sym("spes_spm_decode"));
+      api.free_buffer = reinterpret_cast<decltype(api.free_buffer)>(sym("spes_spm_free_buffer"));
+      api.vocab_size = reinterpret_cast<decltype(api.vocab_size)>(sym("spes_spm_vocab_size"));
+      api.eos_id = reinterpret_cast<decltype(api.eos_id)>(sym("spes_spm_eos_id"));
+      api.piece_to_id = reinterpret_cast<decltype(api.piece_to_id)>(sym("spes_spm_piece_to_id"));
+      api.load_bytes = reinterpret_cast<decltype(api.load_bytes)>(sym("spes_spm_load_bytes"));
+      api.train = reinterpret_cast<decltype(api.train)>(sym("spes_spm_train_sentences"));
+    } catch (const Error& e) {
+      error = e.what();
     }
-    if (!h) {
-      error = "SentencePiece support library " + std::string(kShimName) +
-              " not found; tried:" + tried + " (rebuild, or set SPES_SENTENCEPIECE_SHIM)";
-      return;
-    }
-    auto sym = [&](const char* name) {
-      void* s = dlsym(h, name);
-      if (!s) error = std::string("SentencePiece shim lacks symbol ") + name;
-      return s;
-    };
-    api.load = reinterpret_cast<decltype(api.load)>(sym("spes_spm_load"));
-    api.free_model = reinterpret_cast<decltype(api.free_model)>(sym("spes_spm_free"));
-    api.encode = reinterpret_cast<decltype(api.encode)>(sym("spes_spm_encode"));
-    api.decode = reinterpret_cast<decltype(api.decode)>(sym("spes_spm_decode"));
-    api.free_buffer = reinterpret_cast<decltype(api.free_buffer)>(sym("spes_spm_free_buffer"));
-    api.vocab_size = reinterpret_cast<decltype(api.vocab_size)>(sym("spes_spm_vocab_size"));
-    api.eos_id = reinterpret_cast<decltype(api.eos_id)>(sym("spes_spm_eos_id"));
-    api.piece_to_id = reinterpret_cast<decltype(api.piece_to_id)>(sym("spes_spm_piece_to_id"));
-    api.load_bytes = reinterpret_cast<decltype(api.load_bytes)>(sym("spes_spm_load_bytes"));
-    api.train = reinterpret_cast<decltype(api.train)>(sym("spes_spm_train_sentences"));
   });
-  SPES_CHECK(error.empty(), "{}", error);
+  SPES_CHECK(error.empty(), "SentencePiece: {}", error);
   return api;
 }
 

@@ -9,17 +9,28 @@
 
 #include "spes/common/error.h"
 #include "spes/common/sysinfo.h"
+#include "spes/train/cuda_library.h"
 
 namespace spes {
 
+bool cuda_available() {
+  load_torch_cuda_if_driver();
+  return torch::cuda::is_available();
+}
+
+int64_t cuda_device_count() { return cuda_available() ? torch::cuda::device_count() : 0; }
+
 torch::Device device_from_name(const std::string& name) {
-  if (name == "auto") return torch::cuda::is_available() ? torch::kCUDA : torch::kCPU;
+  if (name == "auto") return cuda_available() ? torch::kCUDA : torch::kCPU;
   if (name == "cpu") return torch::kCPU;
   SPES_CHECK(name.rfind("cuda", 0) == 0, "device must be auto, cpu, cuda or cuda:N, found '{}'",
              name);
+  SPES_CHECK(nvidia_driver_present(), "device '{}' requested but this machine has no NVIDIA "
+             "driver (libcuda.so.1 not found): install the driver, or use device cpu", name);
+  load_torch_cuda();
   SPES_CHECK(torch::cuda::is_available(),
-             "device '{}' requested but this libtorch sees no CUDA GPU (build against a "
-             "CUDA-enabled libtorch, or use cpu)", name);
+             "device '{}' requested but this libtorch sees no CUDA GPU (CUDA_VISIBLE_DEVICES? "
+             "a driver older than CUDA 13.0? or use device cpu)", name);
   torch::Device d(name);
   SPES_CHECK(!d.has_index() || d.index() < torch::cuda::device_count(),
              "device '{}' requested but only {} GPU(s) are visible", name,
@@ -84,6 +95,7 @@ std::string cpu_gemm_library() {
 
 std::string torch_build_summary() {
   std::string s = fmt::format("libtorch {}, CPU GEMM {}", TORCH_VERSION, cpu_gemm_library());
+  if (!torch_cuda_loaded()) return s + ", CUDA: " + torch_cuda_status();
   const auto& hooks = at::detail::getCUDAHooks();
   long cudart = 0;
   try {
@@ -92,8 +104,7 @@ std::string torch_build_summary() {
   }
   if (cudart <= 0) return s + ", CUDA: no";
   s += fmt::format(", CUDA {}.{}", cudart / 1000, (cudart % 1000) / 10);
-  const int64_t n = torch::cuda::is_available() ? torch::cuda::device_count() : 0;
-  return s + fmt::format(", GPUs visible: {}", n);
+  return s + fmt::format(", GPUs visible: {}", cuda_device_count());
 }
 
 AutocastScope::AutocastScope(bool enabled, torch::DeviceType device)

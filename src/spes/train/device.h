@@ -14,6 +14,11 @@
 namespace spes {
 
 torch::Device select_device(const Config& cfg);
+// Whether this process can use a CUDA GPU, and how many it sees; both load libtorch_cuda first
+// when the machine has an NVIDIA driver (train/cuda_library.h). Use these, not
+// torch::cuda::is_available(), which only sees CUDA once it is loaded.
+bool cuda_available();
+int64_t cuda_device_count();
 // A device name as the config's `device` and the --device flags take it: auto (CUDA when
 // libtorch sees a GPU, else CPU), cpu, cuda or cuda:N.
 torch::Device device_from_name(const std::string& name);
@@ -33,9 +38,10 @@ ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
                                const std::vector<std::vector<bool>>& trainable);
 // Sets the intra-op thread count (cfg.threads, or every core when 0).
 void configure_threads(const Config& cfg);
-// "libtorch 2.11.0, CPU GEMM OpenBLAS 0.3.21, CUDA 13.0, GPUs visible: 1" ("CUDA: no" for a
-// CPU-only libtorch): the version built against, the library serving fp32 CPU matrix products
-// (CMake's SPES_CPU_BLAS), whether CUDA is compiled in, and the GPUs this process sees.
+// "libtorch 2.11.0, CPU GEMM OpenBLAS 0.3.21, CUDA 13.0, GPUs visible: 1" ("CUDA: not loaded:
+// no NVIDIA driver ..." when libtorch_cuda is not loaded, "CUDA: no" for a CPU-only libtorch):
+// the version built against, the library serving fp32 CPU matrix products (CMake's
+// SPES_CPU_BLAS), whether CUDA is loaded, and the GPUs this process sees.
 std::string torch_build_summary();
 // "OpenBLAS 0.3.21" or "MKL (libtorch's)": the library that ATen's sgemm_ calls reach.
 std::string cpu_gemm_library();

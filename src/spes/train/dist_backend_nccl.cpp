@@ -1,43 +1,40 @@
-// The NCCL backend of DistGroup: libtorch_cuda's ProcessGroupNCCL. Its options embed NCCL's
-// ncclConfig_t, so this file compiles against the nccl.h of the NCCL that the torch wheel
-// depends on (nvidia-nccl-cu13, found next to torch by CMake); the sizes below were read from
-// the wheel's own allocations (operator new in ProcessGroupNCCL::split and in the Python
-// binding of Options, torch 2.11.0) and are checked at compile time.
-#include "spes/common/build_features.h"
-#include "spes/train/dist_backends.h"
-#include "spes/common/error.h"
+// The NCCL backend of DistGroup, from libspes_nccl.so (src/nccl_module/nccl_module.cpp): loaded
+// with libtorch_cuda the first time ranks on GPUs need it, so that nothing else in spes links
+// against CUDA.
+#include <dlfcn.h>
 
-#if SPES_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#include <torch/version.h>
+#include "spes/common/build_features.h"
+#include "spes/common/error.h"
+#include "spes/common/shared_module.h"
+#include "spes/train/cuda_library.h"
+#include "spes/train/dist_backends.h"
+
+#ifndef SPES_NCCL_MODULE_BUILD_PATH
+#define SPES_NCCL_MODULE_BUILD_PATH ""
+#endif
+#ifndef SPES_NCCL_MODULE_INSTALL_PATH
+#define SPES_NCCL_MODULE_INSTALL_PATH ""
 #endif
 
 namespace spes::dist_detail {
 
-#if SPES_WITH_CUDA
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
-static_assert(sizeof(c10d::ProcessGroupNCCL) == 1112,
-              "ProcessGroupNCCL's size differs from libtorch 2.11's (1112 bytes): wrong nccl.h?");
-static_assert(sizeof(c10d::ProcessGroupNCCL::Options) == 248,
-              "ProcessGroupNCCL::Options' size differs from libtorch 2.11's (248 bytes): wrong "
-              "nccl.h?");
-#else
-#error "spes builds against libtorch 2.11 (re-check the c10d layouts in dist_backend_*.cpp)"
-#endif
-
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size) {
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(rank));
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size,
-                                                     c10d::ProcessGroupNCCL::Options::create());
+  SPES_CHECK(SPES_WITH_CUDA, "this spes was built against a libtorch without CUDA: NCCL is not "
+             "available (use the CUDA build of PyTorch, or CPU ranks with Gloo)");
+  load_torch_cuda();
+  using NewBackend = c10d::Backend* (*)(c10d::Store*, int, int, char*, size_t);
+  static const NewBackend new_backend = [] {
+    const SharedModule m{"libspes_nccl.so", "SPES_NCCL_MODULE", SPES_NCCL_MODULE_BUILD_PATH,
+                         SPES_NCCL_MODULE_INSTALL_PATH};
+    void* h = open_shared_module(m, RTLD_NOW | RTLD_LOCAL);
+    return reinterpret_cast<NewBackend>(shared_module_symbol(h, m, "spes_nccl_backend_new"));
+  }();
+  char error[1024] = {0};
+  c10d::Backend* backend = new_backend(store.get(), rank, size, error, sizeof error);
+  SPES_CHECK(backend, "rank {} of {}: NCCL backend on cuda:{} failed: {}", rank, size, rank,
+             error);
+  return c10::intrusive_ptr<c10d::Backend>::reclaim(backend);
 }
-#else
-c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int,
-                                                    int) {
-  fail("this spes was built against a libtorch without CUDA: NCCL is not available (use the "
-       "CUDA build of PyTorch, or CPU ranks with Gloo)");
-}
-#endif
 
 }  // namespace spes::dist_detail

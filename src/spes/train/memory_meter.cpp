@@ -11,12 +11,17 @@
 #include "spes/common/build_features.h"
 #include "spes/common/error.h"
 
-#if SPES_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
+#include <c10/core/CachingDeviceAllocator.h>
 
 namespace spes {
 namespace {
+
+// The CUDA caching allocator through c10's device-generic interface: libtorch_cuda registers it
+// when it is loaded (train/cuda_library.h), so nothing here links against CUDA.
+c10::DeviceAllocator* cuda_allocator() {
+  SPES_CHECK(torch::cuda::is_available(), "internal: GPU memory measured without a usable GPU");
+  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+}
 
 class CountingAllocator;
 
@@ -101,9 +106,7 @@ MemoryMeter::MemoryMeter(const torch::Device& device) : impl_(std::make_unique<I
   impl_->device = device;
   if (device.is_cuda()) {
     SPES_CHECK(SPES_WITH_CUDA, "this spes has no CUDA: cannot measure GPU memory");
-#if SPES_WITH_CUDA
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
-#endif
+    cuda_allocator()->resetPeakStats(device.index() < 0 ? 0 : device.index());
     return;
   }
   std::lock_guard<std::mutex> lk(g_meter_mu);
@@ -133,10 +136,7 @@ int64_t MemoryMeter::peak_bytes() const {
 
 void MemoryMeter::reset_peak() {
   if (impl_->device.is_cuda()) {
-#if SPES_WITH_CUDA
-    c10::cuda::CUDACachingAllocator::resetPeakStats(
-        impl_->device.index() < 0 ? 0 : impl_->device.index());
-#endif
+    cuda_allocator()->resetPeakStats(impl_->device.index() < 0 ? 0 : impl_->device.index());
     return;
   }
   impl_->counting->peak.store(impl_->counting->current.load());
@@ -144,17 +144,12 @@ void MemoryMeter::reset_peak() {
 
 GpuMemoryStats gpu_memory_stats(const torch::Device& device) {
   GpuMemoryStats s;
-#if SPES_WITH_CUDA
-  if (!device.is_cuda() || !torch::cuda::is_available()) return s;
-  const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(
-      device.index() < 0 ? 0 : device.index());
+  if (!SPES_WITH_CUDA || !device.is_cuda() || !torch::cuda::is_available()) return s;
+  const auto st = cuda_allocator()->getDeviceStats(device.index() < 0 ? 0 : device.index());
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   s.allocated = st.allocated_bytes[agg].current;
   s.peak_allocated = st.allocated_bytes[agg].peak;
   s.reserved = st.reserved_bytes[agg].current;
-#else
-  (void)device;
-#endif
   return s;
 }
 
