@@ -143,6 +143,8 @@ TEST(InteropEndToEnd, ExportImportUpcycleAndASpesRunFromTheUpcycledCheckpoint) {
       if (!j.contains("sync_join")) continue;
       EXPECT_EQ(j["sync_join"]["model_sha256"], up_sha) << "node " << i;
       EXPECT_EQ(j["sync_join"]["round"], 0);
+      // The nodes start from the server's own init checkpoint: nothing to download at join.
+      EXPECT_EQ(j["sync_join"]["bytes_down"], 0) << "node " << i;
       joined = true;
     }
     EXPECT_TRUE(joined) << "node " << i << " has no sync_join record";

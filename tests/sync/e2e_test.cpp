@@ -183,9 +183,11 @@ TEST_F(SyncEndToEnd, ServerAndThreeNodesWithDifferentSeeds) {
   for (int i = 0; i < 3; ++i) {
     const auto lines = read_jsonl(g_dir + "/node" + std::to_string(i) + "/metrics.jsonl");
     ASSERT_EQ(lines.size(), 30u);
-    // Different seeds, same start: the server's round-0 model.
+    // Different seeds, same start: the server's round-0 model, downloaded whole at join (a
+    // node with another seed initialised other weights).
     const auto& join = lines[0]["sync_join"];
     EXPECT_EQ(join["model_sha256"], round0) << "node " << i;
+    EXPECT_GT(join["bytes_down"].get<int64_t>(), 4 * P) << "node " << i;
     // Trainable set = shared + own experts; gradients and AdamW moments exactly for it.
     EXPECT_EQ(join["trainable_numel"].get<int64_t>(), S + own);
     EXPECT_EQ(join["frozen_numel"].get<int64_t>(), X - own);

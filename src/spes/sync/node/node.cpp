@@ -143,14 +143,21 @@ void SyncNode::on_start(Trainer& t) {
     spdlog::info("node {}: continuing from its checkpoint at step {} (after round {})",
                  id.node_id, step, jr.published_round);
   } else {
-    Download d(reg, jr.published_round, Selection::All, wire);
-    down = call("initial download", cfg.spes_config.retry_max_s, [&] {
-      return d.attempt(*client_);
-    });
+    // A node that already holds the published model bit for bit needs no download: a fresh
+    // node built from the server's config and seed at round 0 (or from the same
+    // model.init_checkpoint), or one restarted on exactly that model. The digest is the check
+    // a download ends with; on a slow link this saves a whole model (docs/PROTOCOL.md, Node).
     sha = reg.weights_sha256();
-    SPES_CHECK(sha == jr.model_sha256, "node {}: after loading round {} its weights hash to {} "
-               "but the server published {}", id.node_id, jr.published_round, sha,
-               jr.model_sha256);
+    if (sha != jr.model_sha256) {
+      Download d(reg, jr.published_round, Selection::All, wire);
+      down = call("initial download", cfg.spes_config.retry_max_s, [&] {
+        return d.attempt(*client_);
+      });
+      sha = reg.weights_sha256();
+      SPES_CHECK(sha == jr.model_sha256, "node {}: after loading round {} its weights hash to "
+                 "{} but the server published {}", id.node_id, jr.published_round, sha,
+                 jr.model_sha256);
+    }
     if (step != jr.published_step)
       spdlog::warn("node {}: its checkpoint is at step {} (round {}); the others published "
                    "round {} (step {}): taking that model and joining from there", id.node_id,
