@@ -1,6 +1,7 @@
 // The sync server process never maps libtorch_cuda or the CUDA libraries behind it (cuBLAS,
 // nvJitLink, ...): `spes serve` does not load them, on a GPU machine either (src/cli/main.cpp,
-// train/cuda_library.h), which keeps ~235 MiB out of its memory.
+// train/cuda_library.h), which keeps ~240 MiB out of its memory
+// (docs/PERFORMANCE.md, "The sync server without CUDA").
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,7 +1,7 @@
 // PyTorch's CUDA library, loaded at run time. The binaries link libtorch_cpu only; libtorch_cuda
 // (with cuBLAS, cuSPARSE, NVRTC, ... behind it) is dlopen()ed when a process may use a GPU and
 // the machine has an NVIDIA driver. A process that never uses a GPU (the sync server, most
-// tools) or a machine without one keeps ~235 MiB of those libraries out of its memory
+// tools) or a machine without one keeps ~240 MiB of those libraries out of its memory
 // (docs/PERFORMANCE.md, "The sync server without CUDA").
 //
 // Load it before the first torch call of the process: libtorch decides once, on first use,

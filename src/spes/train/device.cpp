@@ -96,13 +96,8 @@ std::string cpu_gemm_library() {
 std::string torch_build_summary() {
   std::string s = fmt::format("libtorch {}, CPU GEMM {}", TORCH_VERSION, cpu_gemm_library());
   if (!torch_cuda_loaded()) return s + ", CUDA: " + torch_cuda_status();
-  const auto& hooks = at::detail::getCUDAHooks();
-  long cudart = 0;
-  try {
-    cudart = hooks.versionCUDART();  // throws when libtorch has no CUDA library
-  } catch (const c10::Error&) {
-  }
-  if (cudart <= 0) return s + ", CUDA: no";
+  // Loaded: its hooks are registered, so the runtime's version is known.
+  const long cudart = at::detail::getCUDAHooks().versionCUDART();
   s += fmt::format(", CUDA {}.{}", cudart / 1000, (cudart % 1000) / 10);
   return s + fmt::format(", GPUs visible: {}", cuda_device_count());
 }
