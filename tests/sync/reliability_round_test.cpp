@@ -344,6 +344,13 @@ TEST(RoundStateReliability, RestartContinuesFromTheLastPublishedRound) {
   std::vector<int64_t> rounds;
   for (const auto& l : lines) rounds.push_back(l["round"]);
   EXPECT_THAT(rounds, ElementsAre(1, 2));
+  // close() waited for the background cleanup: no replaced model file, no temporary file, no
+  // staged upload of a published round is left.
+  for (const auto& e : fs::recursive_directory_iterator(tmp.path)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(name.find(".tmp."), std::string::npos) << e.path();
+    EXPECT_NE(e.path().parent_path().filename(), "staging") << e.path();
+  }
 
   // A corrupt published file is detected, not served.
   {

@@ -6,10 +6,14 @@
 #include <openssl/sha.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "spes/common/error.h"
@@ -85,6 +89,108 @@ void file_write_atomic(const std::string& path, const std::string& data) {
   SPES_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp,
              path, std::strerror(errno));
   dir_fsync(fs::path(path).parent_path().string());
+}
+
+namespace {
+constexpr size_t kDirectAlign = 4096;  // buffer, offset and length alignment of O_DIRECT
+
+// Writes [data, data + n) at the file's position; false with errno set on error.
+bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      return false;
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+}  // namespace
+
+void file_write_direct(const std::string& path,
+                       const std::function<void(std::string* buf)>& next) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  bool direct = fd >= 0;
+  if (!direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  SPES_CHECK(fd >= 0, "cannot create '{}': {}", path, std::strerror(errno));
+  // O_DIRECT takes whole blocks from an aligned buffer at aligned offsets: the pieces are
+  // gathered in `block` and written a whole number of blocks at a time; the tail is padded
+  // with zeros and the file cut back to its size at the end.
+  std::unique_ptr<char, decltype(&std::free)> block(nullptr, &std::free);
+  size_t capacity = 0, held = 0;
+  auto failed = [&](const char* what) {
+    const int e = errno;
+    ::close(fd);
+    fail("cannot {} '{}': {} (disk full? free space there and retry)", what, path,
+         std::strerror(e));
+  };
+  // Writes the whole blocks of `block` (all of it, padded, when `last`), keeping the rest;
+  // false (errno set, nothing kept changed) when the write fails.
+  auto flush_blocks = [&](bool last) {
+    const size_t whole = last ? (held + kDirectAlign - 1) / kDirectAlign * kDirectAlign
+                              : held / kDirectAlign * kDirectAlign;
+    if (whole == 0) return true;
+    std::memset(block.get() + held, 0, whole - std::min(whole, held));
+    if (!write_all(fd, block.get(), whole)) return false;
+    held -= std::min(whole, held);
+    std::memmove(block.get(), block.get() + whole, held);
+    return true;
+  };
+  std::string piece;
+  uint64_t total = 0;
+  // After a failed direct write: EINVAL before anything was written means this file system
+  // wants another alignment; go on through the page cache from the start (`block` holds
+  // everything so far). Any other failure is an error.
+  auto fall_back = [&] {
+    if (errno != EINVAL || held != total) failed("write");
+    direct = false;
+    if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT) != 0 ||
+        ::lseek(fd, 0, SEEK_SET) != 0 || !write_all(fd, block.get(), held))
+      failed("write");
+    held = 0;
+  };
+  for (;;) {
+    piece.clear();
+    next(&piece);
+    if (piece.empty()) break;
+    total += piece.size();
+    if (direct) {
+      if (held + piece.size() + kDirectAlign > capacity) {
+        capacity = (held + piece.size() + 2 * kDirectAlign) / kDirectAlign * kDirectAlign;
+        std::unique_ptr<char, decltype(&std::free)> bigger(
+            static_cast<char*>(std::aligned_alloc(kDirectAlign, capacity)), &std::free);
+        SPES_CHECK(bigger, "out of memory writing '{}'", path);
+        if (held) std::memcpy(bigger.get(), block.get(), held);
+        block = std::move(bigger);
+      }
+      std::memcpy(block.get() + held, piece.data(), piece.size());
+      held += piece.size();
+      if (!flush_blocks(false)) fall_back();
+      continue;
+    }
+    if (!write_all(fd, piece.data(), piece.size())) failed("write");
+  }
+  if (direct && !flush_blocks(true)) fall_back();
+  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) failed("write");
+  if (::fsync(fd) != 0) failed("sync");
+  if (::close(fd) != 0) fail("cannot write '{}': {} (disk full?)", path, std::strerror(errno));
+}
+
+bool file_replace(const std::string& from, const std::string& to, const std::string& replaced) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) {
+    SPES_CHECK(::rename(from.c_str(), replaced.c_str()) == 0, "cannot rename '{}' to '{}': {}",
+               from, replaced, std::strerror(errno));
+    return true;
+  }
+  // ENOENT: nothing to replace; EINVAL: no exchange on this file system.
+  SPES_CHECK(errno == ENOENT || errno == EINVAL, "cannot rename '{}' to '{}': {}", from, to,
+             std::strerror(errno));
+  SPES_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename '{}' to '{}': {}", from, to,
+             std::strerror(errno));
+  return false;
 }
 
 void dir_commit(const std::string& tmp, const std::string& dst) {

@@ -1,9 +1,11 @@
 // File helpers: whole-file read, exact reads at an offset, JSON lines, atomic write (temporary
-// name, fsync, rename), directory fsync, and SHA-256 digests.
+// name, fsync, rename), a large file written past the page cache, atomic replacement that
+// leaves the replaced file for later removal, directory fsync, and SHA-256 digests.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,22 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path);
 void file_write_atomic(const std::string& path, const std::string& data);
 // fsyncs a directory so that a rename inside it is durable.
 void dir_fsync(const std::string& dir);
+// Writes a large file at `path` (created or truncated) from `next(buf)`, which appends the next
+// piece to `buf` (at most a few MiB; nothing once the file is complete), and fsyncs it. Writes
+// with O_DIRECT where the file system takes it: the disk reads each piece straight from this
+// process's buffer, so that the file costs no copy into the page cache (copying hundreds of MiB
+// into fresh page-cache pages takes seconds on a busy virtual machine; the disk's own write
+// takes a fraction of that) and the fsync has nothing left to write. Elsewhere (tmpfs, ...) the
+// pieces go through the page cache. Throws naming the file and the fix (disk full?) on error;
+// the caller removes the file.
+void file_write_direct(const std::string& path,
+                       const std::function<void(std::string* buf)>& next);
+// Renames `from` to `to` atomically. When `to` exists, the two are exchanged (renameat2
+// RENAME_EXCHANGE) and the replaced file is then renamed to `replaced`, for the caller to
+// remove off its critical path (freeing a large file's blocks takes time, more so on a disk
+// mounted with discard); returns whether there was one. Where the exchange is unsupported, a
+// plain rename (as atomic; it frees the old file's blocks at once).
+bool file_replace(const std::string& from, const std::string& to, const std::string& replaced);
 // Replaces directory `dst` with the fully written directory `tmp` atomically (rename).
 void dir_commit(const std::string& tmp, const std::string& dst);
 std::string sha256_hex(const void* data, size_t n);

@@ -144,8 +144,10 @@ class RoundAggregator {
 // server's checks (header against the plan, finite values), reading it piece by piece; owner
 // copies are read back from the file by finish(). A compressed upload is rebuilt against the
 // model's published tensors (the previous round's model) first. `expect_node` < 0: any node.
+// `values_checked`: every value already passed check_upload_run as it arrived (the server's
+// staged uploads, upload_staging.h), so the fold does not test them again.
 UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
-                            int64_t expect_node = -1);
+                            int64_t expect_node = -1, bool values_checked = false);
 
 // One offline round with the server's code: folds the upload files (any order given; folded in
 // ascending node order, as the server does) into `model` (holding the previous published

@@ -29,7 +29,8 @@ double OpenRound::seconds_open() const { return started_ ? seconds_since(start_)
 void OpenRound::fold_ready(UploadStaging& uploads) {
   const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
   while (next_fold_ < n && uploads.state(next_fold_) == UploadStaging::State::Ready) {
-    fold_upload_file(agg_, model_.plan(), uploads.staged_file(next_fold_), next_fold_);
+    fold_upload_file(agg_, model_.plan(), uploads.staged_file(next_fold_), next_fold_,
+                     /*values_checked=*/true);
     uploads.mark_folded(next_fold_);
     ++next_fold_;
   }
@@ -39,7 +40,7 @@ void OpenRound::fold_rest(UploadStaging& uploads) {
   const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
   for (int64_t i = next_fold_; i < n; ++i) {
     if (uploads.state(i) != UploadStaging::State::Ready) continue;
-    fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i);
+    fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i, /*values_checked=*/true);
     uploads.mark_folded(i);
   }
   next_fold_ = n;
@@ -51,7 +52,7 @@ void OpenRound::refold(UploadStaging& uploads) {
   const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
   for (int64_t i = 0; i < n; ++i) {
     if (!uploads.arrived(i)) continue;
-    fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i);
+    fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i, /*values_checked=*/true);
     uploads.mark_folded(i);
   }
   next_fold_ = n;

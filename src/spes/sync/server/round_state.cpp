@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <random>
 
 #include <fmt/ranges.h>
@@ -313,7 +314,13 @@ bool RoundState::publish() {
   bounds_.published(change, model_->tensors());
   store_.save_drift_window(p, bounds_.to_json());
   uploads_.next_round(p.round + 1);
-  uploads_.remove_staged(p.round);
+  // Unlinking four large files frees their blocks (slow on a disk mounted with discard): off
+  // the publication's path.
+  store_.defer(fmt::format("removing the staged uploads of round {}", p.round),
+               [files = uploads_.staged_files(p.round)] {
+                 std::error_code ec;
+                 for (const auto& f : files) std::filesystem::remove(f, ec);
+               });
   round_.begin(p.round + 1);
   spdlog::info("round {} (step {}) published: {} nodes, alpha {:.4g}, persist {:.2f} s, sha256 {}",
                p.round, p.step, p.nodes.size(), p.alpha, seconds_since(t1),
@@ -479,6 +486,7 @@ void RoundState::close() {
   closed_ = true;
   log_->flush_pending();
   cv_.notify_all();
+  store_.flush();  // the last round on disk before the server exits
 }
 
 }  // namespace spes::sync

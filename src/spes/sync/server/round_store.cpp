@@ -1,7 +1,11 @@
 // The sync server's state on disk and its restart (see round_store.h).
 #include "spes/sync/server/round_store.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -124,18 +128,28 @@ std::optional<PublishedRound> RoundStore::resume() {
   return p;
 }
 
-void RoundStore::save_drift_window(const PublishedRound& p, const nlohmann::json& window) const {
+void RoundStore::save_drift_window(const PublishedRound& p, const nlohmann::json& window) {
   const nlohmann::json j = {{"format", "spes-drift-window-v1"},
                             {"round", p.round},
                             {"model_sha256", p.sha256},
                             {"window", window}};
-  try {
-    file_write_atomic(run_layout::drift_window(dir_), j.dump());
-  } catch (const std::exception& e) {
-    spdlog::warn("round {}: the drift window could not be saved ({}); a restart would start it "
-                 "empty", p.round, e.what());
-  }
+  const int64_t round = p.round;
+  background_.post(fmt::format("saving the drift window of round {}", round),
+                   [this, round, text = j.dump()] {
+    try {
+      file_write_atomic(run_layout::drift_window(dir_), text);
+    } catch (const std::exception& e) {
+      spdlog::warn("round {}: the drift window could not be saved ({}); a restart would start "
+                   "it empty", round, e.what());
+    }
+  });
 }
+
+void RoundStore::defer(std::string what, std::function<void()> job) {
+  background_.post(std::move(what), std::move(job));
+}
+
+void RoundStore::flush() { background_.wait(); }
 
 nlohmann::json RoundStore::load_drift_window(const PublishedRound& p) const {
   const std::string path = run_layout::drift_window(dir_);
@@ -200,17 +214,30 @@ bool RoundStore::commit_delta(DeltaFileWriter& file, const DeltaRecord& record) 
 }
 
 void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
+  // The previous round's background work first (removing the file this round's replaces
+  // from the last time, its kept copies): nothing of it may touch this round's files.
+  background_.wait();
   const std::string& dir = dir_;
   const bool outer = cfg_.spes_config.uses_outer_step();
   // Order (the round's delta is already in place, commit_delta): momentum of the round, then
   // the published model (authoritative on restart; a delta of a round it does not describe is
-  // ignored), then state.json; each written to a temporary name, fsynced and renamed.
+  // ignored), then state.json; each written to a temporary name, fsynced and renamed. The
+  // published model is written past the page cache (write_stream_file); the file it replaces
+  // is moved aside and removed in the background, with the rest of the cleanup.
   if (outer)
     write_stream_file(momentum_path(p.round),
                       SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,
                                               {{"format", "spes-momentum-v1"},
                                                {"round", std::to_string(p.round)}}));
-  write_stream_file(published_path(), published_writer(model_, p.round, p.step, p.sha256));
+  const std::string replaced = published_path() + ".tmp." + std::to_string(::getpid()) +
+                               ".replaced";
+  const bool had_old = write_stream_file(
+      published_path(), published_writer(model_, p.round, p.step, p.sha256), replaced);
+  // Downloads read it next, and it bypassed the page cache: start reading it back now.
+  if (const int fd = ::open(published_path().c_str(), O_RDONLY); fd >= 0) {
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+    ::close(fd);
+  }
   const nlohmann::json st = {{"format", "spes-server-state-v1"},
                              {"round", p.round},
                              {"step", p.step},
@@ -233,11 +260,7 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
     spdlog::error("round {} is published but '{}/state.json' could not be updated ({}); a "
                   "restart resumes from published.safetensors", p.round, dir, e.what());
   }
-  if (outer && p.round > 1) {
-    std::error_code ec;
-    fs::remove(momentum_path(p.round - 1), ec);
-  }
-  if (keep_copies_) {
+  if (keep_copies_) {  // hard links: no copy on the way
     fs::create_directories(run_layout::kept_round(dir, p.round));
     auto keep = [&](const std::string& from, const std::string& as) {
       std::error_code ec;
@@ -249,6 +272,13 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
     if (outer && p.round > 0)
       keep(momentum_path(p.round), run_layout::kept_momentum(dir, p.round));
   }
+  const int64_t round = p.round;
+  background_.post(fmt::format("cleaning up after round {}", round),
+                   [this, outer, round, had_old, replaced] {
+    std::error_code ec;
+    if (had_old) fs::remove(replaced, ec);
+    if (outer && round > 1) fs::remove(momentum_path(round - 1), ec);
+  });
 }
 
 }  // namespace spes::sync

@@ -2,13 +2,17 @@
 // loses nothing and a restarted server continues from the latest published round: with
 // compression the round's delta from the previous round (delta.safetensors, written while it
 // is computed: round/delta_file.h), the round's diloco momentum (momentum-<r>.safetensors), the
-// published model (published.safetensors, authoritative on restart), then state.json (the
-// round's record and the run's identity), each written to a temporary name, fsynced and
-// renamed; with keep_uploads also copies under rounds/<r>/. On restart, checks that DIR holds
-// the same run and loads the model from it.
+// published model (published.safetensors, authoritative on restart; written past the page
+// cache), then state.json (the round's record and the run's identity), each written to a
+// temporary name, fsynced and renamed before the round is published; with keep_uploads also
+// copies (hard links) under rounds/<r>/. What need not delay a publication runs on a
+// background thread while nodes download, always before the next round is persisted: removing
+// the replaced model file, the staged uploads and the previous momentum, and saving the drift
+// window. On restart, checks that DIR holds the same run and loads the model from it.
 // Leaves out: rounds.jsonl (round_log.h) and staged uploads (upload_staging.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "spes/common/background_queue.h"
 #include "spes/io/config.h"
 #include "spes/io/run_layout.h"
 #include "spes/sync/round/aggregate.h"
@@ -51,17 +56,24 @@ class RoundStore {
   // Completes it as DIR/delta.safetensors, before the round's model is persisted; false
   // (logged; nodes get full tensors for the round) when it could not be written.
   bool commit_delta(DeltaFileWriter& file, const DeltaRecord& record) const;
-  // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json.
-  // Throws (nothing replaced) when the published model cannot be written; once it is in place
-  // (the commit point) a failure to update state.json is logged, not thrown.
+  // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json, after
+  // the previous round's background work; its cleanup follows in the background. Throws
+  // (nothing replaced) when the published model cannot be written; once it is in place (the
+  // commit point) a failure to update state.json is logged, not thrown.
   void persist(const PublishedRound& p, const nlohmann::json& line);
+  // Runs `job` on the background thread after the work already queued (`what` names it in the
+  // log if it fails): cleanup that must not delay a publication.
+  void defer(std::string what, std::function<void()> job);
+  // Blocks until all background work so far has run (on shutdown; tests).
+  void flush();
   // The delta file of round `p` (same round and digest) when DIR holds one, else nothing (a
   // restarted server then serves full tensors once).
   std::optional<DeltaRecord> load_delta(const PublishedRound& p) const;
   std::string delta_path() const { return run_layout::published_delta(dir_); }
   // The update bounds' drift window after round `p` (UpdateBounds::to_json), saved atomically
-  // beside the round; a failure is logged (a restart then starts the window empty).
-  void save_drift_window(const PublishedRound& p, const nlohmann::json& window) const;
+  // beside the round in the background; a failure is logged (a restart then starts the window
+  // empty).
+  void save_drift_window(const PublishedRound& p, const nlohmann::json& window);
   // The window saved with round `p` (same round and model digest), else null.
   nlohmann::json load_drift_window(const PublishedRound& p) const;
   // The rounds.jsonl line that state.json keeps (null if none).
@@ -77,6 +89,8 @@ class RoundStore {
   bool keep_copies_;
   SyncModel& model_;
   uint64_t incarnation_;
+  // Last member: destroyed first, running what is queued while the rest is still alive.
+  BackgroundQueue background_{"sync server: background persistence"};
 };
 
 }  // namespace spes::sync

@@ -50,6 +50,8 @@ class UpdateBounds {
   std::vector<Outlier> outliers(
       const std::vector<std::pair<int64_t, const std::vector<double>*>>& uploads) const;
 
+  // The norm of tensor `t` in the latest published model.
+  double published_norm(size_t t) const { return norms_.back()[t]; }
   // Starts the window over at `pub` (a server resumed from disk without a saved window).
   void reset(const std::vector<torch::Tensor>& pub);
   // The window as JSON ({"norms": [[...]], "changes": [[...]]}), and back; restore() refuses

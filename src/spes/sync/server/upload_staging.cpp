@@ -33,7 +33,7 @@ struct UploadStream {
   std::unique_ptr<DeltaStreamDecoder> decoder;  // compressed uploads -> rebuilt fp32 runs
   UploadMeta meta;
   std::unique_ptr<UploadAssembly> assembly;  // chunk checks, bytes received, whole digest
-  double diff_sq = 0, base_sq = 0;  // ||upload - published||^2, ||published||^2
+  double diff_sq = 0;  // ||upload - published||^2
   std::vector<double> tensor_diff_sq;  // the same per model tensor
 
   ~UploadStream() { close_file(); }
@@ -112,12 +112,12 @@ void UploadStaging::next_round(int64_t round) {
   }
 }
 
-void UploadStaging::remove_staged(int64_t round) {
-  if (keep_uploads_) return;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    std::error_code ec;
-    fs::remove(staged_path(round, static_cast<int64_t>(i)), ec);
-  }
+std::vector<std::string> UploadStaging::staged_files(int64_t round) const {
+  std::vector<std::string> out;
+  if (keep_uploads_) return out;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    out.push_back(staged_path(round, static_cast<int64_t>(i)));
+  return out;
 }
 
 uint64_t UploadStaging::resume_offset(const NodeId& node, int64_t round, int64_t step,
@@ -282,15 +282,13 @@ void UploadStaging::open_staged_file(UploadStream& s) {
         const torch::Tensor u = run.to(torch::kFloat32).contiguous();
         const float* up = u.data_ptr<float>();
         const float* pp = pub.data_ptr<float>();
-        double d = 0, b = 0;
+        double d = 0;
         for (int64_t k = 0; k < run.numel(); ++k) {
           const double x = static_cast<double>(up[k]) - pp[k];
           d += x * x;
-          b += static_cast<double>(pp[k]) * pp[k];
         }
         sp->diff_sq += d;
         sp->tensor_diff_sq[static_cast<size_t>(i)] += d;
-        sp->base_sq += b;
       };
   s.decoder = std::make_unique<DeltaStreamDecoder>(
       model_.plan().compression(),
@@ -357,7 +355,15 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   try {
     s.reader->finish();
     const double limit = cfg_.spes_config.max_update_norm_ratio;
-    const double ratio = std::sqrt(s.diff_sq) / std::max(std::sqrt(s.base_sq), 1e-12);
+    // ||published||^2 over the tensors of this upload (all of its set: the header was checked
+    // against the plan and the reader found every one complete), from the norms the update
+    // bounds keep of the published model.
+    double base_sq = 0;
+    for (size_t i : model_.plan().upload_of(s.node)) {
+      const double n = bounds_.published_norm(i);
+      base_sq += n * n;
+    }
+    const double ratio = std::sqrt(s.diff_sq) / std::max(std::sqrt(base_sq), 1e-12);
     if (limit > 0 && ratio > limit)
       sync_fail(SyncErrc::InvalidArgument, "upload of node {} round {}: it moves the weights by "
                 "{:.4g} x the norm of the published model, above "

@@ -107,8 +107,9 @@ class UploadStaging {
   // The round before `round` was published: every slot starts over for `round` and kept bytes
   // are dropped.
   void next_round(int64_t round);
-  // Removes the staged files of `round` (kept with keep_uploads).
-  void remove_staged(int64_t round);
+  // The staged files of `round`, for their removal once it is published (none with
+  // keep_uploads, which keeps them).
+  std::vector<std::string> staged_files(int64_t round) const;
 
   // For UploadSession (they take the lock where needed).
   void chunk(UploadStream& s, uint64_t offset, const std::string& data,

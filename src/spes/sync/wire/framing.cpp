@@ -307,31 +307,27 @@ StreamHeader read_stream_header(const std::string& path) {
   return r.header();
 }
 
-void write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer) {
+bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
+                       const std::string& replaced_as) {
   const fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  SPES_CHECK(f, "cannot open '{}' for writing", tmp);
-  std::string buf;
-  bool ok = true;
-  for (uint64_t off = 0; off < writer.total_bytes() && ok; off += kFileIoBytes) {
-    buf.clear();
-    writer.read(off, kFileIoBytes, &buf);
-    ok = std::fwrite(buf.data(), 1, buf.size(), f) == buf.size() && std::fflush(f) == 0;
-    // Start writing this piece to disk now, without waiting for it: the disk works while the
-    // next pieces are produced, and the fsync below waits only for what is left.
-    if (ok) ::sync_file_range(fileno(f), static_cast<off_t>(off), static_cast<off_t>(buf.size()),
-                              SYNC_FILE_RANGE_WRITE);
+  uint64_t off = 0;
+  try {
+    file_write_direct(tmp, [&](std::string* buf) {
+      writer.read(off, kFileIoBytes, buf);
+      off += buf->size();
+    });
+  } catch (const std::exception&) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
   }
-  ok = ok && ::fsync(fileno(f)) == 0;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    fs::remove(tmp);
-    fail("cannot write '{}' (disk full?)", tmp);
-  }
-  fs::rename(tmp, path);
+  bool replaced = false;
+  if (replaced_as.empty()) fs::rename(tmp, path);
+  else replaced = file_replace(tmp, path, replaced_as);
   dir_fsync(p.has_parent_path() ? p.parent_path().string() : ".");
+  return replaced;
 }
 
 bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string& path) {

@@ -126,8 +126,13 @@ class SafetensorsStreamReader {
 void stream_file(const std::string& path, SafetensorsStreamReader& reader);
 // Parses a stream's header from a file (reads only the header).
 StreamHeader read_stream_header(const std::string& path);
-// Writes a stream to `path` atomically (temporary name, fsync, rename), piece by piece.
-void write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer);
+// Writes a stream to `path` atomically and durably, piece by piece: a temporary name written
+// past the page cache and fsynced (file_write_direct, io/files.h), renamed into place, the
+// directory fsynced. With `replaced_as`, a file already at `path` is moved there
+// (file_replace) for the caller to remove later instead of being freed here; returns whether
+// there was one.
+bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
+                       const std::string& replaced_as = "");
 
 // True when the file holds exactly the writer's bytes.
 bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string& path);
