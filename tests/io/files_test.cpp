@@ -1,7 +1,8 @@
 // File helpers of io/files.h that the sync server's persistence relies on: a large file
 // written past the page cache (O_DIRECT, padded and cut back, or the page cache where the file
-// system refuses it) holds exactly the pieces given, in any sizes; an atomic replacement keeps
-// the replaced file aside under the name asked for.
+// system refuses it) holds exactly the pieces given, in any sizes, and its head can be amended
+// before it is synced; an atomic replacement keeps the replaced file aside under the name asked
+// for.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -71,6 +72,39 @@ TEST(FileWriteDirect, HoldsExactlyThePiecesWhateverTheirSizes) {
     const std::string shorter = random_bytes(5000, 2);
     write_in_pieces(path, shorter, {3000});
     EXPECT_EQ(file_read(path), shorter);
+    std::error_code ec;
+    if (dir != tmp.path.string()) fs::remove_all(dir, ec);
+  }
+}
+
+TEST(FileWriteDirect, AmendsItsHeadBeforeTheSync) {
+  spes::test::TempDir tmp;
+  for (const std::string& dir : folders(tmp)) {
+    for (const size_t total : {size_t{100}, size_t{4096}, size_t{4097}, size_t{(1u << 20) + 9}}) {
+      SCOPED_TRACE(dir + ", " + std::to_string(total) + " bytes");
+      std::string data = random_bytes(total, static_cast<uint32_t>(total));
+      data.replace(40, 8, "00000000");  // a placeholder in the head
+      const std::string path = dir + "/h.bin";
+      size_t off = 0;
+      size_t seen = 0;
+      file_write_direct(
+          path,
+          [&](std::string* buf) {
+            const size_t n = std::min<size_t>(3000, data.size() - off);
+            buf->append(data, off, n);
+            off += n;
+          },
+          [&](std::string* head) {
+            seen = head->size();
+            ASSERT_EQ(head->substr(40, 8), "00000000");
+            head->replace(40, 8, "digest!!");
+          });
+      EXPECT_EQ(seen, std::min<size_t>(total, 4096));
+      std::string want = data;
+      want.replace(40, 8, "digest!!");
+      EXPECT_TRUE(file_read(path) == want);
+      EXPECT_EQ(fs::file_size(path), total);
+    }
     std::error_code ec;
     if (dir != tmp.path.string()) fs::remove_all(dir, ec);
   }

@@ -111,11 +111,18 @@ bool write_all(int fd, const char* data, size_t n) {
 }  // namespace
 
 void file_write_direct(const std::string& path,
-                       const std::function<void(std::string* buf)>& next) {
+                       const std::function<void(std::string* buf)>& next,
+                       const std::function<void(std::string* head)>& amend_head) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
   bool direct = fd >= 0;
   if (!direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   SPES_CHECK(fd >= 0, "cannot create '{}': {}", path, std::strerror(errno));
+  struct Closer {  // closes the file on every way out (next() and amend_head may throw)
+    int& fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd};
   // O_DIRECT takes whole blocks from an aligned buffer at aligned offsets: the pieces are
   // gathered in `block` and written a whole number of blocks at a time; the tail is padded
   // with zeros and the file cut back to its size at the end.
@@ -123,7 +130,6 @@ void file_write_direct(const std::string& path,
   size_t capacity = 0, held = 0;
   auto failed = [&](const char* what) {
     const int e = errno;
-    ::close(fd);
     fail("cannot {} '{}': {} (disk full? free space there and retry)", what, path,
          std::strerror(e));
   };
@@ -139,7 +145,7 @@ void file_write_direct(const std::string& path,
     std::memmove(block.get(), block.get() + whole, held);
     return true;
   };
-  std::string piece;
+  std::string piece, head;
   uint64_t total = 0;
   // After a failed direct write: EINVAL before anything was written means this file system
   // wants another alignment; go on through the page cache from the start (`block` holds
@@ -156,6 +162,8 @@ void file_write_direct(const std::string& path,
     piece.clear();
     next(&piece);
     if (piece.empty()) break;
+    if (amend_head && head.size() < kDirectAlign)
+      head.append(piece, 0, std::min(piece.size(), kDirectAlign - head.size()));
     total += piece.size();
     if (direct) {
       if (held + piece.size() + kDirectAlign > capacity) {
@@ -174,9 +182,33 @@ void file_write_direct(const std::string& path,
     if (!write_all(fd, piece.data(), piece.size())) failed("write");
   }
   if (direct && !flush_blocks(true)) fall_back();
+  if (amend_head && !head.empty()) {
+    const size_t n = head.size();
+    amend_head(&head);
+    SPES_CHECK(head.size() == n, "'{}': the amended head changed length ({} -> {} bytes)", path,
+               n, head.size());
+    // Direct: one aligned block at offset 0 (past the end of a file shorter than a block,
+    // the padding is cut off below).
+    const char* src = head.data();
+    size_t len = n;
+    if (direct) {
+      std::memcpy(block.get(), head.data(), n);
+      std::memset(block.get() + n, 0, kDirectAlign - n);
+      src = block.get();
+      len = kDirectAlign;
+    }
+    for (size_t done = 0; done < len;) {
+      const ssize_t w = ::pwrite(fd, src + done, len - done, static_cast<off_t>(done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) failed("write");
+      done += static_cast<size_t>(w);
+    }
+  }
   if (::ftruncate(fd, static_cast<off_t>(total)) != 0) failed("write");
   if (::fsync(fd) != 0) failed("sync");
-  if (::close(fd) != 0) fail("cannot write '{}': {} (disk full?)", path, std::strerror(errno));
+  const int done = fd;
+  fd = -1;
+  if (::close(done) != 0) fail("cannot write '{}': {} (disk full?)", path, std::strerror(errno));
 }
 
 bool file_replace(const std::string& from, const std::string& to, const std::string& replaced) {

@@ -28,10 +28,13 @@ void dir_fsync(const std::string& dir);
 // process's buffer, so that the file costs no copy into the page cache (copying hundreds of MiB
 // into fresh page-cache pages takes seconds on a busy virtual machine; the disk's own write
 // takes a fraction of that) and the fsync has nothing left to write. Elsewhere (tmpfs, ...) the
-// pieces go through the page cache. Throws naming the file and the fix (disk full?) on error;
-// the caller removes the file.
+// pieces go through the page cache. With `amend_head`, the file's first min(size, 4096) bytes
+// as written are handed to it before the fsync; what it leaves there (same length) is written
+// over them: a header field whose value was not known when the writing began. Throws naming
+// the file and the fix (disk full?) on error; the caller removes the file.
 void file_write_direct(const std::string& path,
-                       const std::function<void(std::string* buf)>& next);
+                       const std::function<void(std::string* buf)>& next,
+                       const std::function<void(std::string* head)>& amend_head = nullptr);
 // Renames `from` to `to` atomically. When `to` exists, the two are exchanged (renameat2
 // RENAME_EXCHANGE) and the replaced file is then renamed to `replaced`, for the caller to
 // remove off its critical path (freeing a large file's blocks takes time, more so on a disk

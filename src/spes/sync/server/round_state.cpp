@@ -241,7 +241,9 @@ bool RoundState::publish() {
       delta = quantise_publication(*model_, o, store_.published_path(), delta_file.get());
     }
     const double aggregate_s = seconds_since(t0);
-    const std::string sha = model_->weights_sha256();
+    // The delta's record needs the digest now; otherwise persist computes it while the model
+    // file is written.
+    const std::string sha = compressed ? model_->weights_sha256() : std::string();
     const auto t_delta = Clock::now();
     DeltaRecord record;  // invalid: no delta for this round (nodes get full tensors)
     if (delta_file) {
@@ -292,7 +294,8 @@ bool RoundState::publish() {
   try {
     // Saved before anyone can see the round: a crash now loses nothing, and a restarted
     // server continues from here (the line is kept in state.json for rounds.jsonl).
-    store_.persist(c.round, c.line);
+    c.round.sha256 = store_.persist(c.round, c.line);
+    c.line["model_sha256"] = c.round.sha256;
   } catch (const std::exception& e) {
     c.error = printable(e.what(), kMaxDetailBytes);
     spdlog::error("round {}: saving the published model failed, so the round is not published; "

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <filesystem>
 
 #include "spes/common/strings.h"
@@ -213,7 +214,7 @@ bool RoundStore::commit_delta(DeltaFileWriter& file, const DeltaRecord& record) 
   }
 }
 
-void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
+std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
   // The previous round's background work first (removing the file this round's replaces
   // from the last time, its kept copies): nothing of it may touch this round's files.
   background_.wait();
@@ -231,17 +232,40 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
                                                {"round", std::to_string(p.round)}}));
   const std::string replaced = published_path() + ".tmp." + std::to_string(::getpid()) +
                                ".replaced";
+  // Without the digest, it is computed on another thread while the disk writes the file (the
+  // writing thread mostly waits for it), its header holding a placeholder of the same length
+  // that is replaced before the file is synced. (Both threads only read the weights.)
+  std::string sha = p.sha256;
+  std::future<std::string> digest;
+  if (sha.empty())
+    digest = std::async(std::launch::async, [this] { return model_.weights_sha256(); });
+  const std::string placeholder(64, '0');
   const bool had_old = write_stream_file(
-      published_path(), published_writer(model_, p.round, p.step, p.sha256), replaced);
+      published_path(),
+      published_writer(model_, p.round, p.step, sha.empty() ? placeholder : sha), replaced,
+      [&](std::string* head) {
+        if (!digest.valid()) return;
+        sha = digest.get();
+        const std::string field = "\"model_sha256\":\"";
+        const size_t at = head->find(field + placeholder + "\"");
+        SPES_CHECK(at != std::string::npos && sha.size() == placeholder.size(),
+                   "'{}': no digest placeholder in the first {} bytes of its header",
+                   published_path(), head->size());
+        head->replace(at + field.size(), sha.size(), sha);
+      });
+  SPES_CHECK(!sha.empty() && sha != placeholder, "'{}' was written without its digest",
+             published_path());
   // Downloads read it next, and it bypassed the page cache: start reading it back now.
   if (const int fd = ::open(published_path().c_str(), O_RDONLY); fd >= 0) {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
   }
+  nlohmann::json saved_line = line;
+  if (saved_line.is_object()) saved_line["model_sha256"] = sha;
   const nlohmann::json st = {{"format", "spes-server-state-v1"},
                              {"round", p.round},
                              {"step", p.step},
-                             {"model_sha256", p.sha256},
+                             {"model_sha256", sha},
                              {"alpha", p.alpha},
                              {"merged", p.merged},
                              {"nodes", p.nodes},
@@ -249,7 +273,7 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
                              {"model_fingerprint", model_.model_fingerprint()},
                              {"ownership_fingerprint", model_.ownership_fingerprint()},
                              {"server_incarnation", incarnation_},
-                             {"line", line},
+                             {"line", saved_line},
                              {"time", unix_time()}};
   // The published file is the commit point (a restart resumes from it): from here on a
   // failure is logged, not thrown; state.json is written again with the next round.
@@ -279,6 +303,7 @@ void RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
     if (had_old) fs::remove(replaced, ec);
     if (outer && round > 1) fs::remove(momentum_path(round - 1), ec);
   });
+  return sha;
 }
 
 }  // namespace spes::sync

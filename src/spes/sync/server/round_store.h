@@ -57,10 +57,11 @@ class RoundStore {
   // (logged; nodes get full tensors for the round) when it could not be written.
   bool commit_delta(DeltaFileWriter& file, const DeltaRecord& record) const;
   // Persists `p` (the model as it is now) with its rounds.jsonl line kept in state.json, after
-  // the previous round's background work; its cleanup follows in the background. Throws
-  // (nothing replaced) when the published model cannot be written; once it is in place (the
-  // commit point) a failure to update state.json is logged, not thrown.
-  void persist(const PublishedRound& p, const nlohmann::json& line);
+  // the previous round's background work; its cleanup follows in the background. Returns the
+  // weights' digest: p.sha256, or when that is empty the digest computed while the model file
+  // is written. Throws (nothing replaced) when the published model cannot be written; once it
+  // is in place (the commit point) a failure to update state.json is logged, not thrown.
+  std::string persist(const PublishedRound& p, const nlohmann::json& line);
   // Runs `job` on the background thread after the work already queued (`what` names it in the
   // log if it fails): cleanup that must not delay a publication.
   void defer(std::string what, std::function<void()> job);

@@ -308,7 +308,8 @@ StreamHeader read_stream_header(const std::string& path) {
 }
 
 bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
-                       const std::string& replaced_as) {
+                       const std::string& replaced_as,
+                       const std::function<void(std::string* head)>& amend_head) {
   const fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -317,7 +318,7 @@ bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& w
     file_write_direct(tmp, [&](std::string* buf) {
       writer.read(off, kFileIoBytes, buf);
       off += buf->size();
-    });
+    }, amend_head);
   } catch (const std::exception&) {
     std::error_code ec;
     fs::remove(tmp, ec);

@@ -130,9 +130,10 @@ StreamHeader read_stream_header(const std::string& path);
 // past the page cache and fsynced (file_write_direct, io/files.h), renamed into place, the
 // directory fsynced. With `replaced_as`, a file already at `path` is moved there
 // (file_replace) for the caller to remove later instead of being freed here; returns whether
-// there was one.
+// there was one. `amend_head`: as for file_write_direct.
 bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
-                       const std::string& replaced_as = "");
+                       const std::string& replaced_as = "",
+                       const std::function<void(std::string* head)>& amend_head = nullptr);
 
 // True when the file holds exactly the writer's bytes.
 bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string& path);
