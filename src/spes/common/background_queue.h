@@ -1,8 +1,9 @@
 // One worker thread that runs queued jobs in the order they were queued, off the caller's
-// critical path: the sync server makes a published round durable with it (fsyncs, state.json,
-// removing replaced files) while nodes already download the round. A job's exception is
-// logged with the job's name, never thrown into the caller; wait() blocks until every job
-// queued so far has run, and the destructor runs what is queued before the thread ends.
+// critical path: the sync server's cleanup after a publication (removing the replaced model
+// file and the staged uploads, saving the drift window) while nodes already download the
+// round. A job's exception is logged with the job's name, never thrown into the caller; wait()
+// blocks until every job queued so far has run, and the destructor runs what is queued before
+// the thread ends.
 #pragma once
 #include <condition_variable>
 #include <deque>

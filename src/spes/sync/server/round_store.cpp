@@ -215,8 +215,8 @@ bool RoundStore::commit_delta(DeltaFileWriter& file, const DeltaRecord& record) 
 }
 
 std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& line) {
-  // The previous round's background work first (removing the file this round's replaces
-  // from the last time, its kept copies): nothing of it may touch this round's files.
+  // The previous round's background work first (removing the file it replaced, its staged
+  // uploads): nothing of it may touch this round's files.
   background_.wait();
   const std::string& dir = dir_;
   const bool outer = cfg_.spes_config.uses_outer_step();
@@ -230,8 +230,6 @@ std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& l
                       SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,
                                               {{"format", "spes-momentum-v1"},
                                                {"round", std::to_string(p.round)}}));
-  const std::string replaced = published_path() + ".tmp." + std::to_string(::getpid()) +
-                               ".replaced";
   // Without the digest, it is computed on another thread while the disk writes the file (the
   // writing thread mostly waits for it), its header holding a placeholder of the same length
   // that is replaced before the file is synced. (Both threads only read the weights.)
@@ -240,10 +238,10 @@ std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& l
   if (sha.empty())
     digest = std::async(std::launch::async, [this] { return model_.weights_sha256(); });
   const std::string placeholder(64, '0');
-  const bool had_old = write_stream_file(
+  const std::string replaced = write_stream_file(
       published_path(),
-      published_writer(model_, p.round, p.step, sha.empty() ? placeholder : sha), replaced,
-      [&](std::string* head) {
+      published_writer(model_, p.round, p.step, sha.empty() ? placeholder : sha),
+      /*set_aside_replaced=*/true, [&](std::string* head) {
         if (!digest.valid()) return;
         sha = digest.get();
         const std::string field = "\"model_sha256\":\"";
@@ -253,8 +251,6 @@ std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& l
                    published_path(), head->size());
         head->replace(at + field.size(), sha.size(), sha);
       });
-  SPES_CHECK(!sha.empty() && sha != placeholder, "'{}' was written without its digest",
-             published_path());
   // Downloads read it next, and it bypassed the page cache: start reading it back now.
   if (const int fd = ::open(published_path().c_str(), O_RDONLY); fd >= 0) {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
@@ -298,9 +294,9 @@ std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& l
   }
   const int64_t round = p.round;
   background_.post(fmt::format("cleaning up after round {}", round),
-                   [this, outer, round, had_old, replaced] {
+                   [this, outer, round, replaced] {
     std::error_code ec;
-    if (had_old) fs::remove(replaced, ec);
+    if (!replaced.empty()) fs::remove(replaced, ec);
     if (outer && round > 1) fs::remove(momentum_path(round - 1), ec);
   });
   return sha;

@@ -307,9 +307,9 @@ StreamHeader read_stream_header(const std::string& path) {
   return r.header();
 }
 
-bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
-                       const std::string& replaced_as,
-                       const std::function<void(std::string* head)>& amend_head) {
+std::string write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
+                              bool set_aside_replaced,
+                              const std::function<void(std::string* head)>& amend_head) {
   const fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -324,9 +324,11 @@ bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& w
     fs::remove(tmp, ec);
     throw;
   }
-  bool replaced = false;
-  if (replaced_as.empty()) fs::rename(tmp, path);
-  else replaced = file_replace(tmp, path, replaced_as);
+  // The replaced file keeps a temporary name of this process: a restarted server removes it.
+  const std::string aside = tmp + ".replaced";
+  std::string replaced;
+  if (!set_aside_replaced) fs::rename(tmp, path);
+  else if (file_replace(tmp, path, aside)) replaced = aside;
   dir_fsync(p.has_parent_path() ? p.parent_path().string() : ".");
   return replaced;
 }

@@ -128,12 +128,13 @@ void stream_file(const std::string& path, SafetensorsStreamReader& reader);
 StreamHeader read_stream_header(const std::string& path);
 // Writes a stream to `path` atomically and durably, piece by piece: a temporary name written
 // past the page cache and fsynced (file_write_direct, io/files.h), renamed into place, the
-// directory fsynced. With `replaced_as`, a file already at `path` is moved there
-// (file_replace) for the caller to remove later instead of being freed here; returns whether
-// there was one. `amend_head`: as for file_write_direct.
-bool write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
-                       const std::string& replaced_as = "",
-                       const std::function<void(std::string* head)>& amend_head = nullptr);
+// directory fsynced. With `set_aside_replaced`, a file already at `path` is moved aside
+// (file_replace) for the caller to remove later instead of being freed here: returns its new
+// name ("" when there was none, or without `set_aside_replaced`). `amend_head`: as for
+// file_write_direct.
+std::string write_stream_file(const std::string& path, const SafetensorsStreamWriter& writer,
+                              bool set_aside_replaced = false,
+                              const std::function<void(std::string* head)>& amend_head = nullptr);
 
 // True when the file holds exactly the writer's bytes.
 bool stream_equals_file(const SafetensorsStreamWriter& writer, const std::string& path);
