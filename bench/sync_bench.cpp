@@ -6,14 +6,19 @@
 // the server's peak RSS against the model's fp32 size. Defaults: the d_model 512 shape of
 // bench/train_bench (about 117M parameters, 8 experts) with 4 nodes owning 2 experts each.
 //   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
-//                          [--compression none|bf16|int8]
+//                          [--compression none|bf16|int8] [--wire-coding auto|zstd|raw]
+// Each round every node adds seeded Gaussian noise (standard deviation 1e-4) to its trainable
+// tensors: real training moves weights less uniformly, so the coded sizes here are indicative
+// (docs/PERFORMANCE.md, "Chunk coding", gives the ratios on deltas of a real run).
 // With --compression the simulated nodes upload quantised deltas (with error feedback) from the
 // published model and download the round's delta, which they apply and check against the
 // published digest (outside the timed download), as spes node does. Without compression only
 // the bytes and the server's work are representative (the nodes do not load what they
-// download).
+// download). Bytes are counted as they cross the wire: with chunk coding (--wire-coding, as
+// spes_config.wire_coding: auto codes int8 and bf16 transfers with zstd) the coded sizes.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <condition_variable>
@@ -51,6 +56,7 @@ struct Args {
   int64_t vocab = 8192, seq = 256;
   std::string dtype = "fp32";
   std::string compression = "none";
+  std::string wire_coding = "auto";
   std::string spes;  // path of the spes executable (default: ../spes next to this bench)
   std::string out = "runs/sync_bench";
 };
@@ -58,7 +64,7 @@ struct Args {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: sync_bench [--nodes N] [--rounds R] [--merge-interval I] [--dtype fp32|bf16]"
-               "\n  [--compression none|bf16|int8] [--d-model D] [--layers L] [--heads H] [--experts E] [--hidden F] "
+               "\n  [--compression none|bf16|int8] [--wire-coding auto|zstd|raw] [--d-model D] [--layers L] [--heads H] [--experts E] [--hidden F] "
                "[--vocab V]\n  [--spes PATH] [--out DIR]\n");
   std::exit(2);
 }
@@ -74,6 +80,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--merge-interval") a.merge_interval = std::stoll(v);
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--compression") a.compression = v;
+    else if (k == "--wire-coding") a.wire_coding = v;
     else if (k == "--d-model") a.d_model = std::stoll(v);
     else if (k == "--layers") a.n_layers = std::stoll(v);
     else if (k == "--heads") a.n_heads = std::stoll(v);
@@ -103,6 +110,7 @@ spes::Config bench_config(const Args& a) {
   c.spes_config.sync_steps = 1;  // round r is step r
   c.spes_config.transfer_dtype = a.dtype;
   c.spes_config.compression = a.compression;
+  c.spes_config.wire_coding = a.wire_coding;
   c.spes_config.merge_interval = a.merge_interval;
   c.spes_config.merge_alpha_start = 0.01;
   c.spes_config.merge_decay_steps = 10000;
@@ -167,8 +175,9 @@ int main(int argc, char** argv) {
     const int64_t P = models[0]->num_params();
     const double fp32_mib = 4.0 * static_cast<double>(P) / (1 << 20);
     fmt::print("sync_bench: {:.1f}M parameters ({:.0f} MiB fp32), {} nodes, {} rounds, {} "
-               "transfers, compression {}, merging every {} rounds\n", P / 1e6, fp32_mib,
-               a.nodes, a.rounds, a.dtype, a.compression, a.merge_interval);
+               "transfers, compression {}, chunk coding {}, merging every {} rounds\n", P / 1e6,
+               fp32_mib, a.nodes, a.rounds, a.dtype, a.compression,
+               cfg.spes_config.codes_chunks() ? "zstd" : "raw", a.merge_interval);
 
     spes::Subprocess server({exe, "serve", "--config", cfg_path, "--out",
                                    a.out + "/server", "--listen", "127.0.0.1:0", "--overwrite"});
@@ -200,10 +209,12 @@ int main(int argc, char** argv) {
         try {
           spes::sync::NodeId id{i, static_cast<uint64_t>(0x5eed0000 + i), ""};
           spes::sync::SyncClient client(address, id);
+          client.set_chunk_coding(cfg.spes_config.codes_chunks());
           SPES_CHECK(client.wait_connected(60), "node {}: cannot connect to {}", i, address);
           const spes::ParamRegistry& reg = *regs[i];
           client.join(spes::sync::node_join_info(cfg, reg, id, 0));
           auto discard = [](const char*, size_t) {};
+          auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 + i));
           spes::sync::DeltaUpload delta(spes::Choice<spes::Compression>(a.compression));
           if (delta.enabled()) {  // deltas need the published model: load it, as spes node
             spes::sync::Download d(reg, 0, spes::sync::Selection::All, wire);
@@ -213,10 +224,12 @@ int main(int argc, char** argv) {
             client.download(0, spes::sync::Selection::All, [](uint64_t) {}, discard);
           }
           for (int64_t r = 1; r <= a.rounds; ++r) {
-            {  // a small change, so every round aggregates real updates
+            {  // a small random change (seeded per node), so every round aggregates real
+               // updates whose deltas code (chunk coding) like noise, not like a constant
               torch::NoGradGuard ng;
               for (const auto& e : reg.entries())
-                if (e.trainable) e.tensor.add_(1e-4);
+                if (e.trainable)
+                  e.tensor.add_(torch::randn(e.tensor.sizes(), gen, torch::kFloat32), 1e-4);
             }
             sync_point.arrive_and_wait();
             if (i == 0) round_t0[r] = Clock::now();
@@ -232,17 +245,18 @@ int main(int argc, char** argv) {
               st = client.wait_round(r, spes::sync::kMaxWaitMs);
             } while (!st.published);
             const auto t2 = Clock::now();
-            uint64_t down = 0;
+            const uint64_t wire_before = client.download_wire_bytes();
             bool applied_delta = false;
             if (delta.enabled()) {  // as spes node: the upload as rebuilt, then the delta
               delta.apply_rebuilt(reg);
               spes::sync::Download d(reg, r, spes::sync::Selection::ForNode, wire, &delta, r - 1);
-              down = d.attempt(client);
+              d.attempt(client);
               applied_delta = d.receiver.is_delta();
             } else {
-              down = client.download(r, spes::sync::Selection::ForNode, [](uint64_t) {}, discard);
+              client.download(r, spes::sync::Selection::ForNode, [](uint64_t) {}, discard);
             }
             const auto t3 = Clock::now();
+            const uint64_t down = client.download_wire_bytes() - wire_before;
             if (delta.enabled()) {
               SPES_CHECK(applied_delta && reg.weights_sha256() == st.model_sha256, "node {}: "
                          "round {}: the delta did not give the published model", i, r);
@@ -252,7 +266,7 @@ int main(int argc, char** argv) {
             times[i].upload_s.push_back(secs(t0, t1));
             times[i].wait_s.push_back(secs(t1, t2));
             times[i].download_s.push_back(secs(t2, t3));
-            times[i].up_bytes.push_back(up.bytes);
+            times[i].up_bytes.push_back(up.bytes_sent);
             times[i].down_bytes.push_back(down);
             sync_point.arrive_and_wait();
             if (i == 0) round_s[r] = secs(round_t0[r], Clock::now());

@@ -103,6 +103,19 @@ TEST(Config, OverlapSettingsAreChecked) {
 }
 
 // The outer step: mode diloco always (every tensor), mode spes with outer_step (shared tensors).
+TEST(Config, WireCodingFollowsCompressionUnlessSet) {
+  auto codes = [](const std::string& yaml) {
+    return config_parse("spes_config:\n" + yaml, {}, "t.yaml").spes_config.codes_chunks();
+  };
+  EXPECT_FALSE(codes("  compression: none\n"));  // auto: fp32 transfers go raw
+  EXPECT_TRUE(codes("  compression: int8\n"));
+  EXPECT_TRUE(codes("  compression: bf16\n"));
+  EXPECT_TRUE(codes("  compression: none\n  wire_coding: zstd\n"));
+  EXPECT_FALSE(codes("  compression: int8\n  wire_coding: raw\n"));
+  EXPECT_THAT(error_of("spes_config:\n  wire_coding: gzip\n"),
+              HasSubstr("must be auto, zstd or raw, found 'gzip'"));
+}
+
 TEST(Config, OuterStepSettingsAreChecked) {
   EXPECT_FALSE(config_parse("spes_config:\n  mode: spes\n", {}, "t.yaml")
                    .spes_config.uses_outer_step());

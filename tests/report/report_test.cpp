@@ -200,7 +200,7 @@ TEST(RunData, ClusterCurvesUseClusterTokensAndSplitMergeRounds) {
   write_lines(d / "node0/metrics.jsonl",
               {R"({"step":1,"tokens":100,"loss":5,"peak_rss_mb":10,"memory":{"trainable_numel":7,"grad_bytes":28,"optimizer_state_bytes":56}})",
                R"({"step":2,"tokens":200,"loss":4,"val_loss":4.5,"peak_rss_mb":12,"sync":{"round":1,"bytes_up":1000,"bytes_down":3000,"alpha":0}})",
-               R"({"step":4,"tokens":400,"loss":3,"val_loss":3.5,"peak_rss_mb":11,"sync":{"round":2,"bytes_up":1000,"bytes_down":5000,"alpha":0.05}})"});
+               R"({"step":4,"tokens":400,"loss":3,"val_loss":3.5,"peak_rss_mb":11,"sync":{"round":2,"bytes_up":1000,"bytes_up_sent":900,"bytes_down":5000,"bytes_down_wire":4000,"alpha":0.05}})"});
   write_lines(d / "node1/metrics.jsonl",
               {R"({"step":1,"tokens":100,"loss":7,"peak_rss_mb":20})",
                R"({"step":2,"tokens":200,"loss":6,"val_loss":4.5,"peak_rss_mb":21})",
@@ -223,9 +223,10 @@ TEST(RunData, ClusterCurvesUseClusterTokensAndSplitMergeRounds) {
   EXPECT_DOUBLE_EQ(s.peak_rss_mb, 21);
   EXPECT_DOUBLE_EQ(s.server_peak_rss_mb, 33);
   EXPECT_EQ(s.rounds, 2);
-  EXPECT_DOUBLE_EQ(s.bytes_up, 1000);
+  // Bytes on the wire: coded sizes where a record has them (round 2), else stream sizes.
+  EXPECT_DOUBLE_EQ(s.bytes_up, 950);
   EXPECT_DOUBLE_EQ(s.bytes_down_plain, 3000);
-  EXPECT_DOUBLE_EQ(s.bytes_down_merge, 5000);
+  EXPECT_DOUBLE_EQ(s.bytes_down_merge, 4000);
   EXPECT_EQ(s.grad_bytes, 28);
   EXPECT_EQ(s.optimizer_state_bytes, 56);
   const std::string table = markdown_comparison({run});

@@ -17,6 +17,7 @@ namespace spes {
 enum class SyncMode { Centralized, Spes, Fedavg, Diloco };
 enum class TransferDtype { Fp32, Bf16 };
 enum class Compression { None, Bf16, Int8 };
+enum class WireCoding { Auto, Zstd, Raw };
 enum class Weighting { Equal, Tokens };
 enum class Aggregation { Mean, TrimmedMean, Median };
 enum class QkNorm { Whole, PerHead, None };
@@ -35,6 +36,10 @@ template <> struct ChoiceNames<TransferDtype> {
 template <> struct ChoiceNames<Compression> {
   static constexpr std::array<std::pair<Compression, std::string_view>, 3> names{
       {{Compression::None, "none"}, {Compression::Bf16, "bf16"}, {Compression::Int8, "int8"}}};
+};
+template <> struct ChoiceNames<WireCoding> {
+  static constexpr std::array<std::pair<WireCoding, std::string_view>, 3> names{
+      {{WireCoding::Auto, "auto"}, {WireCoding::Zstd, "zstd"}, {WireCoding::Raw, "raw"}}};
 };
 template <> struct ChoiceNames<Weighting> {
   static constexpr std::array<std::pair<Weighting, std::string_view>, 2> names{
@@ -166,6 +171,9 @@ struct SpesConfig {
   std::string server_addr = "127.0.0.1:50551";
   Choice<TransferDtype> transfer_dtype = TransferDtype::Fp32;  // fp32 | bf16
   Choice<Compression> compression = Compression::None;  // none | bf16 | int8: uploads as deltas
+  // Node: lossless zstd coding of its transfer chunks, both ways (sync/wire/chunk_coding.h):
+  // auto = with compression bf16 or int8 (made for slow links), zstd = always, raw = never.
+  Choice<WireCoding> wire_coding = WireCoding::Auto;
   // Node: keep training while a round is in flight and apply the published model, plus the
   // progress made meanwhile, when it arrives (docs/PROTOCOL.md, "Overlap"); with
   // overlap_delay_steps K > 0 exactly K steps after the upload instead (bit-reproducible).
@@ -211,7 +219,7 @@ struct SpesConfig {
     v("num_train_experts_per_node", num_train_experts_per_node);
     v("expert_owners", expert_owners); v("sync_steps", sync_steps);
     v("server_addr", server_addr); v("transfer_dtype", transfer_dtype);
-    v("compression", compression); v("overlap", overlap);
+    v("compression", compression); v("wire_coding", wire_coding); v("overlap", overlap);
     v("overlap_delay_steps", overlap_delay_steps);
     v("weighting", weighting); v("merge_interval", merge_interval);
     v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
@@ -228,6 +236,11 @@ struct SpesConfig {
     v("tls_key", tls_key); v("tls_client_ca", tls_client_ca); v("tls_ca", tls_ca);
     v("tls_client_cert", tls_client_cert); v("tls_client_key", tls_client_key);
     v("dashboard_port", dashboard_port); v("dashboard_host", dashboard_host);
+  }
+  // Whether a node codes its transfer chunks with zstd (wire_coding).
+  bool codes_chunks() const {
+    return wire_coding == WireCoding::Zstd ||
+           (wire_coding == WireCoding::Auto && compression != Compression::None);
   }
   // Whether the server applies the outer step (and keeps its momentum).
   bool uses_outer_step() const {

@@ -13,6 +13,7 @@
 #include "spes/io/files.h"
 #include "spes/sync/wire/auth.h"
 #include "spes/sync/wire/checksum.h"
+#include "spes/sync/wire/chunk_coding.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
@@ -199,15 +200,19 @@ UploadResult SyncClient::upload(int64_t round, int64_t step,
   pb::UploadChunk c = upload_chunk(id_, round, step, total);
   // Sends one chunk (its bytes lent to the message and given back); false: the server ended
   // the stream, and Finish() says why.
+  std::string packed;
   const std::function<bool(OutgoingChunk&)> send = [&](OutgoingChunk& o) {
     c.set_offset(o.offset);
     c.set_checksum(o.checksum);
     if (o.upload_checksum.empty()) c.clear_upload_checksum();
     else c.set_upload_checksum(o.upload_checksum);
-    const size_t n = o.data.size();
-    c.set_data(std::move(o.data));
+    const ChunkEncoding enc = zstd_ ? pack_chunk(o.data, &packed) : ChunkEncoding::Raw;
+    c.set_encoding(static_cast<uint32_t>(enc));
+    std::string& bytes = enc == ChunkEncoding::Raw ? o.data : packed;
+    const size_t n = bytes.size();
+    c.set_data(std::move(bytes));
     const bool ok = w->Write(c);
-    o.data = std::move(*c.mutable_data());
+    bytes = std::move(*c.mutable_data());
     if (ok) attempted_.sent += n;
     return ok;
   };
@@ -266,10 +271,12 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
   req.set_offset(offset);
   if (from_round >= 0) req.set_from_round(from_round);
   req.set_selection(selection == Selection::All ? pb::SELECTION_ALL : pb::SELECTION_FOR_NODE);
+  req.set_accept_zstd(zstd_);
   grpc::ClientContext ctx;
   prepare(ctx, id_, 3600);
   std::unique_ptr<grpc::ClientReader<pb::DownloadChunk>> rd(impl_->stub->Download(&ctx, req));
   pb::DownloadChunk c;
+  std::string raw;
   uint64_t received = offset, total = 0;
   bool begun = false;
   try {
@@ -285,11 +292,20 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
       if (c.data().size() > kMaxChunkBytes)
         sync_fail(SyncErrc::ResourceExhausted, "download chunk of {} bytes exceeds {}",
                   c.data().size(), kMaxChunkBytes);
-      if (chunk_checksum(c.data()) != c.checksum())
+      download_wire_bytes_ += c.data().size();
+      if (c.encoding() != static_cast<uint32_t>(ChunkEncoding::Raw) && !zstd_)
+        sync_fail(SyncErrc::DataLoss, "download of round {}: the server sent a coded chunk "
+                  "(encoding {}) that this download did not ask for", round, c.encoding());
+      const bool coded = c.encoding() != static_cast<uint32_t>(ChunkEncoding::Raw);
+      if (coded)
+        unpack_chunk(c.encoding(), c.data(), kMaxChunkBytes, &raw,
+                     fmt::format("download of round {}, chunk at offset {}", round, c.offset()));
+      const std::string& data = coded ? raw : c.data();
+      if (chunk_checksum(data) != c.checksum())
         sync_fail(SyncErrc::DataLoss, "download of round {}: checksum mismatch in the chunk at "
                   "offset {}", round, c.offset());
-      on_data(c.data().data(), c.data().size());
-      received += c.data().size();
+      on_data(data.data(), data.size());
+      received += data.size();
     }
   } catch (...) {
     ctx.TryCancel();

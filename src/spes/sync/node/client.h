@@ -51,9 +51,11 @@ class SyncClient {
   // Waits until the channel is connected; false after timeout_s.
   bool wait_connected(double timeout_s);
   JoinResult join(const JoinInfo& info);
-  // Streams `payload` in chunks of kChunkBytes, each with its SHA-256, and the whole stream's
-  // SHA-256 in the last chunk. A repeated call for the same (round, step, size) (a retry) first
-  // asks the server how many bytes an interrupted stream delivered and sends only the rest.
+  // Streams `payload` in chunks of kChunkBytes, each with its checksum (wire/checksum.h), and
+  // the whole stream's checksum in the last chunk; each chunk zstd-coded when chunk coding is
+  // on and that makes it smaller. A repeated call for the same (round, step, size) (a retry)
+  // first asks the server how many bytes an interrupted stream delivered and sends only the
+  // rest.
   UploadResult upload(int64_t round, int64_t step, const SafetensorsStreamWriter& payload);
   RoundStatus wait_round(int64_t round, uint32_t max_wait_ms);
   // Streams a round's download from byte `offset` on: `on_begin(total_bytes)` once per call,
@@ -72,6 +74,12 @@ class SyncClient {
   void set_upload_filter(std::shared_ptr<UploadStreamFilter> filter) {
     filter_ = std::move(filter);
   }
+  // Chunk coding (wire/chunk_coding.h, spes_config.wire_coding) from now on: uploads send
+  // chunks zstd-coded where that makes them smaller, downloads ask the server for the same.
+  void set_chunk_coding(bool zstd) { zstd_ = zstd; }
+  // Bytes of download chunks as they crossed the wire (coded sizes), over every download of
+  // this client.
+  uint64_t download_wire_bytes() const { return download_wire_bytes_; }
 
  private:
   uint64_t resume_offset(int64_t round, int64_t step, uint64_t total_bytes);
@@ -84,6 +92,8 @@ class SyncClient {
     uint64_t total = 0, sent = 0;
   } attempted_;
   std::shared_ptr<UploadStreamFilter> filter_;
+  bool zstd_ = false;
+  uint64_t download_wire_bytes_ = 0;
 };
 
 }  // namespace spes::sync

@@ -107,6 +107,7 @@ void SyncNode::on_start(Trainer& t) {
   tls.key_pem = read_pem(cfg.spes_config.tls_client_key, "tls_client_key");
   tls.insecure = opts_.insecure;
   client_ = std::make_unique<SyncClient>(opts_.server, id, tls);
+  client_->set_chunk_coding(cfg.spes_config.codes_chunks());
   if (opts_.faults.any()) {
     faults_ = std::make_unique<NodeFaultInjection>(opts_.faults, id.node_id);
     client_->set_upload_filter(faults_->upload_filter());

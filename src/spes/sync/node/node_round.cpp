@@ -168,6 +168,7 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
   // which we apply here. With compression: the round's delta from the round the node holds,
   // when it holds the previous one (else the server sends the whole model).
   const auto t2 = Clock::now();
+  const uint64_t wire_down_before = client_->download_wire_bytes();
   // A compressed upload counts as the server rebuilt it: base + deq(q), bit for bit.
   if (delta_->enabled()) delta_->apply_rebuilt(reg);
   const int64_t from_round = delta_->enabled() && held_round_ == round - 1 ? held_round_ : -1;
@@ -232,6 +233,7 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
           {"bytes_up_sent", up.bytes_sent},
           {"upload_resumed_from", up.resumed_from},
           {"bytes_down", down},
+          {"bytes_down_wire", client_->download_wire_bytes() - wire_down_before},
           {"download_delta", d.receiver.is_delta() && !delta_refused},
           {"delta_refused", delta_refused},
           {"model_sha256", sha},

@@ -51,7 +51,8 @@ std::unique_ptr<SafetensorsStreamWriter> download_writer(const RoundPlan& plan,
 }
 
 DownloadSession::DownloadSession(std::unique_ptr<SafetensorsStreamWriter> writer, int64_t round,
-                                 uint64_t offset, std::function<void(uint64_t)> on_complete)
+                                 uint64_t offset,
+                                 std::function<void(uint64_t, uint64_t)> on_complete)
     : writer_(std::move(writer)), round_(round), offset_(offset), start_(offset),
       on_complete_(std::move(on_complete)) {}
 
@@ -63,7 +64,7 @@ bool DownloadSession::next(std::string* data, uint64_t* offset) {
   if (offset_ >= writer_->total_bytes()) {
     if (!reported_) {
       reported_ = true;
-      if (on_complete_) on_complete_(writer_->total_bytes() - start_);
+      if (on_complete_) on_complete_(writer_->total_bytes() - start_, wire_);
     }
     return false;
   }

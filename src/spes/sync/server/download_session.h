@@ -40,21 +40,23 @@ std::unique_ptr<SafetensorsStreamWriter> download_writer(const RoundPlan& plan,
 // One download stream of a published round.
 class DownloadSession {
  public:
-  // Sends `writer`'s bytes from `offset` on; `on_complete(bytes sent by this stream)` runs once,
-  // when next() finds everything sent.
+  // Sends `writer`'s bytes from `offset` on; `on_complete(bytes sent by this stream, the same
+  // as they crossed the wire)` runs once, when next() finds everything sent.
   DownloadSession(std::unique_ptr<SafetensorsStreamWriter> writer, int64_t round, uint64_t offset,
-                  std::function<void(uint64_t)> on_complete);
+                  std::function<void(uint64_t, uint64_t)> on_complete);
   ~DownloadSession();
   uint64_t total_bytes() const;
   int64_t round() const { return round_; }
   // The next chunk (at most kChunkBytes); false once everything was sent.
   bool next(std::string* data, uint64_t* offset);
+  // The last chunk went out as `wire_bytes` (coded, wire/chunk_coding.h).
+  void sent_on_wire(uint64_t wire_bytes) { wire_ += wire_bytes; }
 
  private:
   std::unique_ptr<SafetensorsStreamWriter> writer_;
   int64_t round_;
-  uint64_t offset_, start_;
-  std::function<void(uint64_t)> on_complete_;
+  uint64_t offset_, start_, wire_ = 0;
+  std::function<void(uint64_t, uint64_t)> on_complete_;
   bool reported_ = false;
 };
 

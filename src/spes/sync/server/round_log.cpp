@@ -60,6 +60,7 @@ void RoundLog::published(nlohmann::json line, const std::vector<int64_t>& used,
   p.line = std::move(line);
   p.published_at = published_at;
   p.bytes_out.assign(num_nodes, 0);
+  p.bytes_out_wire.assign(num_nodes, 0);
   // The line waits for the downloads of the nodes whose uploads the round used (a missing
   // node takes the whole model instead, if it ever comes back).
   p.downloaded.assign(num_nodes, true);
@@ -70,11 +71,12 @@ void RoundLog::published(nlohmann::json line, const std::vector<int64_t>& used,
   pending_.push_back(std::move(p));
 }
 
-void RoundLog::downloaded(int64_t node, int64_t round, uint64_t bytes) {
+void RoundLog::downloaded(int64_t node, int64_t round, uint64_t bytes, uint64_t wire_bytes) {
   for (size_t k = 0; k < pending_.size(); ++k) {
     Pending& p = pending_[k];
     if (p.round != round) continue;
     p.bytes_out[node] += bytes;
+    p.bytes_out_wire[node] += wire_bytes;
     p.downloaded[node] = true;
     if (all_true(p.downloaded)) {
       write(p);
@@ -94,6 +96,7 @@ void RoundLog::write(Pending& p) {
   for (uint64_t b : p.bytes_out) total += b;
   p.line["bytes_out"] = total;
   p.line["bytes_out_per_node"] = p.bytes_out;
+  p.line["bytes_out_wire_per_node"] = p.bytes_out_wire;
   p.line["download_s"] = seconds_since(p.published_at);
   p.line["downloads_complete"] = all_true(p.downloaded);
   p.line["peak_rss_mb"] = peak_rss_mb();

@@ -32,8 +32,9 @@ class RoundLog {
   // `used` (of `num_nodes` nodes).
   void published(nlohmann::json line, const std::vector<int64_t>& used, size_t num_nodes,
                  std::chrono::steady_clock::time_point published_at);
-  // Node `node` downloaded `bytes` of round `round` (the part for its node).
-  void downloaded(int64_t node, int64_t round, uint64_t bytes);
+  // Node `node` downloaded `bytes` of round `round` (the part for its node), `wire_bytes` of
+  // them as they crossed the wire (coded chunks, wire/chunk_coding.h).
+  void downloaded(int64_t node, int64_t round, uint64_t bytes, uint64_t wire_bytes);
   // Writes the lines still waiting for downloads.
   void flush_pending();
   // The latest lines (at most kHistory, oldest first).
@@ -43,7 +44,7 @@ class RoundLog {
   struct Pending {
     int64_t round = 0;
     nlohmann::json line;
-    std::vector<uint64_t> bytes_out;
+    std::vector<uint64_t> bytes_out, bytes_out_wire;
     std::vector<bool> downloaded;
     std::chrono::steady_clock::time_point published_at;
   };

@@ -398,18 +398,21 @@ std::unique_ptr<DownloadSession> RoundState::begin_download(const NodeId& node, 
   const int64_t id = node.node_id;
   return std::make_unique<DownloadSession>(
       std::move(writer), round, offset,
-      [this, id, round, selection](uint64_t bytes) { download_done(id, round, selection, bytes); });
+      [this, id, round, selection](uint64_t bytes, uint64_t wire_bytes) {
+        download_done(id, round, selection, bytes, wire_bytes);
+      });
 }
 
 void RoundState::download_done(int64_t node, int64_t round, Selection selection,
-                               uint64_t bytes) {
+                               uint64_t bytes, uint64_t wire_bytes) {
   std::lock_guard<std::mutex> lk(mu_);
   if (selection == Selection::All || round == 0) {
-    spdlog::info("node {} downloaded the whole model of round {} ({})", node, round,
-                 human_bytes(static_cast<double>(bytes)));
+    spdlog::info("node {} downloaded the whole model of round {} ({}, {} on the wire)", node,
+                 round, human_bytes(static_cast<double>(bytes)),
+                 human_bytes(static_cast<double>(wire_bytes)));
     return;
   }
-  log_->downloaded(node, round, bytes);
+  log_->downloaded(node, round, bytes, wire_bytes);
 }
 
 void RoundState::leave(const NodeId& node, int64_t step, const std::string& reason) {

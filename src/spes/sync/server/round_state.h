@@ -118,7 +118,8 @@ class RoundState {
   std::unique_ptr<SafetensorsStreamWriter> download_writer(int64_t node, int64_t round,
                                                            Selection selection,
                                                            int64_t from_round) const;
-  void download_done(int64_t node, int64_t round, Selection sel, uint64_t bytes);  // takes it
+  void download_done(int64_t node, int64_t round, Selection sel, uint64_t bytes,
+                     uint64_t wire_bytes);  // takes it
 
   Config cfg_;
   ServeOptions opts_;

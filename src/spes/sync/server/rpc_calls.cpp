@@ -7,6 +7,7 @@
 #include <string>
 
 #include "spes/sync/wire/checksum.h"
+#include "spes/sync/wire/chunk_coding.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
@@ -63,7 +64,7 @@ void call_upload(RoundState& st, const NodeId& credentials,
         c.resume_query())
       sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
     if (!c.upload_checksum().empty()) whole_checksum = c.upload_checksum();
-    s->chunk(c.offset(), c.data(), c.checksum());
+    s->chunk(c.offset(), c.data(), c.checksum(), c.encoding());
   } while (read(&c));
   const UploadResult r = s->finish(whole_checksum);
   rep->set_accepted(r.accepted);
@@ -96,16 +97,21 @@ void call_download(RoundState& st, const NodeId& credentials, const pb::Download
       st.begin_download(message_caller(credentials, req.node()), req.round(), sel, req.offset(),
                         req.has_from_round() ? req.from_round() : -1);
   pb::DownloadChunk c;
-  std::string data;
+  std::string data, packed;
   uint64_t offset = 0;
   while (s->next(&data, &offset)) {
     c.set_round(s->round());
     c.set_offset(offset);
     c.set_total_bytes(s->total_bytes());
     c.set_checksum(chunk_checksum(data));
-    c.set_data(std::move(data));
+    // Coded only for a node that asked, and only where that makes the chunk smaller.
+    const ChunkEncoding enc = req.accept_zstd() ? pack_chunk(data, &packed) : ChunkEncoding::Raw;
+    c.set_encoding(static_cast<uint32_t>(enc));
+    std::string& bytes = enc == ChunkEncoding::Raw ? data : packed;
+    s->sent_on_wire(bytes.size());
+    c.set_data(std::move(bytes));
     write(c);
-    data = std::move(*c.mutable_data());  // reuses the buffer
+    bytes = std::move(*c.mutable_data());  // reuses the buffer
   }
 }
 

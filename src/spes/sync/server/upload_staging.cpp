@@ -13,11 +13,43 @@
 #include "spes/io/run_layout.h"
 #include "spes/sync/server/upload_assembly.h"
 #include "spes/sync/wire/checksum.h"
+#include "spes/sync/wire/chunk_coding.h"
 #include "spes/sync/wire/delta_codec.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
 namespace fs = std::filesystem;
+
+namespace {
+// ||run - pub||^2 in double, in one pass over the arriving values without temporaries or
+// torch kernels: several uploads arrive at once, each on its own thread (a torch kernel there
+// would start a thread team per upload), and this pass is also the check for NaN and Inf.
+template <typename T>
+double squared_distance_of(const T* up, const float* pp, int64_t n) {
+  double d = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double x = static_cast<double>(static_cast<float>(up[k])) - pp[k];
+    d += x * x;
+  }
+  return d;
+}
+
+double squared_distance(const torch::Tensor& run, const torch::Tensor& pub) {
+  const float* pp = pub.data_ptr<float>();
+  const int64_t n = run.numel();
+  if (run.is_contiguous()) {
+    switch (run.scalar_type()) {
+      case torch::kFloat32: return squared_distance_of(run.data_ptr<float>(), pp, n);
+      case torch::kBFloat16:
+        return squared_distance_of(run.data_ptr<c10::BFloat16>(), pp, n);
+      case torch::kFloat16: return squared_distance_of(run.data_ptr<c10::Half>(), pp, n);
+      default: break;
+    }
+  }
+  const torch::Tensor u = run.to(torch::kFloat32).contiguous();
+  return squared_distance_of(u.data_ptr<float>(), pp, n);
+}
+}  // namespace
 
 // One upload's state; kept in its node's slot while a broken stream waits for a resume.
 struct UploadStream {
@@ -28,6 +60,7 @@ struct UploadStream {
   bool duplicate = false, stale = false, finished = false;
   bool broken = false;        // the staged bytes may not match `received`: never resume this
   std::string path, partial;
+  std::string raw;  // the last coded chunk, decoded (reused)
   std::FILE* f = nullptr;
   std::unique_ptr<SafetensorsStreamReader> reader;
   std::unique_ptr<DeltaStreamDecoder> decoder;  // compressed uploads -> rebuilt fp32 runs
@@ -58,8 +91,9 @@ UploadSession::~UploadSession() {
   if (stream_ && !stream_->finished) staging_.end(std::move(stream_));
 }
 
-void UploadSession::chunk(uint64_t offset, const std::string& data, const std::string& checksum) {
-  staging_.chunk(*stream_, offset, data, checksum);
+void UploadSession::chunk(uint64_t offset, const std::string& data, const std::string& checksum,
+                          uint32_t encoding) {
+  staging_.chunk(*stream_, offset, data, checksum, encoding);
 }
 
 UploadResult UploadSession::finish(const std::string& expected_checksum) {
@@ -273,20 +307,17 @@ void UploadStaging::open_staged_file(UploadStream& s) {
   // meant.
   auto on_value =
       [this, sp, origin](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
-        check_upload_run(e, run, origin);
         const int64_t i = model_.plan().index(e.name);
-        if (i < 0 || run.numel() == 0) return;
+        if (i < 0 || run.numel() == 0) {
+          check_upload_run(e, run, origin);
+          return;
+        }
         const torch::Tensor pub =
             model_.tensors()[i].view({-1}).slice(0, first, first + run.numel());
-        // One pass, no temporaries (several uploads arrive at once, each with its own runs).
-        const torch::Tensor u = run.to(torch::kFloat32).contiguous();
-        const float* up = u.data_ptr<float>();
-        const float* pp = pub.data_ptr<float>();
-        double d = 0;
-        for (int64_t k = 0; k < run.numel(); ++k) {
-          const double x = static_cast<double>(up[k]) - pp[k];
-          d += x * x;
-        }
+        const double d = squared_distance(run, pub);
+        // A NaN or Inf value makes the sum non-finite (the published values are finite): only
+        // then is the run looked at again, to name the problem.
+        if (!std::isfinite(d)) check_upload_run(e, run, origin);
         sp->diff_sq += d;
         sp->tensor_diff_sq[static_cast<size_t>(i)] += d;
       };
@@ -303,11 +334,16 @@ void UploadStaging::open_staged_file(UploadStream& s) {
 }
 
 void UploadStaging::chunk(UploadStream& s, uint64_t offset, const std::string& data,
-                          const std::string& checksum) {
+                          const std::string& checksum, uint32_t encoding) {
   s.wire += data.size();
   std::string_view fresh;
   try {
-    fresh = s.assembly->accept(offset, data, checksum);
+    const bool coded = encoding != static_cast<uint32_t>(ChunkEncoding::Raw);
+    if (coded)
+      unpack_chunk(encoding, data, kMaxChunkBytes, &s.raw,
+                   fmt::format("upload of node {} round {}, chunk at offset {}", s.node, s.round,
+                               offset));
+    fresh = s.assembly->accept(offset, coded ? s.raw : data, checksum);
     if (fresh.empty() || s.duplicate) return;
     s.reader->feed(fresh.data(), fresh.size());  // header and value checks as the bytes arrive
   } catch (const std::exception& e) {

@@ -39,8 +39,10 @@ class UploadSession {
   UploadSession(const UploadSession&) = delete;
   UploadSession& operator=(const UploadSession&) = delete;
   // A chunk wholly before the bytes received so far is a repeat and ignored; one overlapping
-  // their end contributes only its new bytes.
-  void chunk(uint64_t offset, const std::string& data, const std::string& checksum);
+  // their end contributes only its new bytes. `data` as it arrived, coded as `encoding` says
+  // (wire/chunk_coding.h; `checksum` is of its raw bytes).
+  void chunk(uint64_t offset, const std::string& data, const std::string& checksum,
+             uint32_t encoding = 0);
   // `expected_checksum`: the sender's checksum of the whole stream (empty: not sent; required
   // for a resumed upload, whose staged bytes are then also re-read and hashed).
   UploadResult finish(const std::string& expected_checksum = "");
@@ -113,7 +115,7 @@ class UploadStaging {
 
   // For UploadSession (they take the lock where needed).
   void chunk(UploadStream& s, uint64_t offset, const std::string& data,
-             const std::string& checksum);
+             const std::string& checksum, uint32_t encoding);
   UploadResult finish(UploadStream& s, const std::string& expected_checksum);
   void end(std::unique_ptr<UploadStream> s);
 

@@ -12,7 +12,7 @@
 
 namespace spes::sync {
 
-constexpr uint32_t kProtocolVersion = 3;
+constexpr uint32_t kProtocolVersion = 4;  // 4: chunk coding (proto/spes_sync.proto)
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
@@ -95,7 +95,7 @@ struct UploadResult {
   uint64_t bytes = 0;
   std::string checksum;  // hex XXH3-128 of the whole stream as the server assembled it
   uint64_t resumed_from = 0;  // bytes an interrupted stream had delivered (not sent again)
-  uint64_t bytes_sent = 0;    // client: payload bytes sent over every attempt of this upload
+  uint64_t bytes_sent = 0;    // client: chunk bytes on the wire (coded) over every attempt
 };
 
 enum class Selection { ForNode, All };
