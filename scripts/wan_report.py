@@ -43,7 +43,8 @@ def mb(b):
 
 def round_line(r):
     up = "/".join(f"{mb(b):.1f}" for b in r.get("bytes_in_wire_per_node", []))
-    down = "/".join(f"{mb(b):.1f}" for b in r.get("bytes_out_per_node", []))
+    down = "/".join(f"{mb(b):.1f}" for b in
+                    r.get("bytes_out_wire_per_node", r.get("bytes_out_per_node", [])))
     return (f"round {r['round']} (step {r['step']}): open {r['seconds']:.1f} s + downloads "
             f"{r.get('download_s', 0):.1f} s, MB up per node {up}, MB down per node {down}")
 
@@ -107,7 +108,7 @@ def build(out):
             s = syncs[i].get(r["round"])
             per_node.append(None if s is None else {
                 "bytes_up": s.get("bytes_up_sent", s.get("bytes_up", 0)),
-                "bytes_down": s.get("bytes_down", 0),
+                "bytes_down": s.get("bytes_down_wire", s.get("bytes_down", 0)),
                 "sync_s": stood_still(s), "wait_s": s.get("wait_s"),
                 "overlap": bool(s.get("overlap", False)),
                 "upload_s": s.get("upload_s"), "download_s": s.get("download_s"),
@@ -140,7 +141,7 @@ def build(out):
             "sync_s": round(in_sync, 1), "wait_s": round(sum(x.get("wait_s", 0) for x in s), 1),
             "sync_share": None if not wall else round(in_sync / wall, 3),
             "bytes_up": sum(x.get("bytes_up_sent", x.get("bytes_up", 0)) for x in s),
-            "bytes_down": sum(x.get("bytes_down", 0) for x in s),
+            "bytes_down": sum(x.get("bytes_down_wire", x.get("bytes_down", 0)) for x in s),
             "rounds": len(s), "caught_up": sum(1 for x in s if x.get("caught_up")),
             "uploads_resumed": sum(1 for x in s if x.get("upload_resumed_from", 0) > 0),
             "cuts": [{"t_s": round(c["t"] - t_start, 1), "seconds": c["seconds"],
