@@ -13,6 +13,7 @@
 #include "spes/common/error.h"
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/merge.h"
+#include "spes/sync/wire/framing.h"
 #include "sync/sync_test_util.h"
 
 using namespace spes;
@@ -350,6 +351,53 @@ TEST(Aggregate, Bf16TransferPublishesBf16Values) {
   agg.finish();
   EXPECT_DOUBLE_EQ(uniform_value(m, kEmbed), 1.0);
   EXPECT_DOUBLE_EQ(uniform_value(m, gate(2)), 1.0 + std::ldexp(1.0, -7));
+}
+
+// The server's path: uploads staged as files, owner copies read back from them in finish()
+// (only their sections, without compression), in fp32 and in bf16 on the wire. Each expert is
+// published exactly as its owner sent it, and the round's change of it is ||new - old||,
+// against an independent double-precision computation.
+TEST(Aggregate, OwnerCopiesFromStagedFilesArePublishedExactlyWithTheirChange) {
+  for (const char* wire : {"fp32", "bf16"}) {
+    TempDir dir;
+    const Config cfg = tiny_config({std::string("spes_config.transfer_dtype=") + wire});
+    SyncModel m(cfg);
+    const std::vector<torch::Tensor> before = [&] {
+      std::vector<torch::Tensor> v;
+      for (const auto& t : m.tensors()) v.push_back(t.clone());
+      return v;
+    }();
+    std::vector<std::unique_ptr<FakeNode>> nodes;
+    std::vector<std::string> files;
+    for (int64_t k = 0; k < m.plan().num_nodes(); ++k) {
+      nodes.push_back(std::make_unique<FakeNode>(cfg, k, 50 + k));
+      const std::string path = dir.path + "/node" + std::to_string(k) + ".safetensors";
+      write_stream_file(path, node_upload_writer(*nodes.back()->reg,
+                                                 {k, 1, 10, 80, nodes.back()->id.incarnation,
+                                                  nodes.back()->reg->fingerprint()},
+                                                 std::string(wire) == "bf16" ? WireDtype::BF16
+                                                                             : WireDtype::F32));
+      files.push_back(path);
+    }
+    RoundAggregator agg(m);
+    agg.begin(1, 10);
+    for (int64_t k = 0; k < m.plan().num_nodes(); ++k)
+      fold_upload_file(agg, m.plan(), files[k], k);
+    const RoundOutcome o = agg.finish();
+    int checked = 0;
+    for (size_t i = 0; i < m.tensors().size(); ++i) {
+      const PlanTensor& t = m.plan().tensors()[i];
+      if (t.rule != Combine::OwnerCopy) continue;
+      torch::Tensor sent = nodes[t.owner]->reg->find(t.name)->tensor.detach();
+      if (std::string(wire) == "bf16") sent = sent.to(torch::kBFloat16).to(torch::kFloat32);
+      EXPECT_TRUE(torch::equal(m.tensors()[i], sent)) << wire << " " << t.name;
+      const double want =
+          (sent.to(torch::kFloat64) - before[i].to(torch::kFloat64)).norm().item<double>();
+      EXPECT_NEAR(o.change[i], want, 1e-12 * std::max(1.0, want)) << wire << " " << t.name;
+      ++checked;
+    }
+    EXPECT_GT(checked, 0);
+  }
 }
 
 TEST(Aggregate, SameSeedSameInitialModelAndDigestMatchesANodeRegistry) {

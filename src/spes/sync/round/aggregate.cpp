@@ -2,11 +2,17 @@
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/published_delta.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <unordered_map>
 
 #include "spes/common/error.h"
+#include "spes/io/files.h"
 #include "spes/model/ownership.h"
 #include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/protocol.h"
@@ -29,6 +35,59 @@ torch::Tensor robust_combine(const std::vector<torch::Tensor>& values,
   }
   const int64_t k = static_cast<int64_t>(std::floor(trim * static_cast<double>(n)));
   return sorted.slice(0, k, n - k).mean(0);
+}
+
+// An uncompressed upload's owner-copied tensors, straight from its staged file into the
+// published tensors: only their sections are read (the upload's other tensors were folded as
+// it arrived), a few MiB at a time into one buffer, and ||new - old||^2 is summed in the same
+// pass (into change[i]). The file is one the server staged and checked as it arrived.
+void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string& path,
+                         const std::vector<torch::Tensor>& pub, std::vector<double>& change) {
+  const StreamHeader h = read_stream_header(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  SPES_CHECK(fd >= 0, "cannot open the staged upload '{}': {}", path, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  constexpr int64_t kPieceBytes = 4 << 20;
+  std::vector<char> buf(static_cast<size_t>(kPieceBytes));
+  for (const StreamEntry& e : h.entries) {
+    const int64_t i = plan.index(e.name);
+    if (i < 0) continue;
+    const PlanTensor& t = plan.tensors()[static_cast<size_t>(i)];
+    if (t.rule != Combine::OwnerCopy || t.owner != node) continue;
+    const torch::Tensor& p = pub[static_cast<size_t>(i)];
+    const int64_t n = p.numel();
+    const int64_t elem = e.dtype == torch::kFloat32 ? 4 : e.dtype == torch::kBFloat16 ? 2 : 0;
+    SPES_CHECK(p.is_contiguous() && p.scalar_type() == torch::kFloat32 && elem > 0 &&
+                   e.end - e.begin == static_cast<uint64_t>(n * elem),
+               "{}: tensor '{}' ({} bytes) does not match the model's {} values", path, e.name,
+               e.end - e.begin, n);
+    float* dst = p.data_ptr<float>();
+    const int64_t per_piece = kPieceBytes / elem;
+    double d = 0;
+    for (int64_t k0 = 0; k0 < n; k0 += per_piece) {
+      const int64_t m = std::min(per_piece, n - k0);
+      file_pread_exact(fd, buf.data(), static_cast<uint64_t>(m * elem),
+                       h.header_bytes + e.begin + static_cast<uint64_t>(k0 * elem), path);
+      for (int64_t k = 0; k < m; ++k) {
+        float v;
+        if (elem == 4) {
+          std::memcpy(&v, buf.data() + 4 * k, 4);
+        } else {  // bf16: the upper half of an fp32
+          uint16_t b;
+          std::memcpy(&b, buf.data() + 2 * k, 2);
+          const uint32_t bits = static_cast<uint32_t>(b) << 16;
+          std::memcpy(&v, &bits, 4);
+        }
+        const double x = static_cast<double>(v) - dst[k0 + k];
+        d += x * x;
+        dst[k0 + k] = v;
+      }
+    }
+    change[static_cast<size_t>(i)] += d;
+  }
 }
 }  // namespace
 
@@ -218,9 +277,14 @@ RoundOutcome RoundAggregator::finish() {
   const double mu = model_.config().spes_config.outer_momentum;
   torch::NoGradGuard ng;
   out_.change.assign(pub.size(), 0.0);
-  // Owner copies straight from the staged uploads into the published tensors (a compressed
-  // upload rebuilt against them first: they still hold the previous round's values).
+  // Owner copies straight from the staged uploads into the published tensors (only their
+  // sections read, without compression; a compressed upload is streamed and rebuilt against
+  // them first: they still hold the previous round's values).
   for (const auto& [node, path] : owner_files_) {
+    if (plan.compression() == Compression::None) {
+      copy_owner_sections(plan, node, path, pub, out_.change);
+      continue;
+    }
     SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr, kMaxHeaderBytes);
     DeltaStreamDecoder decoder(
         plan.compression(),
