@@ -28,6 +28,20 @@ std::string file_read(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
+ReadFile ReadFile::try_open(const std::string& path) {
+  return ReadFile(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+}
+
+ReadFile ReadFile::open(const std::string& path) {
+  ReadFile f = try_open(path);
+  SPES_CHECK(f, "cannot open '{}' for reading: {}", path, std::strerror(errno));
+  return f;
+}
+
+ReadFile::~ReadFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 void file_pread_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& what) {
   uint64_t got = 0;
   while (got < n) {

@@ -1,4 +1,4 @@
-// File helpers: whole-file read, exact reads at an offset, JSON lines, atomic write (temporary
+// File helpers: whole-file read, a file open for reading, exact reads at an offset, JSON lines, atomic write (temporary
 // name, fsync, rename), a large file written past the page cache, atomic replacement that
 // leaves the replaced file for later removal, directory fsync, and SHA-256 digests.
 #pragma once
@@ -12,6 +12,23 @@
 namespace spes {
 
 std::string file_read(const std::string& path);
+// A file open for reading (O_CLOEXEC), closed when this goes: open() throws naming the file
+// and why; try_open() gives one that is not open (fd() < 0) instead.
+class ReadFile {
+ public:
+  static ReadFile open(const std::string& path);
+  static ReadFile try_open(const std::string& path);
+  ReadFile(ReadFile&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  ReadFile& operator=(ReadFile&&) = delete;
+  ReadFile(const ReadFile&) = delete;
+  ~ReadFile();
+  int fd() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  explicit ReadFile(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
 // Reads exactly n bytes of the open file `fd` at `offset` into dst (pread, retried after a
 // short read or EINTR); throws naming `what` when the file ends first or a read fails.
 void file_pread_exact(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& what);

@@ -2,10 +2,6 @@
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/published_delta.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -44,12 +40,7 @@ torch::Tensor robust_combine(const std::vector<torch::Tensor>& values,
 void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string& path,
                          const std::vector<torch::Tensor>& pub, std::vector<double>& change) {
   const StreamHeader h = read_stream_header(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  SPES_CHECK(fd >= 0, "cannot open the staged upload '{}': {}", path, std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const ReadFile file = ReadFile::open(path);
   constexpr int64_t kPieceBytes = 4 << 20;
   std::vector<char> buf(static_cast<size_t>(kPieceBytes));
   for (const StreamEntry& e : h.entries) {
@@ -69,7 +60,7 @@ void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string&
     double d = 0;
     for (int64_t k0 = 0; k0 < n; k0 += per_piece) {
       const int64_t m = std::min(per_piece, n - k0);
-      file_pread_exact(fd, buf.data(), static_cast<uint64_t>(m * elem),
+      file_pread_exact(file.fd(), buf.data(), static_cast<uint64_t>(m * elem),
                        h.header_bytes + e.begin + static_cast<uint64_t>(k0 * elem), path);
       for (int64_t k = 0; k < m; ++k) {
         float v;

@@ -2,11 +2,7 @@
 // piece by piece (see published_delta.h).
 #include "spes/sync/round/published_delta.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 #include "spes/common/error.h"
@@ -51,12 +47,9 @@ bool PublicationQuantiser::owner_exact(size_t i, const StagedDelta& own,
   const int64_t n = agg.numel();
   const float* out = agg.data_ptr<float>();
   const uint64_t es = c == Compression::Int8 ? 1 : 2;
-  const int fd = ::open(own.file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const ReadFile file = ReadFile::try_open(own.file);
+  if (!file) return false;
+  const int fd = file.fd();
   try {
     for (int64_t first = 0; first < n; first += kPieceValues) {
       const int64_t m = std::min(kPieceValues, n - first);
@@ -150,12 +143,8 @@ PublishedDelta quantise_publication(SyncModel& model, RoundOutcome& outcome,
   PublicationQuantiser pq(model, outcome, file);
   const RoundPlan& plan = model.plan();
   const StreamHeader h = read_stream_header(prev_file);
-  const int fd = ::open(prev_file.c_str(), O_RDONLY | O_CLOEXEC);
-  SPES_CHECK(fd >= 0, "cannot open '{}' for reading: {}", prev_file, std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const ReadFile prev = ReadFile::open(prev_file);
+  const int fd = prev.fd();
   for (const auto& e : h.entries) {
     const int64_t i = plan.index(e.name);
     SPES_CHECK(i >= 0 && e.shape == plan.tensors()[i].shape && e.dtype == torch::kFloat32,
