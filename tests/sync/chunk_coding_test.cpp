@@ -49,9 +49,8 @@ std::string random_bytes(size_t n, uint32_t seed) {
 }
 
 std::string unpacked(uint32_t encoding, const std::string& data, uint64_t max = kMaxChunkBytes) {
-  std::string out;
-  unpack_chunk(encoding, data, max, &out, "test chunk");
-  return out;
+  std::string scratch;
+  return std::string(unpack_chunk(encoding, data, max, &scratch, "test chunk"));
 }
 
 constexpr uint32_t kZstd = static_cast<uint32_t>(ChunkEncoding::Zstd);

@@ -296,11 +296,9 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
       if (c.encoding() != static_cast<uint32_t>(ChunkEncoding::Raw) && !zstd_)
         sync_fail(SyncErrc::DataLoss, "download of round {}: the server sent a coded chunk "
                   "(encoding {}) that this download did not ask for", round, c.encoding());
-      const bool coded = c.encoding() != static_cast<uint32_t>(ChunkEncoding::Raw);
-      if (coded)
-        unpack_chunk(c.encoding(), c.data(), kMaxChunkBytes, &raw,
-                     fmt::format("download of round {}, chunk at offset {}", round, c.offset()));
-      const std::string& data = coded ? raw : c.data();
+      const std::string_view data = unpack_chunk(
+          c.encoding(), c.data(), kMaxChunkBytes, &raw,
+          fmt::format("download of round {}, chunk at offset {}", round, c.offset()));
       if (chunk_checksum(data) != c.checksum())
         sync_fail(SyncErrc::DataLoss, "download of round {}: checksum mismatch in the chunk at "
                   "offset {}", round, c.offset());

@@ -3,7 +3,6 @@
 #include "spes/sync/round/published_delta.h"
 
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <unordered_map>
 
@@ -11,6 +10,7 @@
 #include "spes/io/files.h"
 #include "spes/model/ownership.h"
 #include "spes/sync/round/round_clock.h"
+#include "spes/sync/wire/delta_kernels.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes/train/checkpoint.h"
 
@@ -35,14 +35,16 @@ torch::Tensor robust_combine(const std::vector<torch::Tensor>& values,
 
 // An uncompressed upload's owner-copied tensors, straight from its staged file into the
 // published tensors: only their sections are read (the upload's other tensors were folded as
-// it arrived), a few MiB at a time into one buffer, and ||new - old||^2 is summed in the same
-// pass (into change[i]). The file is one the server staged and checked as it arrived.
+// it arrived), a piece at a time (bf16 widened by the delta kernels' exact conversion), and
+// ||new - old||^2 is summed in the copy loop (into change[i]). The file is one the server
+// staged and checked as it arrived.
 void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string& path,
                          const std::vector<torch::Tensor>& pub, std::vector<double>& change) {
   const StreamHeader h = read_stream_header(path);
   const ReadFile file = ReadFile::open(path);
-  constexpr int64_t kPieceBytes = 4 << 20;
-  std::vector<char> buf(static_cast<size_t>(kPieceBytes));
+  constexpr int64_t kPieceValues = 1 << 20;
+  std::vector<float> vals(static_cast<size_t>(kPieceValues));
+  std::vector<uint16_t> bf16(static_cast<size_t>(kPieceValues));
   for (const StreamEntry& e : h.entries) {
     const int64_t i = plan.index(e.name);
     if (i < 0) continue;
@@ -56,25 +58,20 @@ void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string&
                "{}: tensor '{}' ({} bytes) does not match the model's {} values", path, e.name,
                e.end - e.begin, n);
     float* dst = p.data_ptr<float>();
-    const int64_t per_piece = kPieceBytes / elem;
     double d = 0;
-    for (int64_t k0 = 0; k0 < n; k0 += per_piece) {
-      const int64_t m = std::min(per_piece, n - k0);
-      file_pread_exact(file.fd(), buf.data(), static_cast<uint64_t>(m * elem),
-                       h.header_bytes + e.begin + static_cast<uint64_t>(k0 * elem), path);
+    for (int64_t k0 = 0; k0 < n; k0 += kPieceValues) {
+      const int64_t m = std::min(kPieceValues, n - k0);
+      const uint64_t at = h.header_bytes + e.begin + static_cast<uint64_t>(k0 * elem);
+      if (elem == 4) {
+        file_pread_exact(file.fd(), vals.data(), static_cast<uint64_t>(m) * 4, at, path);
+      } else {
+        file_pread_exact(file.fd(), bf16.data(), static_cast<uint64_t>(m) * 2, at, path);
+        delta_rebuild_bf16(nullptr, bf16.data(), m, vals.data());
+      }
       for (int64_t k = 0; k < m; ++k) {
-        float v;
-        if (elem == 4) {
-          std::memcpy(&v, buf.data() + 4 * k, 4);
-        } else {  // bf16: the upper half of an fp32
-          uint16_t b;
-          std::memcpy(&b, buf.data() + 2 * k, 2);
-          const uint32_t bits = static_cast<uint32_t>(b) << 16;
-          std::memcpy(&v, &bits, 4);
-        }
-        const double x = static_cast<double>(v) - dst[k0 + k];
+        const double x = static_cast<double>(vals[k]) - dst[k0 + k];
         d += x * x;
-        dst[k0 + k] = v;
+        dst[k0 + k] = vals[k];
       }
     }
     change[static_cast<size_t>(i)] += d;

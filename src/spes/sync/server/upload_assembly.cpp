@@ -8,7 +8,7 @@ namespace spes::sync {
 UploadAssembly::UploadAssembly(uint64_t total_bytes, std::string origin)
     : total_(total_bytes), origin_(std::move(origin)) {}
 
-std::string_view UploadAssembly::accept(uint64_t offset, const std::string& data,
+std::string_view UploadAssembly::accept(uint64_t offset, std::string_view data,
                                         const std::string& checksum) {
   if (chunk_checksum(data) != checksum)  // transport damage: the sender may send it again
     sync_fail(SyncErrc::DataLoss, "{}: checksum mismatch in the chunk at offset {} ({} bytes); "

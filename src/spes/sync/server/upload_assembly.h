@@ -22,7 +22,7 @@ class UploadAssembly {
   // counted as received. Throws SyncError: DataLoss (checksum mismatch: transport damage),
   // ResourceExhausted (chunk above kMaxChunkBytes), InvalidArgument (a gap before the chunk, or
   // bytes past the declared total).
-  std::string_view accept(uint64_t offset, const std::string& data, const std::string& checksum);
+  std::string_view accept(uint64_t offset, std::string_view data, const std::string& checksum);
   uint64_t total() const { return total_; }
   uint64_t received() const { return received_; }
   bool complete() const { return received_ == total_; }

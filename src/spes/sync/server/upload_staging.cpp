@@ -338,12 +338,10 @@ void UploadStaging::chunk(UploadStream& s, uint64_t offset, const std::string& d
   s.wire += data.size();
   std::string_view fresh;
   try {
-    const bool coded = encoding != static_cast<uint32_t>(ChunkEncoding::Raw);
-    if (coded)
-      unpack_chunk(encoding, data, kMaxChunkBytes, &s.raw,
-                   fmt::format("upload of node {} round {}, chunk at offset {}", s.node, s.round,
-                               offset));
-    fresh = s.assembly->accept(offset, coded ? s.raw : data, checksum);
+    const std::string_view raw = unpack_chunk(
+        encoding, data, kMaxChunkBytes, &s.raw,
+        fmt::format("upload of node {} round {}, chunk at offset {}", s.node, s.round, offset));
+    fresh = s.assembly->accept(offset, raw, checksum);
     if (fresh.empty() || s.duplicate) return;
     s.reader->feed(fresh.data(), fresh.size());  // header and value checks as the bytes arrive
   } catch (const std::exception& e) {

@@ -49,12 +49,9 @@ ChunkEncoding pack_chunk(std::string_view raw, std::string* packed) {
   return ChunkEncoding::Zstd;
 }
 
-void unpack_chunk(uint32_t encoding, std::string_view data, uint64_t max_bytes,
-                  std::string* out, const std::string& what) {
-  if (encoding == static_cast<uint32_t>(ChunkEncoding::Raw)) {
-    out->assign(data.data(), data.size());
-    return;
-  }
+std::string_view unpack_chunk(uint32_t encoding, std::string_view data, uint64_t max_bytes,
+                              std::string* scratch, const std::string& what) {
+  if (encoding == static_cast<uint32_t>(ChunkEncoding::Raw)) return data;
   if (encoding != static_cast<uint32_t>(ChunkEncoding::Zstd))
     sync_fail(SyncErrc::InvalidArgument, "{}: unknown chunk encoding {} (this build knows 0 = "
               "raw and 1 = zstd); update the sender or the receiver so both speak protocol {}",
@@ -66,15 +63,16 @@ void unpack_chunk(uint32_t encoding, std::string_view data, uint64_t max_bytes,
   if (size > max_bytes)
     sync_fail(SyncErrc::ResourceExhausted, "{}: the zstd chunk claims {} bytes, above the {} "
               "a chunk may hold", what, size, max_bytes);
-  out->resize(static_cast<size_t>(size));
-  const size_t n = ZSTD_decompressDCtx(thread_dctx(), out->data(), out->size(), data.data(),
-                                       data.size());
+  scratch->resize(static_cast<size_t>(size));
+  const size_t n = ZSTD_decompressDCtx(thread_dctx(), scratch->data(), scratch->size(),
+                                       data.data(), data.size());
   if (ZSTD_isError(n) || n != size) {
-    out->clear();
+    scratch->clear();
     sync_fail(SyncErrc::DataLoss, "{}: the zstd chunk does not decode to the {} bytes its "
               "header claims ({}); it is sent again", what, size,
               ZSTD_isError(n) ? ZSTD_getErrorName(n) : "a different size");
   }
+  return *scratch;
 }
 
 }  // namespace spes::sync

@@ -23,13 +23,15 @@ constexpr int kChunkZstdLevel = 1;
 // chunk goes as it is). Reuses a per-thread coding context.
 ChunkEncoding pack_chunk(std::string_view raw, std::string* packed);
 
-// A chunk as it arrived -> its raw bytes in *out. Raw is copied as is; a zstd frame must
-// record a content size of at most `max_bytes` and decode to exactly that many bytes (a
-// hostile frame never makes the receiver allocate more than max_bytes or read past the data).
+// A chunk as it arrived -> its raw bytes: `data` itself when it travelled raw; a zstd frame is
+// decoded into *scratch (reused from chunk to chunk), which must record a content size of at
+// most `max_bytes` and decode to exactly that many bytes (a hostile frame never makes the
+// receiver allocate more than max_bytes or read past the data). The view lives as long as
+// `data` or *scratch.
 // Throws SyncError: InvalidArgument for an unknown encoding, ResourceExhausted for a frame
 // that claims more than max_bytes, DataLoss for a frame that does not decode (transport
 // damage: the chunk is sent again). `what` names the chunk in the message.
-void unpack_chunk(uint32_t encoding, std::string_view data, uint64_t max_bytes,
-                  std::string* out, const std::string& what);
+std::string_view unpack_chunk(uint32_t encoding, std::string_view data, uint64_t max_bytes,
+                              std::string* scratch, const std::string& what);
 
 }  // namespace spes::sync
