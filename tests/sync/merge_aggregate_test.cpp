@@ -137,6 +137,29 @@ TEST(Merge, MeanOfKDonors) {
   EXPECT_FLOAT_EQ(ex[2].down.item<float>(), 3.5f);
 }
 
+TEST(Merge, MatchesTensorFormulaOnLargeExperts) {
+  // Eight experts of 300 x 70 values (blocks of the kernel, a partial last one, several
+  // threads), K = 3, against the formula written with torch ops from pre-merge copies.
+  torch::manual_seed(7);
+  std::vector<ExpertMats> ex, before;
+  for (int e = 0; e < 8; ++e) {
+    ex.push_back({torch::randn({300, 70}), torch::randn({300, 70}), torch::randn({70, 300})});
+    before.push_back({ex.back().gate.clone(), ex.back().up.clone(), ex.back().down.clone()});
+  }
+  const auto donors = merge_donors(gate_cosine_matrix(ex), 3);
+  const double alpha = 0.3;
+  experts_merge_layer(ex, donors, alpha);
+  for (auto member : {&ExpertMats::gate, &ExpertMats::up, &ExpertMats::down})
+    for (size_t e = 0; e < ex.size(); ++e) {
+      torch::Tensor mean = torch::zeros_like(before[e].*member);
+      for (int64_t d : donors[e]) mean += before[static_cast<size_t>(d)].*member;
+      mean /= static_cast<double>(donors[e].size());
+      const torch::Tensor want = (before[e].*member) * (1 - alpha) + mean * alpha;
+      EXPECT_TRUE(torch::allclose(ex[e].*member, want, 1e-6, 1e-6)) << "expert " << e;
+      EXPECT_FALSE(torch::equal(ex[e].*member, before[e].*member)) << "expert " << e;
+    }
+}
+
 // ---- aggregation ---------------------------------------------------------------------------
 TEST(Aggregate, SharedMeanAndOwnerCopies) {
   SyncModel m(tiny_config());

@@ -2,6 +2,8 @@
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/published_delta.h"
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
 #include <filesystem>
 #include <unordered_map>
@@ -9,6 +11,7 @@
 #include "spes/common/error.h"
 #include "spes/io/files.h"
 #include "spes/model/ownership.h"
+#include "spes/sync/round/change_kernels.h"
 #include "spes/sync/round/round_clock.h"
 #include "spes/sync/wire/delta_kernels.h"
 #include "spes/sync/wire/protocol.h"
@@ -37,12 +40,13 @@ torch::Tensor robust_combine(const std::vector<torch::Tensor>& values,
 // published tensors: only their sections are read (the upload's other tensors were folded as
 // it arrived), a piece at a time (bf16 widened by the delta kernels' exact conversion), and
 // ||new - old||^2 is summed in the copy loop (into change[i]). The file is one the server
-// staged and checked as it arrived.
+// staged and checked as it arrived. Pieces of 64K values stay in the core's cache between the
+// read and the copy.
 void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string& path,
                          const std::vector<torch::Tensor>& pub, std::vector<double>& change) {
   const StreamHeader h = read_stream_header(path);
   const ReadFile file = ReadFile::open(path);
-  constexpr int64_t kPieceValues = 1 << 20;
+  constexpr int64_t kPieceValues = 1 << 16;
   std::vector<float> vals(static_cast<size_t>(kPieceValues));
   std::vector<uint16_t> bf16(static_cast<size_t>(kPieceValues));
   for (const StreamEntry& e : h.entries) {
@@ -68,11 +72,7 @@ void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string&
         file_pread_exact(file.fd(), bf16.data(), static_cast<uint64_t>(m) * 2, at, path);
         delta_rebuild_bf16(nullptr, bf16.data(), m, vals.data());
       }
-      for (int64_t k = 0; k < m; ++k) {
-        const double x = static_cast<double>(vals[k]) - dst[k0 + k];
-        d += x * x;
-        dst[k0 + k] = vals[k];
-      }
+      d += copy_with_squared_change(vals.data(), dst + k0, m);
     }
     change[static_cast<size_t>(i)] += d;
   }
@@ -268,31 +268,41 @@ RoundOutcome RoundAggregator::finish() {
   // Owner copies straight from the staged uploads into the published tensors (only their
   // sections read, without compression; a compressed upload is streamed and rebuilt against
   // them first: they still hold the previous round's values).
-  for (const auto& [node, path] : owner_files_) {
-    if (plan.compression() == Compression::None) {
-      copy_owner_sections(plan, node, path, pub, out_.change);
-      continue;
+  if (plan.compression() == Compression::None) {
+    // Each node's file on a thread of its own: they write disjoint tensors (every owner-copied
+    // tensor has one owner) and disjoint entries of change.
+    at::parallel_for(0, static_cast<int64_t>(owner_files_.size()), 1,
+                     [&](int64_t lo, int64_t hi) {
+                       for (int64_t k = lo; k < hi; ++k)
+                         copy_owner_sections(plan, owner_files_[k].first,
+                                             owner_files_[k].second, pub, out_.change);
+                     });
+  } else {
+    for (const auto& [node, path] : owner_files_) {
+      SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr,
+                                     kMaxHeaderBytes);
+      DeltaStreamDecoder decoder(
+          plan.compression(),
+          [&](const StreamEntry& e) { return pub[plan.index(e.name)].view({-1}); },
+          [&, node = node](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
+            const int64_t i = plan.index(e.name);
+            const PlanTensor& t = plan.tensors()[i];
+            if (t.rule != Combine::OwnerCopy || t.owner != node) return;
+            const torch::Tensor v = run.to(torch::kFloat32).contiguous();
+            SPES_CHECK(first >= 0 && first + v.numel() <= pub[i].numel(), "{}: values [{}, {}) "
+                       "of '{}' outside the tensor", path, first, first + v.numel(), e.name);
+            out_.change[i] += copy_with_squared_change(
+                v.data_ptr<float>(), pub[i].data_ptr<float>() + first, v.numel());
+          },
+          path);
+      reader.set_slice_handler([&, node = node, path = path](const StreamEntry& e,
+                                                            int64_t first,
+                                                            const torch::Tensor& run, bool last) {
+        if (first == 0) keep_owner_delta(plan, node, path, reader.header().header_bytes, e);
+        decoder(e, first, run, last);
+      });
+      stream_file(path, reader);
     }
-    SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr, kMaxHeaderBytes);
-    DeltaStreamDecoder decoder(
-        plan.compression(),
-        [&](const StreamEntry& e) { return pub[plan.index(e.name)].view({-1}); },
-        [&, node = node](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
-          const int64_t i = plan.index(e.name);
-          const PlanTensor& t = plan.tensors()[i];
-          if (t.rule != Combine::OwnerCopy || t.owner != node) return;
-          torch::Tensor dst = pub[i].view({-1}).slice(0, first, first + run.numel());
-          out_.change[i] += (run.to(torch::kFloat32) - dst).pow(2).sum().item<double>();
-          dst.copy_(run);
-        },
-        path);
-    reader.set_slice_handler([&, node = node, path = path](const StreamEntry& e, int64_t first,
-                                                          const torch::Tensor& run, bool last) {
-      if (plan.compression() != Compression::None && first == 0)
-        keep_owner_delta(plan, node, path, reader.header().header_bytes, e);
-      decoder(e, first, run, last);
-    });
-    stream_file(path, reader);
   }
   owner_files_.clear();
   for (size_t i = 0; i < pub.size(); ++i) {

@@ -110,25 +110,50 @@ std::vector<std::vector<int64_t>> merge_donors(const std::vector<std::vector<dou
 
 void experts_merge_layer(std::vector<ExpertMats>& experts,
                          const std::vector<std::vector<int64_t>>& donors, double alpha) {
-  const size_t E = experts.size();
-  SPES_CHECK(donors.size() == E, "merge: {} donor lists for {} experts", donors.size(), E);
+  const int64_t E = static_cast<int64_t>(experts.size());
+  SPES_CHECK(donors.size() == experts.size(), "merge: {} donor lists for {} experts",
+             donors.size(), E);
   if (alpha == 0.0) return;
-  torch::NoGradGuard ng;
+  for (const auto& d : donors)
+    for (int64_t j : d)
+      SPES_CHECK(j >= 0 && j < E, "merge: donor {} outside the layer's {} experts", j, E);
+  const float keep = static_cast<float>(1.0 - alpha), pull = static_cast<float>(alpha);
   for (auto member : {&ExpertMats::gate, &ExpertMats::up, &ExpertMats::down}) {
-    std::vector<torch::Tensor> merged(E);
-    for (size_t e = 0; e < E; ++e) {
-      const torch::Tensor& pe = experts[e].*member;
-      if (donors[e].empty()) continue;
-      torch::Tensor mean = (experts[donors[e][0]].*member).clone();
-      for (size_t j = 1; j < donors[e].size(); ++j) mean.add_(experts[donors[e][j]].*member);
-      mean.div_(static_cast<double>(donors[e].size()));
-      torch::Tensor out = pe.mul(1.0 - alpha);
-      out.add_(mean, alpha);
-      merged[e] = std::move(out);
+    std::vector<float*> p(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const torch::Tensor& t = experts[e].*member;
+      SPES_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 &&
+                     t.is_contiguous() && t.numel() == (experts[0].*member).numel(),
+                 "merge: the experts' matrices must be contiguous fp32 CPU tensors of one shape");
+      p[e] = t.data_ptr<float>();
     }
-    // Every new value was computed from pre-merge values; only now write them.
-    for (size_t e = 0; e < E; ++e)
-      if (merged[e].defined()) (experts[e].*member).copy_(merged[e]);
+    const int64_t n = (experts[0].*member).numel();
+    // Every expert's new values of a block are computed from pre-merge values into scratch
+    // before the block is written; blocks are disjoint, so they run on several threads.
+    constexpr int64_t kBlock = 4096;
+    at::parallel_for(0, (n + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<float> out(static_cast<size_t>(E * kBlock));
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t lo = b * kBlock, m = std::min(kBlock, n - lo);
+        for (int64_t e = 0; e < E; ++e) {
+          const auto& d = donors[e];
+          if (d.empty()) continue;
+          const float count = static_cast<float>(d.size());
+          float* o = out.data() + e * kBlock;
+          const float* first = p[d[0]] + lo;
+          for (int64_t k = 0; k < m; ++k) o[k] = first[k];
+          for (size_t j = 1; j < d.size(); ++j) {
+            const float* q = p[d[j]] + lo;
+            for (int64_t k = 0; k < m; ++k) o[k] += q[k];
+          }
+          const float* self = p[e] + lo;
+          for (int64_t k = 0; k < m; ++k) o[k] = self[k] * keep + pull * (o[k] / count);
+        }
+        for (int64_t e = 0; e < E; ++e)
+          if (!donors[e].empty())
+            std::copy_n(out.data() + e * kBlock, m, p[e] + lo);
+      }
+    });
   }
 }
 

@@ -45,7 +45,9 @@ double mean_pairwise(const std::vector<std::vector<double>>& cos);
 std::vector<std::vector<int64_t>> merge_donors(const std::vector<std::vector<double>>& cos,
                                                int64_t k);
 // P_e <- (1 - alpha) P_e + alpha * mean_{d in donors[e]} P_d for every expert of the layer,
-// simultaneously (all new values are computed from pre-merge values before any is written).
+// simultaneously (all new values are computed from pre-merge values before any is written), in
+// fp32: the mean as the donors' sum (in donor order) divided by their count, then
+// P_e * (1 - alpha) + alpha * mean. The matrices must be contiguous fp32 CPU tensors.
 void experts_merge_layer(std::vector<ExpertMats>& experts,
                          const std::vector<std::vector<int64_t>>& donors, double alpha);
 

@@ -11,6 +11,7 @@
 #include "spes/common/strings.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
+#include "spes/sync/round/change_kernels.h"
 #include "spes/sync/server/upload_assembly.h"
 #include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/chunk_coding.h"
@@ -24,30 +25,19 @@ namespace {
 // ||run - pub||^2 in double, in one pass over the arriving values without temporaries or
 // torch kernels: several uploads arrive at once, each on its own thread (a torch kernel there
 // would start a thread team per upload), and this pass is also the check for NaN and Inf.
-template <typename T>
-double squared_distance_of(const T* up, const float* pp, int64_t n) {
-  double d = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    const double x = static_cast<double>(static_cast<float>(up[k])) - pp[k];
-    d += x * x;
-  }
-  return d;
-}
-
 double squared_distance(const torch::Tensor& run, const torch::Tensor& pub) {
   const float* pp = pub.data_ptr<float>();
   const int64_t n = run.numel();
   if (run.is_contiguous()) {
     switch (run.scalar_type()) {
-      case torch::kFloat32: return squared_distance_of(run.data_ptr<float>(), pp, n);
-      case torch::kBFloat16:
-        return squared_distance_of(run.data_ptr<c10::BFloat16>(), pp, n);
-      case torch::kFloat16: return squared_distance_of(run.data_ptr<c10::Half>(), pp, n);
+      case torch::kFloat32: return squared_change(run.data_ptr<float>(), pp, n);
+      case torch::kBFloat16: return squared_change(run.data_ptr<c10::BFloat16>(), pp, n);
+      case torch::kFloat16: return squared_change(run.data_ptr<c10::Half>(), pp, n);
       default: break;
     }
   }
   const torch::Tensor u = run.to(torch::kFloat32).contiguous();
-  return squared_distance_of(u.data_ptr<float>(), pp, n);
+  return squared_change(u.data_ptr<float>(), pp, n);
 }
 }  // namespace
 
