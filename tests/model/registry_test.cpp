@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
 #include <set>
 
 #include "spes/common/error.h"
@@ -280,15 +282,23 @@ TEST(RegistryDigest, FingerprintAndWeightsSha) {
     EXPECT_NE(r.fingerprint(), ra.fingerprint());
   }
 
-  // weights_sha256 = SHA-256 over (name, fp32 bytes) of every tensor, in registry order.
-  std::string blob;
+  // weights_sha256 = SHA-256 over (name, hex SHA-256 of the fp32 bytes) of every tensor, in
+  // registry order; the flat digest of protocols 1-4: SHA-256 over (name, fp32 bytes).
+  std::string blob, flat;
   for (const auto& e : ra.entries()) {
-    blob += e.name;
     torch::Tensor t = e.tensor.detach().contiguous();
-    blob.append(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
+    const std::string bytes(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
+    blob += e.name + sha256_hex(bytes);
+    flat += e.name + bytes;
   }
   EXPECT_EQ(ra.weights_sha256(), sha256_hex(blob));
   EXPECT_EQ(ra.weights_sha256().size(), 64u);
+  EXPECT_EQ(ra.flat_weights_sha256(), sha256_hex(flat));
+  // The thread count does not change it.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  EXPECT_EQ(ra.weights_sha256(), sha256_hex(blob));
+  at::set_num_threads(threads);
 
   // One changed weight changes the digest; restoring it restores the digest.
   const std::string before = ra.weights_sha256();

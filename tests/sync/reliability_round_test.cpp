@@ -367,6 +367,39 @@ TEST(RoundStateReliability, RestartContinuesFromTheLastPublishedRound) {
   EXPECT_EQ(over.published_round(), 0);
 }
 
+TEST(RoundStateReliability, ADirectoryWithTheEarlierFlatDigestResumes) {
+  // Servers of sync protocol 1-4 named the model by one SHA-256 over all weights; a directory
+  // they wrote resumes, under this version's per-tensor digest.
+  TempDir tmp;
+  const Config cfg = tiny_config();
+  std::string now, flat;
+  {
+    RoundState st(cfg, {tmp.path});
+    now = st.model().weights_sha256();
+    flat = st.model().flat_weights_sha256();
+    st.close();
+  }
+  ASSERT_NE(now, flat);
+  for (const std::string name : {"/published.safetensors", "/state.json"}) {
+    std::string bytes = file_read(tmp.path + name);
+    const size_t at = bytes.find(now);
+    ASSERT_NE(at, std::string::npos) << name;
+    bytes.replace(at, now.size(), flat);
+    std::ofstream(tmp.path + name, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  RoundState again(cfg, {tmp.path});
+  EXPECT_EQ(again.published_round(), 0);
+  EXPECT_EQ(again.status().model_sha256, now);
+  again.close();
+  // Any other digest is still a corrupt file (the resumed file still names the flat one).
+  std::string bytes = file_read(tmp.path + "/published.safetensors");
+  const size_t at = bytes.find(flat);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 4, "0000");
+  std::ofstream(tmp.path + "/published.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_THAT(error_of([&] { RoundState bad(cfg, {tmp.path}); }), HasSubstr("is corrupt"));
+}
+
 TEST(RoundStateReliability, RepeatedUploadIsNeverAppliedTwice) {
   TempDir tmp;
   const Config cfg = tiny_config();

@@ -1,6 +1,7 @@
 // Parameter registry (see registry.h).
 #include "spes/model/registry.h"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include "spes/common/error.h"
@@ -126,6 +127,33 @@ std::string ParamRegistry::fingerprint() const {
 }
 
 std::string ParamRegistry::weights_sha256() const {
+  // Each tensor's digest on its own, on several threads where the weights are in host memory
+  // (one SHA-256 runs at about 1.8 GB/s; a device tensor is copied to the host one at a time),
+  // then one digest over the names and those digests: the same value on any thread count.
+  std::vector<std::string> part(entries_.size());
+  auto digest = [&](size_t i) {
+    const torch::Tensor t =
+        entries_[i].tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    part[i] = sha256_hex(t.data_ptr(), static_cast<size_t>(t.numel()) * sizeof(float));
+  };
+  bool on_host = true;
+  for (const auto& e : entries_) on_host = on_host && e.tensor.device().is_cpu();
+  if (on_host) {
+    at::parallel_for(0, static_cast<int64_t>(entries_.size()), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) digest(static_cast<size_t>(i));
+    });
+  } else {
+    for (size_t i = 0; i < entries_.size(); ++i) digest(i);
+  }
+  Sha256 h;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    h.update(entries_[i].name.data(), entries_[i].name.size());
+    h.update(part[i].data(), part[i].size());
+  }
+  return h.hex_digest();
+}
+
+std::string ParamRegistry::flat_weights_sha256() const {
   Sha256 h;
   for (const auto& e : entries_) {
     h.update(e.name.data(), e.name.size());

@@ -45,8 +45,13 @@ class ParamRegistry {
   int64_t frozen_numel() const;
   // Digest of names, shapes and roles: equal fingerprints mean interchangeable models.
   std::string fingerprint() const;
-  // SHA-256 over every tensor's name and fp32 bytes, in registry order.
+  // The weights' digest (sync protocol 5 on): SHA-256 over, for every tensor in registry order,
+  // its name and then the 64 lower-case hex digits of SHA-256 of its fp32 bytes. Per-tensor
+  // digests let several threads share the work.
   std::string weights_sha256() const;
+  // The digest of sync protocols 1-4: one SHA-256 over every tensor's name and fp32 bytes, in
+  // registry order. Only to recognise a server directory written by those versions.
+  std::string flat_weights_sha256() const;
 
  private:
   ParamRegistry() = default;

@@ -106,6 +106,7 @@ void SyncModel::load(const NamedTensors& tensors, const std::string& origin) {
 }
 
 std::string SyncModel::weights_sha256() const { return registry_->weights_sha256(); }
+std::string SyncModel::flat_weights_sha256() const { return registry_->flat_weights_sha256(); }
 std::string SyncModel::model_fingerprint() const { return registry_->fingerprint(); }
 
 NamedTensors SyncModel::momentum_named() const {

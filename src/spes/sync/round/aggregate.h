@@ -47,6 +47,9 @@ class SyncModel {
   // Digest of the published weights: equal to ParamRegistry::weights_sha256 on a node
   // holding the same weights.
   std::string weights_sha256() const;
+  // The digest of sync protocols 1-4 (ParamRegistry::flat_weights_sha256), for resuming a
+  // directory they wrote.
+  std::string flat_weights_sha256() const;
   std::string model_fingerprint() const;
   std::string ownership_fingerprint() const { return ownership_fingerprint_; }
 

@@ -105,9 +105,17 @@ std::optional<PublishedRound> RoundStore::resume() {
   SPES_CHECK(md.count("round") && md.count("step") && md.count("model_sha256"),
              "'{}' lacks its round metadata; start over with --overwrite", path);
   const std::string sha = model_.weights_sha256();
-  SPES_CHECK(sha == md.at("model_sha256"), "'{}' is corrupt: its weights hash to {} but it was "
-             "written with {}; restore it or start over with --overwrite", path, sha,
-             md.at("model_sha256"));
+  if (sha != md.at("model_sha256")) {
+    // Written by a server of sync protocol 1-4, whose digest was one pass over all the weights:
+    // the same model, named by this version's digest from now on.
+    SPES_CHECK(model_.flat_weights_sha256() == md.at("model_sha256"), "'{}' is corrupt: its "
+               "weights hash to {} but it was written with {}; restore it or start over with "
+               "--overwrite", path, sha, md.at("model_sha256"));
+    spdlog::info("'{}' was written by an earlier version (model digest {} over all weights at "
+                 "once); its digest is now {} (per tensor, sync protocol {}), and nodes of the "
+                 "earlier version cannot join", path, md.at("model_sha256").substr(0, 16),
+                 sha.substr(0, 16), kProtocolVersion);
+  }
   PublishedRound p;
   p.round = std::stoll(md.at("round"));
   p.step = std::stoll(md.at("step"));

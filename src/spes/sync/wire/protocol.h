@@ -12,7 +12,7 @@
 
 namespace spes::sync {
 
-constexpr uint32_t kProtocolVersion = 4;  // 4: chunk coding (proto/spes_sync.proto)
+constexpr uint32_t kProtocolVersion = 5;  // 4: chunk coding; 5: per-tensor model digest
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
