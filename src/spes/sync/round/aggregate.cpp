@@ -290,8 +290,10 @@ RoundOutcome RoundAggregator::finish() {
             const PlanTensor& t = plan.tensors()[i];
             if (t.rule != Combine::OwnerCopy || t.owner != node) return;
             const torch::Tensor v = run.to(torch::kFloat32).contiguous();
-            SPES_CHECK(first >= 0 && first + v.numel() <= pub[i].numel(), "{}: values [{}, {}) "
-                       "of '{}' outside the tensor", path, first, first + v.numel(), e.name);
+            SPES_CHECK(pub[i].is_contiguous() && first >= 0 &&
+                           first + v.numel() <= pub[i].numel(),
+                       "{}: values [{}, {}) of '{}' outside the tensor", path, first,
+                       first + v.numel(), e.name);
             out_.change[i] += copy_with_squared_change(
                 v.data_ptr<float>(), pub[i].data_ptr<float>() + first, v.numel());
           },
