@@ -231,6 +231,16 @@ void RoundAggregator::add_run(const std::string& name, int64_t first, const torc
   }
 }
 
+void RoundAggregator::add_from_source(const std::string& name) {
+  const RoundPlan& plan = model_.plan();
+  const int64_t i = plan.index(name);
+  SPES_CHECK(i >= 0 && plan.tensors()[i].rule == Combine::OwnerCopy && !source_.empty(),
+             "aggregator: '{}' is not an owner-copied tensor of an upload read from a file", name);
+  add_run(name, 0, torch::empty({0}), false);  // add_run's order checks; it reads nothing here
+  wsum_[i] = 1.0;  // and what its last run does
+  ++got_;
+}
+
 void RoundAggregator::end_node() {
   SPES_CHECK(node_ >= 0, "aggregator: end_node without begin_node");
   SPES_CHECK(got_ == expect_.size(), "aggregator: node {} sent {} of its {} tensors", node_, got_,
@@ -356,8 +366,51 @@ RoundOutcome RoundAggregator::finish() {
 }
 
 // ---------------------------------------------------------------------------------------------
+namespace {
+// A staged upload without compression whose values were checked as they arrived: the averaged
+// tensors' sections are read (pread, 64K values at a time) and added, the owner-copied ones
+// are left in the file for finish(). The header is checked as by the streaming fold.
+UploadMeta fold_sections(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
+                         int64_t expect_node) {
+  const StreamHeader h = read_stream_header(path);
+  const UploadMeta meta = check_upload_header(plan, h, expect_node, path);
+  SPES_CHECK(meta.step == agg.step(), "{}: upload is for step {} (round {}) but the round being "
+             "aggregated is step {} (round {})", path, meta.step, meta.round, agg.step(),
+             agg.round());
+  agg.begin_node(meta.node, meta.tokens, path);
+  const ReadFile file = ReadFile::open(path);
+  constexpr int64_t kPieceValues = 1 << 16;
+  std::vector<float> buf(static_cast<size_t>(kPieceValues));
+  for (const StreamEntry& e : h.entries) {
+    const int64_t i = plan.index(e.name);
+    SPES_CHECK(i >= 0, "{}: tensor '{}' is not part of the model", path, e.name);
+    const PlanTensor& t = plan.tensors()[static_cast<size_t>(i)];
+    if (t.rule == Combine::OwnerCopy) {
+      agg.add_from_source(e.name);
+      continue;
+    }
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    const int64_t elem = e.dtype == torch::kFloat32 ? 4 : e.dtype == torch::kBFloat16 ? 2 : 0;
+    SPES_CHECK(elem > 0 && e.end - e.begin == static_cast<uint64_t>(n * elem),
+               "{}: tensor '{}' ({} bytes) does not match the model's {} values", path, e.name,
+               e.end - e.begin, n);
+    for (int64_t k0 = 0; k0 < n; k0 += kPieceValues) {
+      const int64_t m = std::min(kPieceValues, n - k0);
+      file_pread_exact(file.fd(), buf.data(), static_cast<uint64_t>(m * elem),
+                       h.header_bytes + e.begin + static_cast<uint64_t>(k0 * elem), path);
+      agg.add_run(e.name, k0, torch::from_blob(buf.data(), {m}, e.dtype), k0 + m == n);
+    }
+  }
+  agg.end_node();
+  return meta;
+}
+}  // namespace
+
 UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
                             int64_t expect_node, bool values_checked) {
+  if (values_checked && plan.compression() == Compression::None)
+    return fold_sections(agg, plan, path, expect_node);
   UploadMeta meta;
   SafetensorsStreamReader reader(
       fs::file_size(path), path,

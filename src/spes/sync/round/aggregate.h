@@ -111,6 +111,9 @@ class RoundAggregator {
   void begin_node(int64_t node, int64_t tokens, const std::string& source_file = "");
   void add(const std::string& name, const torch::Tensor& value);
   void add_run(const std::string& name, int64_t first, const torch::Tensor& run, bool last);
+  // In place of add() for an owner-copied tensor of a node folded with `source_file`: finish()
+  // reads its values from the file, so they need not be read here.
+  void add_from_source(const std::string& name);
   void end_node();
   // Combines, applies the outer step and merging, rounds to the transfer dtype and writes the
   // result into the model's published tensors. The aggregator is then idle.
@@ -148,7 +151,8 @@ class RoundAggregator {
 // copies are read back from the file by finish(). A compressed upload is rebuilt against the
 // model's published tensors (the previous round's model) first. `expect_node` < 0: any node.
 // `values_checked`: every value already passed check_upload_run as it arrived (the server's
-// staged uploads, upload_staging.h), so the fold does not test them again.
+// staged uploads, upload_staging.h), so the fold does not test them again; without
+// compression it then reads only the sections of the averaged tensors.
 UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const std::string& path,
                             int64_t expect_node = -1, bool values_checked = false);
 
