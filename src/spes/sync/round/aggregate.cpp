@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <unordered_map>
 
 #include "spes/common/error.h"
@@ -36,33 +37,29 @@ torch::Tensor robust_combine(const std::vector<torch::Tensor>& values,
   return sorted.slice(0, k, n - k).mean(0);
 }
 
-// An uncompressed upload's owner-copied tensors, straight from its staged file into the
-// published tensors: only their sections are read (the upload's other tensors were folded as
-// it arrived), a piece at a time (bf16 widened by the delta kernels' exact conversion), and
-// ||new - old||^2 is summed in the copy loop (into change[i]). The file is one the server
-// staged and checked as it arrived. Pieces of 64K values stay in the core's cache between the
-// read and the copy.
-void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string& path,
-                         const std::vector<torch::Tensor>& pub, std::vector<double>& change) {
-  const StreamHeader h = read_stream_header(path);
+// The sections of a staged upload without compression (checked as it arrived) that `wanted`
+// selects, in file order, a piece of up to 64K values at a time (small enough to stay in the
+// core's cache while the caller uses it), widened to fp32 (bf16 by the delta kernels' exact
+// conversion): piece(model index, entry, first value, values, count, last piece of the tensor).
+void read_sections(const RoundPlan& plan, const std::string& path, const StreamHeader& h,
+                   const std::function<bool(const PlanTensor&)>& wanted,
+                   const std::function<void(int64_t, const StreamEntry&, int64_t, float*,
+                                            int64_t, bool)>& piece) {
   const ReadFile file = ReadFile::open(path);
   constexpr int64_t kPieceValues = 1 << 16;
   std::vector<float> vals(static_cast<size_t>(kPieceValues));
   std::vector<uint16_t> bf16(static_cast<size_t>(kPieceValues));
   for (const StreamEntry& e : h.entries) {
     const int64_t i = plan.index(e.name);
-    if (i < 0) continue;
+    SPES_CHECK(i >= 0, "{}: tensor '{}' is not part of the model", path, e.name);
     const PlanTensor& t = plan.tensors()[static_cast<size_t>(i)];
-    if (t.rule != Combine::OwnerCopy || t.owner != node) continue;
-    const torch::Tensor& p = pub[static_cast<size_t>(i)];
-    const int64_t n = p.numel();
+    if (!wanted(t)) continue;
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
     const int64_t elem = e.dtype == torch::kFloat32 ? 4 : e.dtype == torch::kBFloat16 ? 2 : 0;
-    SPES_CHECK(p.is_contiguous() && p.scalar_type() == torch::kFloat32 && elem > 0 &&
-                   e.end - e.begin == static_cast<uint64_t>(n * elem),
+    SPES_CHECK(elem > 0 && e.end - e.begin == static_cast<uint64_t>(n * elem),
                "{}: tensor '{}' ({} bytes) does not match the model's {} values", path, e.name,
                e.end - e.begin, n);
-    float* dst = p.data_ptr<float>();
-    double d = 0;
     for (int64_t k0 = 0; k0 < n; k0 += kPieceValues) {
       const int64_t m = std::min(kPieceValues, n - k0);
       const uint64_t at = h.header_bytes + e.begin + static_cast<uint64_t>(k0 * elem);
@@ -72,10 +69,27 @@ void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string&
         file_pread_exact(file.fd(), bf16.data(), static_cast<uint64_t>(m) * 2, at, path);
         delta_rebuild_bf16(nullptr, bf16.data(), m, vals.data());
       }
-      d += copy_with_squared_change(vals.data(), dst + k0, m);
+      piece(i, e, k0, vals.data(), m, k0 + m == n);
     }
-    change[static_cast<size_t>(i)] += d;
   }
+}
+
+// An uncompressed upload's owner-copied tensors, straight from its staged file into the
+// published tensors (the upload's other tensors were folded as it arrived), ||new - old||^2
+// summed in the copy loop (into change[i]).
+void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string& path,
+                         const std::vector<torch::Tensor>& pub, std::vector<double>& change) {
+  read_sections(
+      plan, path, read_stream_header(path),
+      [&](const PlanTensor& t) { return t.rule == Combine::OwnerCopy && t.owner == node; },
+      [&](int64_t i, const StreamEntry& e, int64_t first, float* v, int64_t m, bool) {
+        const torch::Tensor& p = pub[static_cast<size_t>(i)];
+        SPES_CHECK(p.is_contiguous() && p.scalar_type() == torch::kFloat32 &&
+                       first + m <= p.numel(),
+                   "{}: tensor '{}' does not match the published tensor", path, e.name);
+        change[static_cast<size_t>(i)] +=
+            copy_with_squared_change(v, p.data_ptr<float>() + first, m);
+      });
 }
 }  // namespace
 
@@ -378,30 +392,17 @@ UploadMeta fold_sections(RoundAggregator& agg, const RoundPlan& plan, const std:
              "aggregated is step {} (round {})", path, meta.step, meta.round, agg.step(),
              agg.round());
   agg.begin_node(meta.node, meta.tokens, path);
-  const ReadFile file = ReadFile::open(path);
-  constexpr int64_t kPieceValues = 1 << 16;
-  std::vector<float> buf(static_cast<size_t>(kPieceValues));
-  for (const StreamEntry& e : h.entries) {
-    const int64_t i = plan.index(e.name);
-    SPES_CHECK(i >= 0, "{}: tensor '{}' is not part of the model", path, e.name);
-    const PlanTensor& t = plan.tensors()[static_cast<size_t>(i)];
-    if (t.rule == Combine::OwnerCopy) {
-      agg.add_from_source(e.name);
-      continue;
-    }
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    const int64_t elem = e.dtype == torch::kFloat32 ? 4 : e.dtype == torch::kBFloat16 ? 2 : 0;
-    SPES_CHECK(elem > 0 && e.end - e.begin == static_cast<uint64_t>(n * elem),
-               "{}: tensor '{}' ({} bytes) does not match the model's {} values", path, e.name,
-               e.end - e.begin, n);
-    for (int64_t k0 = 0; k0 < n; k0 += kPieceValues) {
-      const int64_t m = std::min(kPieceValues, n - k0);
-      file_pread_exact(file.fd(), buf.data(), static_cast<uint64_t>(m * elem),
-                       h.header_bytes + e.begin + static_cast<uint64_t>(k0 * elem), path);
-      agg.add_run(e.name, k0, torch::from_blob(buf.data(), {m}, e.dtype), k0 + m == n);
-    }
-  }
+  // Entries come in model order; an owner copy is noted when the reader passes over it.
+  read_sections(
+      plan, path, h,
+      [&](const PlanTensor& t) {
+        if (t.rule != Combine::OwnerCopy) return true;
+        agg.add_from_source(t.name);
+        return false;
+      },
+      [&](int64_t, const StreamEntry& e, int64_t first, float* v, int64_t m, bool last) {
+        agg.add_run(e.name, first, torch::from_blob(v, {m}), last);
+      });
   agg.end_node();
   return meta;
 }
