@@ -3,7 +3,8 @@
 // rounds upload their trainable tensors, wait for the round and download what they lack,
 // exactly as `spes node` does but without training. Reports per round the latency (every node
 // starts uploading -> every node has its download), the bytes per node and the throughput, and
-// the server's peak RSS against the model's fp32 size. Defaults: the d_model 512 shape of
+// the server's peak RSS against the model's fp32 size; first, the time of the model digest on
+// one thread and on all cores. Defaults: the d_model 512 shape of
 // bench/train_bench (about 117M parameters, 8 experts) with 4 nodes owning 2 experts each.
 //   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
 //                          [--compression none|bf16|int8] [--wire-coding auto|zstd|raw]
@@ -21,6 +22,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <chrono>
 #include <cstdio>
@@ -178,6 +180,19 @@ int main(int argc, char** argv) {
                "transfers, compression {}, chunk coding {}, merging every {} rounds\n", P / 1e6,
                fp32_mib, a.nodes, a.rounds, a.dtype, a.compression,
                cfg.spes_config.codes_chunks() ? "zstd" : "raw", a.merge_interval);
+    // The model digest every node computes after each download and the server as it persists:
+    // per tensor on every core (sync protocol 5) against one thread.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    auto digest_s = [&](int threads) {
+      torch::set_num_threads(threads);
+      const auto t0 = Clock::now();
+      (void)regs[0]->weights_sha256();
+      return std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    const double digest_one = digest_s(1), digest_all = digest_s(cores);
+    torch::set_num_threads(1);
+    fmt::print("model digest: {:.3f} s on {} threads, {:.3f} s on 1\n", digest_all, cores,
+               digest_one);
 
     spes::Subprocess server({exe, "serve", "--config", cfg_path, "--out",
                                    a.out + "/server", "--listen", "127.0.0.1:0", "--overwrite"});
@@ -289,6 +304,8 @@ int main(int argc, char** argv) {
                "round_s", "upload_s", "wait_s", "download_s", "up/node", "down/node",
                "throughput");
     nlohmann::json report = {{"params", P}, {"nodes", a.nodes}, {"dtype", a.dtype},
+                             {"digest_seconds_one_thread", digest_one},
+                             {"digest_seconds_all_threads", digest_all},
                              {"compression", a.compression},
                              {"rounds", nlohmann::json::array()}};
     double max_round = 0, sum_round = 0;
