@@ -242,7 +242,10 @@ S + X/N values, download P - X/N (P in merge rounds), P each way for FedAvg and 
 is the safetensors header of each stream.
 DOC
   if [ -f "$FIGS/notes.md" ]; then printf '\n'; cat "$FIGS/notes.md"; fi
-  # The WAN trade-off section of scripts/experiment_wan.sh, kept when this part is regenerated.
-  if [ -f "$FIGS/wan.md" ]; then printf '\n'; cat "$FIGS/wan.md"; fi
+  # The sections of scripts/experiment_wan.sh and scripts/experiment_overlap.sh, kept when this
+  # part is regenerated.
+  for s in wan overlap; do
+    if [ -f "$FIGS/$s.md" ]; then printf '\n'; cat "$FIGS/$s.md"; fi
+  done
 } > "$DOC"
 echo "wrote $DOC"

@@ -111,6 +111,9 @@ def build(out):
                 "bytes_down": s.get("bytes_down_wire", s.get("bytes_down", 0)),
                 "sync_s": stood_still(s), "wait_s": s.get("wait_s"),
                 "overlap": bool(s.get("overlap", False)),
+                # Steps the node trained while the round was in flight (0: it blocked).
+                "steps_in_flight": (s["applied_step"] - s["step"]) if s.get("overlap") and
+                "applied_step" in s else 0,
                 "upload_s": s.get("upload_s"), "download_s": s.get("download_s"),
                 "upload_resumed_from": s.get("upload_resumed_from", 0),
                 "caught_up": bool(s.get("caught_up", False)),
