@@ -1,5 +1,6 @@
 // File helpers (see files.h).
 #include "spes/io/files.h"
+#include "spes/io/files_detail.h"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -108,10 +109,11 @@ void file_write_atomic(const std::string& path, const std::string& data) {
 namespace {
 constexpr size_t kDirectAlign = 4096;  // buffer, offset and length alignment of O_DIRECT
 
-// Writes [data, data + n) at the file's position; false with errno set on error.
-bool write_all(int fd, const char* data, size_t n) {
+// Writes [data, data + n) at the file's position through `write_call`; false with errno set on
+// error.
+bool write_all(const detail::WriteCall& write_call, int fd, const char* data, size_t n) {
   while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
+    const ssize_t w = write_call(fd, data, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       if (w == 0) errno = EIO;
@@ -127,6 +129,15 @@ bool write_all(int fd, const char* data, size_t n) {
 void file_write_direct(const std::string& path,
                        const std::function<void(std::string* buf)>& next,
                        const std::function<void(std::string* head)>& amend_head) {
+  detail::file_write_direct_with(path, next, amend_head, [](int fd, const void* data, size_t n) {
+    return ::write(fd, data, n);
+  });
+}
+
+void detail::file_write_direct_with(const std::string& path,
+                                    const std::function<void(std::string* buf)>& next,
+                                    const std::function<void(std::string* head)>& amend_head,
+                                    const WriteCall& write_call) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
   bool direct = fd >= 0;
   if (!direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -154,7 +165,7 @@ void file_write_direct(const std::string& path,
                               : held / kDirectAlign * kDirectAlign;
     if (whole == 0) return true;
     std::memset(block.get() + held, 0, whole - std::min(whole, held));
-    if (!write_all(fd, block.get(), whole)) return false;
+    if (!write_all(write_call, fd, block.get(), whole)) return false;
     held -= std::min(whole, held);
     std::memmove(block.get(), block.get() + whole, held);
     return true;
@@ -168,7 +179,7 @@ void file_write_direct(const std::string& path,
     if (errno != EINVAL || held != total) failed("write");
     direct = false;
     if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT) != 0 ||
-        ::lseek(fd, 0, SEEK_SET) != 0 || !write_all(fd, block.get(), held))
+        ::lseek(fd, 0, SEEK_SET) != 0 || !write_all(write_call, fd, block.get(), held))
       failed("write");
     held = 0;
   };
@@ -193,7 +204,7 @@ void file_write_direct(const std::string& path,
       if (!flush_blocks(false)) fall_back();
       continue;
     }
-    if (!write_all(fd, piece.data(), piece.size())) failed("write");
+    if (!write_all(write_call, fd, piece.data(), piece.size())) failed("write");
   }
   if (direct && !flush_blocks(true)) fall_back();
   if (amend_head && !head.empty()) {
