@@ -62,6 +62,37 @@ TEST(Framing, StreamWriterEmitsSafetensorsBytesInAnySlices) {
             safetensors_serialize(bf, md));
 }
 
+// A stream served from a file (downloads read the published file): a subset of its tensors in
+// another order, as stored (read straight into the output) or converted to bf16, gives the bytes
+// of the same stream built from memory, whatever the slice boundaries.
+TEST(Framing, StreamWriterFromFileEqualsTheInMemoryStreamInAnySlices) {
+  const NamedTensors t = sample_tensors();
+  const fs::path dir = fs::temp_directory_path() / "spes_framing_from_file";
+  fs::create_directories(dir);
+  const std::string path = (dir / "model.safetensors").string();
+  file_write_atomic(path, safetensors_serialize(t, {{"format", "stored"}}));
+  const Metadata md = {{"format", "x"}};
+  const NamedTensors subset = {t[3], t[1], t[0]};  // c, empty, a
+  for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const SafetensorsStreamWriter w =
+        SafetensorsStreamWriter::from_file(path, {"c", "empty", "a"}, dtype, md);
+    const std::string want = all_bytes(SafetensorsStreamWriter(subset, dtype, md));
+    EXPECT_EQ(all_bytes(w), want);
+    for (uint64_t step : {1, 3, 5, 64}) {
+      std::string pieces;
+      for (uint64_t off = 0, n = 1; off < w.total_bytes(); off += n, n = n * step % 29 + 1)
+        w.read(off, n, &pieces);
+      EXPECT_EQ(pieces, want) << "slices varied with step " << step;
+    }
+    // Appends to what `out` holds already.
+    std::string out = "prefix";
+    w.read(w.header_bytes() + 2, 9, &out);
+    EXPECT_EQ(out, "prefix" + want.substr(w.header_bytes() + 2, 9));
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Framing, StreamReaderRoundTripFedInPieces) {
   const NamedTensors t = sample_tensors();
   const std::string bytes = safetensors_serialize(t, {{"k", "v"}});

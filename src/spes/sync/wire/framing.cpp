@@ -136,10 +136,18 @@ void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out
     const Item& item = *(it - 1);
     const uint64_t es = c10::elementSize(item.dtype);
     const uint64_t stop = std::min(item.end, end - hb);
+    if (fd_ && item.dtype == item.file_dtype) {  // stored as sent: straight into `out`
+      const size_t at = out->size();
+      out->resize(at + (stop - d));
+      file_pread_exact(*fd_, out->data() + at, stop - d, item.file_offset + (d - item.begin),
+                       "the stream writer's source file");
+      offset = hb + stop;
+      continue;
+    }
     const int64_t e0 = static_cast<int64_t>((d - item.begin) / es);
     const int64_t e1 = static_cast<int64_t>((stop - item.begin + es - 1) / es);
     torch::Tensor part;
-    if (fd_) {  // file source: the stored values of elements [e0, e1)
+    if (fd_) {  // file source in another dtype: the stored values of elements [e0, e1)
       torch::Tensor raw = torch::empty({e1 - e0}, item.file_dtype);
       const uint64_t fes = c10::elementSize(item.file_dtype);
       file_pread_exact(*fd_, raw.data_ptr(), static_cast<uint64_t>(e1 - e0) * fes,

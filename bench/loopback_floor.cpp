@@ -1,0 +1,170 @@
+// What this machine gives any sync transport, measured without the project's code: (1) the
+// bytes of one sync round (by default the d_model 512 shape of bench/sync_bench: 4 nodes,
+// 160.2 MiB up and 352.2 MiB down per node) moved once over plain loopback TCP sockets, N
+// connections at once, each side one thread per connection writing and reading in 2 MiB
+// pieces from buffers reused throughout (no serialisation, checksum, check or staging): the
+// floor under sync_bench's upload and download times; and (2) the cost of fresh memory:
+// writing one byte per page of a new anonymous mapping (the kernel zeroes and maps every page;
+// in a virtual machine the host may have to back it too) against writing the same pages again.
+// Prints a line per repeat and one JSON line at the end.
+//   build/bench/loopback_floor [--nodes 4] [--up-mib 160.2] [--down-mib 352.2] [--repeats 3]
+//                              [--touch-mib 512]
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kPiece = 2u << 20;  // the sync protocol's chunk size
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Sends `bytes` from a reused 2 MiB buffer.
+void send_bytes(int fd, uint64_t bytes) {
+  std::vector<char> buf(kPiece, 1);
+  size_t at = 0;
+  while (bytes > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece - at, bytes));
+    const ssize_t k = ::write(fd, buf.data() + at, n);
+    if (k <= 0) fail("write to a loopback socket");
+    at = (at + static_cast<size_t>(k)) % kPiece;
+    bytes -= static_cast<uint64_t>(k);
+  }
+}
+
+// Receives exactly `bytes` into a reused 2 MiB buffer.
+void receive_bytes(int fd, uint64_t bytes) {
+  std::vector<char> buf(kPiece);
+  size_t at = 0;
+  while (bytes > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece - at, bytes));
+    const ssize_t k = ::read(fd, buf.data() + at, n);
+    if (k <= 0) fail("read from a loopback socket");
+    at = (at + static_cast<size_t>(k)) % kPiece;
+    bytes -= static_cast<uint64_t>(k);
+  }
+}
+
+// `bytes` over each pair (from[i] -> to[i]) at once; the seconds until the last byte arrived.
+double move_bytes(const std::vector<int>& from, const std::vector<int>& to, uint64_t bytes) {
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < from.size(); ++i) {
+    threads.emplace_back(send_bytes, from[i], bytes);
+    threads.emplace_back(receive_bytes, to[i], bytes);
+  }
+  for (auto& t : threads) t.join();
+  return seconds_since(t0);
+}
+
+// Seconds to write one byte into every page of `mib` MiB: a fresh mapping, then the same again.
+std::pair<double, double> touch_fresh_and_again(size_t mib) {
+  const size_t bytes = mib << 20, page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) fail("mmap of " + std::to_string(mib) + " MiB");
+  volatile char* p = static_cast<char*>(m);
+  double s[2];
+  for (double& t : s) {
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < bytes; i += page) p[i] = static_cast<char>(p[i] + 1);
+    t = seconds_since(t0);
+  }
+  ::munmap(m, bytes);
+  return {s[0], s[1]};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Loopback TCP and fresh-memory floor under the sync benchmark"};
+  int nodes = 4, repeats = 3;
+  double up_mib = 160.2, down_mib = 352.2;
+  size_t touch_mib = 512;
+  app.add_option("--nodes", nodes, "connections at once (the sync bench's nodes)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--up-mib", up_mib, "MiB each node uploads per round")->check(CLI::PositiveNumber);
+  app.add_option("--down-mib", down_mib, "MiB each node downloads per round")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "rounds to time")->check(CLI::Range(1, 100));
+  app.add_option("--touch-mib", touch_mib, "MiB of fresh memory to touch")
+      ->check(CLI::Range(1, 1 << 16));
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (ls < 0) fail("socket");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(ls, 64) != 0 ||
+        ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      fail("listen on 127.0.0.1");
+    std::vector<int> node_side(nodes), server_side(nodes);
+    for (int i = 0; i < nodes; ++i) {
+      node_side[i] = ::socket(AF_INET, SOCK_STREAM, 0);
+      if (node_side[i] < 0 ||
+          ::connect(node_side[i], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+        fail("connect to 127.0.0.1");
+      server_side[i] = ::accept(ls, nullptr, nullptr);
+      if (server_side[i] < 0) fail("accept");
+    }
+    const auto up = static_cast<uint64_t>(up_mib * (1 << 20));
+    const auto down = static_cast<uint64_t>(down_mib * (1 << 20));
+    std::cout << "loopback_floor: " << nodes << " connections, " << up_mib << " MiB up and "
+              << down_mib << " MiB down each per round, " << std::thread::hardware_concurrency()
+              << " cores\n";
+    nlohmann::json rounds = nlohmann::json::array();
+    for (int r = 0; r < repeats; ++r) {
+      const double up_s = move_bytes(node_side, server_side, up);
+      const double down_s = move_bytes(server_side, node_side, down);
+      const double gb = static_cast<double>(nodes) * static_cast<double>(up + down) / 1e9;
+      std::cout << "round " << r + 1 << ": upload " << up_s << " s, download " << down_s
+                << " s, " << gb / (up_s + down_s) << " GB/s\n";
+      rounds.push_back({{"upload_s", up_s}, {"download_s", down_s}});
+    }
+    for (int fd : node_side) ::close(fd);
+    for (int fd : server_side) ::close(fd);
+    ::close(ls);
+    const auto [fresh_s, again_s] = touch_fresh_and_again(touch_mib);
+    const double gib = static_cast<double>(touch_mib) / 1024;
+    std::cout << "fresh memory: " << fresh_s / gib << " s per GiB on first touch, "
+              << again_s / gib << " s per GiB touched again\n";
+    std::cout << nlohmann::json{{"bench", "loopback_floor"},
+                                {"nodes", nodes},
+                                {"up_mib", up_mib},
+                                {"down_mib", down_mib},
+                                {"rounds", rounds},
+                                {"touch_mib", touch_mib},
+                                {"fresh_touch_s_per_gib", fresh_s / gib},
+                                {"again_touch_s_per_gib", again_s / gib}}
+                     .dump()
+              << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "loopback_floor: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
