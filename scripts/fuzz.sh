@@ -3,7 +3,9 @@
 #   safetensors     safetensors_parse: headers that lie (offsets, overlaps, sizes, dtypes)
 #   config          config_parse: YAML text + `--set` overrides
 #   upload_stream   the server's Upload handling: serialized UploadChunk records through the
-#                   chunk assembly (upload_assembly.cpp) and the stream parser (framing.cpp)
+#                   chunk decoding (zstd frames, chunk_coding.cpp), the chunk assembly
+#                   (upload_assembly.cpp) and the stream parser (framing.cpp); its seeds of
+#                   coded chunks come from tests/fuzz/make_upload_stream_seeds.py
 #   round_rpc       the sync server's RPC handling (rpc_calls.cpp, behind the gRPC handlers) and
 #                   round logic (RoundState) with a real tiny MoE model: sequences of calls of
 #                   every RPC by the run's nodes and strangers (tests/fuzz/fuzz_round_rpc.cpp);
@@ -14,8 +16,8 @@
 #                   downloads may be deltas); its seeds are round_rpc's (same record format).
 # The entry functions are tests/fuzz/fuzz_entries.cpp (the same code the regression test
 # FuzzCases.* replays in the normal build). Builds into build-fuzz/ with clang++, compiling only
-# the sources the targets need and linking the system libtorch, protobuf, yaml-cpp, fmt,
-# spdlog and OpenSSL. Each target runs SECONDS_PER_TARGET seconds (default 60) from its seed
+# the sources the targets need and linking the project's libtorch, protobuf, yaml-cpp, fmt,
+# spdlog, OpenSSL and zstd. Each target runs SECONDS_PER_TARGET seconds (default 60) from its seed
 # corpus tests/fuzz/corpus/<target>/ and the kept cases tests/fuzz/cases/<target>/ (so every
 # kept case is replayed under the sanitizers; new inputs go to build-fuzz/corpus/<target>/). An
 # input
@@ -120,7 +122,7 @@ wait
 
 libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10
       -Wl,--as-needed
-      -lprotobuf -lyaml-cpp -lspdlog -lfmt -lcrypto -pthread)
+      -lprotobuf -lyaml-cpp -lspdlog -lfmt -lcrypto -lzstd -pthread)
 declare -A entry=([safetensors]=fuzz_safetensors [config]=fuzz_config
                   [upload_stream]=fuzz_upload_stream [round_rpc]=fuzz_round_rpc
                   [round_rpc_int8]=fuzz_round_rpc_int8)

@@ -10,6 +10,7 @@
 #if SPES_WITH_SYNC
 #include "spes/sync/server/upload_assembly.h"
 #include "spes/sync/wire/checksum.h"
+#include "spes/sync/wire/chunk_coding.h"
 #include "spes/sync/wire/framing.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes_sync.pb.h"
@@ -87,14 +88,18 @@ void fuzz_upload_stream(const uint8_t* data, size_t size) {
     reader.set_slice_handler([&](const StreamEntry&, int64_t, const torch::Tensor& run, bool) {
       if (run.numel() > 0) sum += run.to(torch::kFloat64).sum().item<double>();
     });
-    std::string whole_checksum;
+    std::string whole_checksum, scratch;
     for (pb::UploadChunk& c : chunks) {
       if (c.node().node_id() != first.node().node_id() || c.round() != first.round() ||
           c.total_bytes() != total || c.resume_query())
         sync_fail(SyncErrc::InvalidArgument, "upload chunks disagree on node, round or size");
-      if (c.checksum().empty()) c.set_checksum(chunk_checksum(c.data()));
       if (!c.upload_checksum().empty()) whole_checksum = c.upload_checksum();
-      const std::string_view fresh = assembly.accept(c.offset(), c.data(), c.checksum());
+      // A coded chunk is decoded first, as UploadStaging::chunk does; its checksum is of the
+      // raw bytes (filled in when the input has none, so that the fuzzer reaches the parser).
+      const std::string_view raw =
+          unpack_chunk(c.encoding(), c.data(), kMaxChunkBytes, &scratch, "fuzz upload chunk");
+      if (c.checksum().empty()) c.set_checksum(chunk_checksum(raw));
+      const std::string_view fresh = assembly.accept(c.offset(), raw, c.checksum());
       reader.feed(fresh.data(), fresh.size());
     }
     const std::string sha = assembly.checksum();

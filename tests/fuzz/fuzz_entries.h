@@ -19,9 +19,10 @@ void fuzz_safetensors(const uint8_t* data, size_t size);
 void fuzz_config(const uint8_t* data, size_t size);
 // The server's handling of an Upload stream: records of [u32 little-endian length][serialized
 // spes.sync.v1.UploadChunk], as the gRPC handler (src/spes/sync/server/server.cpp) receives them,
-// through the chunk assembly (upload_assembly.cpp) and the stream parser (framing.cpp). A
-// chunk whose `checksum` field is empty gets its correct checksum here, so that the fuzzer reaches
-// the parser (it would not guess one); chunks with a checksum are checked as sent.
+// through the chunk decoding (a zstd frame when `encoding` says so: wire/chunk_coding.cpp), the
+// chunk assembly (upload_assembly.cpp) and the stream parser (framing.cpp). A chunk whose
+// `checksum` field is empty gets the correct checksum of its raw bytes here, so that the fuzzer
+// reaches the parser (it would not guess one); chunks with a checksum are checked as sent.
 void fuzz_upload_stream(const uint8_t* data, size_t size);
 
 // The sync server's RPC handling and round logic with a real (tiny) model: a sequence of calls

@@ -310,7 +310,8 @@ RoundOutcome RoundAggregator::finish() {
       DeltaStreamDecoder decoder(
           plan.compression(),
           [&](const StreamEntry& e) { return pub[plan.index(e.name)].view({-1}); },
-          [&, node = node](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
+          [&, node = node, path = path](const StreamEntry& e, int64_t first,
+                                        const torch::Tensor& run, bool) {
             const int64_t i = plan.index(e.name);
             const PlanTensor& t = plan.tensors()[i];
             if (t.rule != Combine::OwnerCopy || t.owner != node) return;
