@@ -42,27 +42,14 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Sends `bytes` from a reused 2 MiB buffer.
-void send_bytes(int fd, uint64_t bytes) {
+// Sends (or receives) exactly `bytes` through a reused 2 MiB buffer.
+void pump(int fd, uint64_t bytes, bool send) {
   std::vector<char> buf(kPiece, 1);
   size_t at = 0;
   while (bytes > 0) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece - at, bytes));
-    const ssize_t k = ::write(fd, buf.data() + at, n);
-    if (k <= 0) fail("write to a loopback socket");
-    at = (at + static_cast<size_t>(k)) % kPiece;
-    bytes -= static_cast<uint64_t>(k);
-  }
-}
-
-// Receives exactly `bytes` into a reused 2 MiB buffer.
-void receive_bytes(int fd, uint64_t bytes) {
-  std::vector<char> buf(kPiece);
-  size_t at = 0;
-  while (bytes > 0) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece - at, bytes));
-    const ssize_t k = ::read(fd, buf.data() + at, n);
-    if (k <= 0) fail("read from a loopback socket");
+    const ssize_t k = send ? ::write(fd, buf.data() + at, n) : ::read(fd, buf.data() + at, n);
+    if (k <= 0) fail(send ? "write to a loopback socket" : "read from a loopback socket");
     at = (at + static_cast<size_t>(k)) % kPiece;
     bytes -= static_cast<uint64_t>(k);
   }
@@ -73,8 +60,8 @@ double move_bytes(const std::vector<int>& from, const std::vector<int>& to, uint
   const auto t0 = Clock::now();
   std::vector<std::thread> threads;
   for (size_t i = 0; i < from.size(); ++i) {
-    threads.emplace_back(send_bytes, from[i], bytes);
-    threads.emplace_back(receive_bytes, to[i], bytes);
+    threads.emplace_back(pump, from[i], bytes, true);
+    threads.emplace_back(pump, to[i], bytes, false);
   }
   for (auto& t : threads) t.join();
   return seconds_since(t0);

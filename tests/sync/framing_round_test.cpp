@@ -67,9 +67,8 @@ TEST(Framing, StreamWriterEmitsSafetensorsBytesInAnySlices) {
 // of the same stream built from memory, whatever the slice boundaries.
 TEST(Framing, StreamWriterFromFileEqualsTheInMemoryStreamInAnySlices) {
   const NamedTensors t = sample_tensors();
-  const fs::path dir = fs::temp_directory_path() / "spes_framing_from_file";
-  fs::create_directories(dir);
-  const std::string path = (dir / "model.safetensors").string();
+  const TempDir dir;
+  const std::string path = dir.path + "/model.safetensors";
   file_write_atomic(path, safetensors_serialize(t, {{"format", "stored"}}));
   const Metadata md = {{"format", "x"}};
   const NamedTensors subset = {t[3], t[1], t[0]};  // c, empty, a
@@ -90,7 +89,6 @@ TEST(Framing, StreamWriterFromFileEqualsTheInMemoryStreamInAnySlices) {
     w.read(w.header_bytes() + 2, 9, &out);
     EXPECT_EQ(out, "prefix" + want.substr(w.header_bytes() + 2, 9));
   }
-  fs::remove_all(dir);
 }
 
 TEST(Framing, StreamReaderRoundTripFedInPieces) {
