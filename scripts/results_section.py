@@ -14,9 +14,13 @@ def run_date(paths):
     return datetime.datetime.fromtimestamp(newest, datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
+def _begin_prefix(name):
+    return f"<!-- begin section: {name} ("
+
+
 def markers(name, script):
     """The (begin, end) marker lines of section `name`, made by `script`."""
-    return (f"<!-- begin section: {name} ({script}) -->", f"<!-- end section: {name} -->")
+    return (f"{_begin_prefix(name)}{script}) -->", f"<!-- end section: {name} -->")
 
 
 def add_output_args(parser):
@@ -32,8 +36,9 @@ def write_section(name, text, out, doc):
     with open(out, "w") as f:
         f.write(text)
     body = open(doc).read() if os.path.exists(doc) else ""
-    pat = re.compile(re.escape("<!-- begin section: " + name + " (") + ".*?" +
-                     re.escape(f"<!-- end section: {name} -->") + "\n?", re.S)
+    # Whichever script made the section there, it is replaced.
+    pat = re.compile(re.escape(_begin_prefix(name)) + ".*?" +
+                     re.escape(markers(name, "")[1]) + "\n?", re.S)
     body = pat.sub(lambda _: text, body) if pat.search(body) else (
         body.rstrip("\n") + "\n\n" + text)
     with open(doc, "w") as f:
