@@ -2,8 +2,9 @@
 // process, each with its own copy of the model and a gRPC client) that join, then for several
 // rounds upload their trainable tensors, wait for the round and download what they lack,
 // exactly as `spes node` does but without training. Reports per round the latency (every node
-// starts uploading -> every node has its download), the bytes per node and the throughput, and
-// the server's peak RSS against the model's fp32 size; first, the time of the model digest on
+// starts uploading -> every node has its download), the bytes per node, the throughput and the
+// CPU seconds the round cost the server process and the nodes (this process), and the server's
+// peak RSS against the model's fp32 size; first, the time of the model digest on
 // one thread and on all cores. Defaults: the d_model 512 shape of
 // bench/train_bench (about 117M parameters, 8 experts) with 4 nodes owning 2 experts each.
 //   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
@@ -34,6 +35,7 @@
 
 #include "spes/cluster/subprocess.h"
 #include "spes/common/error.h"
+#include "spes/common/memory_policy.h"
 #include "spes/common/strings.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
@@ -151,6 +153,7 @@ struct NodeTimes {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spes::keep_freed_heap_memory();  // as the spes binary does
   try {
     const Args a = parse(argc, argv);
     torch::set_num_threads(1);
@@ -217,6 +220,10 @@ int main(int argc, char** argv) {
     std::vector<NodeTimes> times(a.nodes);
     std::vector<double> round_s(a.rounds + 1, 0);
     std::vector<Clock::time_point> round_t0(a.rounds + 1);
+    // CPU seconds each round costs the server process and this one (the nodes' transfers and
+    // checks): read at the round's start and end, while every node waits at the barrier.
+    std::vector<double> server_cpu(a.rounds + 1, 0), nodes_cpu(a.rounds + 1, 0);
+    const pid_t server_pid = server.pid();
     Barrier sync_point(a.nodes);
     std::vector<std::thread> threads;
     for (int64_t i = 0; i < a.nodes; ++i) {
@@ -247,7 +254,11 @@ int main(int argc, char** argv) {
                   e.tensor.add_(torch::randn(e.tensor.sizes(), gen, torch::kFloat32), 1e-4);
             }
             sync_point.arrive_and_wait();
-            if (i == 0) round_t0[r] = Clock::now();
+            if (i == 0) {
+              round_t0[r] = Clock::now();
+              server_cpu[r] = -spes::process_cpu_seconds(server_pid);
+              nodes_cpu[r] = -spes::process_cpu_seconds();
+            }
             sync_point.arrive_and_wait();
             const auto t0 = Clock::now();
             const spes::sync::UploadMeta meta{i, r, r, 1000, id.incarnation, reg.fingerprint()};
@@ -284,7 +295,11 @@ int main(int argc, char** argv) {
             times[i].up_bytes.push_back(up.bytes_sent);
             times[i].down_bytes.push_back(down);
             sync_point.arrive_and_wait();
-            if (i == 0) round_s[r] = secs(round_t0[r], Clock::now());
+            if (i == 0) {
+              round_s[r] = secs(round_t0[r], Clock::now());
+              server_cpu[r] += spes::process_cpu_seconds(server_pid);
+              nodes_cpu[r] += spes::process_cpu_seconds();
+            }
           }
           client.leave(a.rounds, "benchmark finished");
         } catch (const std::exception& e) {  // the other threads would wait forever
@@ -300,15 +315,15 @@ int main(int argc, char** argv) {
     const auto rounds = spes::read_jsonl(a.out + "/server/rounds.jsonl");
     double server_rss = 0;
     for (const auto& r : rounds) server_rss = std::max(server_rss, r.value("peak_rss_mb", 0.0));
-    fmt::print("{:>5} {:>6} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>11}\n", "round", "merge",
-               "round_s", "upload_s", "wait_s", "download_s", "up/node", "down/node",
-               "throughput");
+    fmt::print("{:>5} {:>6} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>11} {:>11} {:>10}\n",
+               "round", "merge", "round_s", "upload_s", "wait_s", "download_s", "up/node",
+               "down/node", "throughput", "server_cpu", "nodes_cpu");
     nlohmann::json report = {{"params", P}, {"nodes", a.nodes}, {"dtype", a.dtype},
                              {"digest_seconds_one_thread", digest_one},
                              {"digest_seconds_all_threads", digest_all},
                              {"compression", a.compression},
                              {"rounds", nlohmann::json::array()}};
-    double max_round = 0, sum_round = 0;
+    double max_round = 0, sum_round = 0, sum_server_cpu = 0, sum_nodes_cpu = 0;
     for (int64_t r = 1; r <= a.rounds; ++r) {
       double up_s = 0, wait_s = 0, down_s = 0;
       uint64_t total = 0, up_sum = 0, down_sum = 0;
@@ -323,28 +338,43 @@ int main(int argc, char** argv) {
       const bool merged = r - 1 < static_cast<int64_t>(rounds.size()) &&
                           rounds[r - 1].value("alpha", 0.0) > 0;
       const double mibps = static_cast<double>(total) / (1 << 20) / round_s[r];
-      fmt::print("{:>5} {:>6} {:>9.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>12} {:>12} {:>7.0f} MiB/s\n",
+      fmt::print("{:>5} {:>6} {:>9.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>12} {:>12} {:>5.0f} MiB/s "
+                 "{:>9.2f} s {:>8.2f} s\n",
                  r, merged ? "yes" : "no", round_s[r], up_s, wait_s, down_s,
                  spes::human_bytes(static_cast<double>(times[0].up_bytes[r - 1])),
-                 spes::human_bytes(static_cast<double>(times[0].down_bytes[r - 1])), mibps);
+                 spes::human_bytes(static_cast<double>(times[0].down_bytes[r - 1])), mibps,
+                 server_cpu[r], nodes_cpu[r]);
       max_round = std::max(max_round, round_s[r]);
       sum_round += round_s[r];
+      sum_server_cpu += server_cpu[r];
+      sum_nodes_cpu += nodes_cpu[r];
       report["rounds"].push_back({{"round", r}, {"merged", merged}, {"seconds", round_s[r]},
                                   {"bytes_up_node0", times[0].up_bytes[r - 1]},
                                   {"bytes_down_node0", times[0].down_bytes[r - 1]},
                                   {"bytes_up_per_node_mean", up_sum / a.nodes},
                                   {"bytes_down_per_node_mean", down_sum / a.nodes},
-                                  {"mib_per_s", mibps}});
+                                  {"mib_per_s", mibps},
+                                  {"server_cpu_seconds", server_cpu[r]},
+                                  {"nodes_cpu_seconds", nodes_cpu[r]}});
     }
     report["round_seconds_mean"] = sum_round / static_cast<double>(a.rounds);
     report["round_seconds_max"] = max_round;
+    const double rounds_n = static_cast<double>(a.rounds);
+    report["server_cpu_seconds_mean"] = sum_server_cpu / rounds_n;
+    report["nodes_cpu_seconds_mean"] = sum_nodes_cpu / rounds_n;
+    report["cores"] = cores;
     report["server_peak_rss_mb"] = server_rss;
     report["model_fp32_mib"] = fp32_mib;
     spes::file_write_atomic(a.out + "/sync_bench.json", report.dump(2) + "\n");
     fmt::print("round latency {:.2f} s mean, {:.2f} s max | server peak RSS {:.0f} MiB = {:.2f} x "
                "the fp32 model ({:.0f} MiB) | bench process peak RSS {:.0f} MiB\n",
-               sum_round / static_cast<double>(a.rounds), max_round, server_rss,
-               server_rss / fp32_mib, fp32_mib, spes::peak_rss_mb());
+               sum_round / rounds_n, max_round, server_rss, server_rss / fp32_mib, fp32_mib,
+               spes::peak_rss_mb());
+    // What bounds the round on this machine: the CPU time both sides need on its cores.
+    fmt::print("CPU per round {:.2f} s server + {:.2f} s nodes on {} cores (a round needs at least "
+               "{:.2f} s here while the nodes share the server's cores)\n",
+               sum_server_cpu / rounds_n, sum_nodes_cpu / rounds_n, cores,
+               (sum_server_cpu + sum_nodes_cpu) / rounds_n / cores);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sync_bench: %s\n", e.what());

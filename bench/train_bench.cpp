@@ -19,6 +19,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "spes/common/memory_policy.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/model/losses.h"
@@ -99,6 +100,7 @@ static double flops_per_token(const spes::ModelConfig& m, double frozen_share) {
 }
 
 int main(int argc, char** argv) {
+  spes::keep_freed_heap_memory();     // as the spes binary does (common/memory_policy.h)
   spes::load_torch_cuda_if_driver();  // before any torch call (train/cuda_library.h)
   CLI::App app{"spes training throughput benchmark"};
   spes::Config cfg;

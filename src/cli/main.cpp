@@ -1,4 +1,5 @@
-// Entry point of the `spes` binary: loads libtorch_cuda unless the subcommand never uses a GPU
+// Entry point of the `spes` binary: sets the heap to keep freed blocks for reuse
+// (common/memory_policy.h), loads libtorch_cuda unless the subcommand never uses a GPU
 // (train/cuda_library.h), builds the CLI11 app from the registered subcommands and turns
 // library errors into one clear line on stderr and exit code 1. Every model it starts honours
 // model.init_checkpoint (the reader that interop/init_checkpoint.h installs).
@@ -11,6 +12,7 @@
 #include "cli/command.h"
 #include "spes/common/build_features.h"
 #include "spes/common/error.h"
+#include "spes/common/memory_policy.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/train/cuda_library.h"
 #include "spes/train/device.h"
@@ -38,6 +40,7 @@ GpuUse gpu_use_of_command(int argc, char** argv) {
 }  // namespace spes::cli
 
 int main(int argc, char** argv) {
+  spes::keep_freed_heap_memory();  // before any large allocation (common/memory_policy.h)
   spes::cli::command_line_args().assign(argv + 1, argv + argc);
   // Before any torch call: libtorch decides once whether it has CUDA.
   try {

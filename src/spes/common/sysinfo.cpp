@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace spes {
@@ -34,6 +36,24 @@ int cpu_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(std::thread::hardware_concurrency());
+}
+
+double process_cpu_seconds(pid_t pid) {
+  const std::string path = pid == 0 ? "/proc/self/stat" : fmt::format("/proc/{}/stat", pid);
+  std::ifstream f(path);
+  std::string line;
+  SPES_CHECK(f && std::getline(f, line), "cannot read '{}' (has the process exited?)", path);
+  // "PID (COMM) STATE ..." where COMM may hold spaces and parentheses: fields count from the
+  // last ')'; utime and stime are fields 14 and 15 of the line, the 12th and 13th after STATE.
+  const size_t close = line.rfind(')');
+  SPES_CHECK(close != std::string::npos, "'{}' is not a process stat line: {}", path, line);
+  std::istringstream in(line.substr(close + 1));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 13 && (in >> field); ++i) {}
+  SPES_CHECK(static_cast<bool>(in >> utime >> stime), "'{}': no CPU times in {}", path, line);
+  static const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return static_cast<double>(utime + stime) / ticks;
 }
 
 std::string executable_path() {
