@@ -91,6 +91,11 @@ SEEDS = {
     + record(LEAVE, 4, node(4) + bytes_field(3, "x"))
     + record(UPLOAD, 4, chunk(4, 1, 0, 8, b"12345678"))
     + honest_round(1),
+    # Downloads that accept zstd chunks (DownloadRequest.accept_zstd): the whole model of round
+    # 1, and node 2's part of it from offset 1000.
+    "coded_downloads": honest_round()
+    + record(DOWNLOAD, 0, node(0) + int_field(2, 1) + int_field(3, 1) + int_field(6, 1))
+    + record(DOWNLOAD, 2, node(2) + int_field(2, 1) + int_field(4, 1000) + int_field(6, 1)),
     "two_rounds": honest_round() + record(TICK, 0) + honest_round()
     + record(DOWNLOAD, 3, node(3) + int_field(2, 2)),
 }
