@@ -36,7 +36,10 @@ void run_serve(const ServeArgs& a) {
 #ifdef __GLIBC__
   // Chunks and tensor pieces of 1-4 MiB come and go on many gRPC threads; with glibc's
   // adaptive mmap threshold they end up in per-thread arenas that never shrink (measured: peak
-  // RSS 1007 MiB instead of 640 MiB for a 252 MB model). A fixed threshold returns them.
+  // RSS 1007 MiB instead of 640 MiB for a 252 MB model). A fixed threshold returns them. (This
+  // lowers the 32 MiB of keep_freed_heap_memory, set in main: the server's peak memory has a
+  // target, and 32 MiB here gave no faster rounds, docs/PERFORMANCE.md. Its heap keeps the
+  // smaller blocks, as every spes process does.)
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // The smaller pieces (gRPC's slices, per-run checks) of several streams at once, each thread
   // in its own arena, stayed resident after use: ~140 MiB after one round with the d_model 512
