@@ -1,10 +1,12 @@
 // The heap's policy for returning memory to the kernel (see memory_policy.h).
 #include "spes/common/memory_policy.h"
 
-#include <malloc.h>
-
-#include <cstdlib>
+#include <cstdlib>  // first: defines __GLIBC__ on glibc
 #include <cstring>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace spes {
 
