@@ -152,7 +152,7 @@ void SafetensorsStreamWriter::read(uint64_t offset, uint64_t n, std::string* out
       const uint64_t fes = c10::elementSize(item.file_dtype);
       file_pread_exact(*fd_, raw.data_ptr(), static_cast<uint64_t>(e1 - e0) * fes,
                        item.file_offset + e0 * fes, "the stream writer's source file");
-      part = item.dtype == item.file_dtype ? raw : raw.to(item.dtype).contiguous();
+      part = raw.to(item.dtype).contiguous();  // same dtype: read directly, above
     } else {
       part = item.flat.slice(0, e0, e1).to(torch::kCPU, item.dtype).contiguous();
     }
