@@ -3,7 +3,8 @@
 // 160.2 MiB up and 352.2 MiB down per node) moved once over plain loopback TCP sockets, N
 // connections at once, each side one thread per connection writing and reading in 2 MiB
 // pieces from buffers reused throughout (no serialisation, checksum, check or staging): the
-// floor under sync_bench's upload and download times; and (2) the cost of fresh memory:
+// floor under sync_bench's upload and download times, with the CPU seconds they cost (both
+// ends are this process); and (2) the cost of fresh memory:
 // writing one byte per page of a new anonymous mapping (the kernel zeroes and maps every page;
 // in a virtual machine the host may have to back it too) against writing the same pages again.
 // Prints a line per repeat and one JSON line at the end.
@@ -28,6 +29,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "spes/common/sysinfo.h"
 
 namespace {
 
@@ -55,8 +58,13 @@ void pump(int fd, uint64_t bytes, bool send) {
   }
 }
 
-// `bytes` over each pair (from[i] -> to[i]) at once; the seconds until the last byte arrived.
-double move_bytes(const std::vector<int>& from, const std::vector<int>& to, uint64_t bytes) {
+struct Moved {
+  double wall_s = 0, cpu_s = 0;  // until the last byte arrived; CPU of both ends
+};
+
+// `bytes` over each pair (from[i] -> to[i]) at once.
+Moved move_bytes(const std::vector<int>& from, const std::vector<int>& to, uint64_t bytes) {
+  const double cpu0 = spes::process_cpu_seconds();
   const auto t0 = Clock::now();
   std::vector<std::thread> threads;
   for (size_t i = 0; i < from.size(); ++i) {
@@ -64,7 +72,7 @@ double move_bytes(const std::vector<int>& from, const std::vector<int>& to, uint
     threads.emplace_back(pump, to[i], bytes, false);
   }
   for (auto& t : threads) t.join();
-  return seconds_since(t0);
+  return {seconds_since(t0), spes::process_cpu_seconds() - cpu0};
 }
 
 // Seconds to write one byte into every page of `mib` MiB: a fresh mapping, then the same again.
@@ -125,12 +133,14 @@ int main(int argc, char** argv) {
               << " cores\n";
     nlohmann::json rounds = nlohmann::json::array();
     for (int r = 0; r < repeats; ++r) {
-      const double up_s = move_bytes(node_side, server_side, up);
-      const double down_s = move_bytes(server_side, node_side, down);
+      const Moved u = move_bytes(node_side, server_side, up);
+      const Moved d = move_bytes(server_side, node_side, down);
       const double gb = static_cast<double>(nodes) * static_cast<double>(up + down) / 1e9;
-      std::cout << "round " << r + 1 << ": upload " << up_s << " s, download " << down_s
-                << " s, " << gb / (up_s + down_s) << " GB/s\n";
-      rounds.push_back({{"upload_s", up_s}, {"download_s", down_s}});
+      std::cout << "round " << r + 1 << ": upload " << u.wall_s << " s (CPU " << u.cpu_s
+                << " s), download " << d.wall_s << " s (CPU " << d.cpu_s << " s), "
+                << gb / (u.wall_s + d.wall_s) << " GB/s\n";
+      rounds.push_back({{"upload_s", u.wall_s}, {"download_s", d.wall_s},
+                        {"upload_cpu_s", u.cpu_s}, {"download_cpu_s", d.cpu_s}});
     }
     for (int fd : node_side) ::close(fd);
     for (int fd : server_side) ::close(fd);
