@@ -21,10 +21,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <climits>
-#include <cstdlib>
-#include <csignal>
 #include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "spes/cluster/subprocess.h"
+#include "round_shape.h"
 #include "spes/common/sysinfo.h"
 #include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/protocol.h"
@@ -214,17 +215,11 @@ Phase timed(std::vector<std::unique_ptr<pb::SpesSync::Stub>>& stubs, pid_t serve
 
 int main(int argc, char** argv) {
   CLI::App app{"gRPC's own cost under the sync benchmark's round"};
-  int nodes = 4, repeats = 3;
-  double up_mib = 160.2, down_mib = 352.2;
+  spes::bench::RoundShape shape;
   bool checksums = false;
   uint64_t serve_down = 0;
   std::vector<std::string> arg_options;
-  app.add_option("--nodes", nodes, "nodes at once (the sync bench's nodes)")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--up-mib", up_mib, "MiB each node uploads per round")->check(CLI::PositiveNumber);
-  app.add_option("--down-mib", down_mib, "MiB each node downloads per round")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--repeats", repeats, "rounds to time")->check(CLI::Range(1, 100));
+  shape.add_options(app);
   app.add_flag("--checksums", checksums, "XXH3-128 of every chunk on both sides, as the protocol");
   app.add_option("--channel-arg", arg_options, "a gRPC channel argument KEY=INT, both sides");
   app.add_option("--serve-floor", serve_down, "run as the floor server (internal)");
@@ -232,8 +227,8 @@ int main(int argc, char** argv) {
   try {
     const ChannelArgs channel_args = parse_channel_args(arg_options);
     if (serve_down > 0) return serve(serve_down, checksums, channel_args);
-    const auto up = static_cast<uint64_t>(up_mib * (1 << 20));
-    const auto down = static_cast<uint64_t>(down_mib * (1 << 20));
+    const uint64_t up = shape.up_bytes();
+    const uint64_t down = shape.down_bytes();
     std::vector<std::string> argv_server = {"/proc/self/exe", "--serve-floor",
                                             std::to_string(down)};
     if (checksums) argv_server.push_back("--checksums");
@@ -252,11 +247,11 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     std::vector<std::unique_ptr<pb::SpesSync::Stub>> stubs;
-    for (int i = 0; i < nodes; ++i) stubs.push_back(connect(address, channel_args));
+    for (int i = 0; i < shape.nodes; ++i) stubs.push_back(connect(address, channel_args));
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    std::cout << "grpc_floor: " << nodes << " nodes, " << up_mib << " MiB up and " << down_mib
-              << " MiB down each per round in " << (kChunk >> 20) << " MiB chunks, checksums "
-              << (checksums ? "on" : "off") << ", " << cores << " cores";
+    std::cout << "grpc_floor: " << shape.nodes << " nodes, " << shape.up_mib << " MiB up and "
+              << shape.down_mib << " MiB down each per round in " << (kChunk >> 20)
+              << " MiB chunks, checksums " << (checksums ? "on" : "off") << ", " << cores << " cores";
     for (const auto& o : arg_options) std::cout << ", " << o;
     std::cout << "\n";
     nlohmann::json rounds = nlohmann::json::array();
@@ -264,7 +259,7 @@ int main(int argc, char** argv) {
       return nlohmann::json{{"wall_s", p.wall_s}, {"server_cpu_s", p.server_cpu_s},
                             {"nodes_cpu_s", p.nodes_cpu_s}};
     };
-    for (int r = 0; r < repeats; ++r) {
+    for (int r = 0; r < shape.repeats; ++r) {
       const Phase u = timed(stubs, server.pid(), [&](auto& s) { upload(s, up, checksums); });
       const Phase d = timed(stubs, server.pid(), [&](auto& s) { download(s, down, checksums); });
       const double cpu = u.server_cpu_s + u.nodes_cpu_s + d.server_cpu_s + d.nodes_cpu_s;
@@ -278,9 +273,14 @@ int main(int argc, char** argv) {
     stubs.clear();
     server.kill(SIGTERM);
     server.wait();
-    std::cout << nlohmann::json{{"bench", "grpc_floor"}, {"nodes", nodes}, {"up_mib", up_mib},
-                                {"down_mib", down_mib}, {"chunk_bytes", kChunk},
-                                {"checksums", checksums}, {"channel_args", arg_options}, {"cores", cores},
+    std::cout << nlohmann::json{{"bench", "grpc_floor"},
+                                {"nodes", shape.nodes},
+                                {"up_mib", shape.up_mib},
+                                {"down_mib", shape.down_mib},
+                                {"chunk_bytes", kChunk},
+                                {"checksums", checksums},
+                                {"channel_args", arg_options},
+                                {"cores", cores},
                                 {"rounds", rounds}}
                      .dump()
               << "\n";

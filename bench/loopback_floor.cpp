@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "round_shape.h"
 #include "spes/common/sysinfo.h"
 
 namespace {
@@ -95,15 +96,9 @@ std::pair<double, double> touch_fresh_and_again(size_t mib) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Loopback TCP and fresh-memory floor under the sync benchmark"};
-  int nodes = 4, repeats = 3;
-  double up_mib = 160.2, down_mib = 352.2;
+  spes::bench::RoundShape shape;
   size_t touch_mib = 512;
-  app.add_option("--nodes", nodes, "connections at once (the sync bench's nodes)")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--up-mib", up_mib, "MiB each node uploads per round")->check(CLI::PositiveNumber);
-  app.add_option("--down-mib", down_mib, "MiB each node downloads per round")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--repeats", repeats, "rounds to time")->check(CLI::Range(1, 100));
+  shape.add_options(app);
   app.add_option("--touch-mib", touch_mib, "MiB of fresh memory to touch")
       ->check(CLI::Range(1, 1 << 16));
   CLI11_PARSE(app, argc, argv);
@@ -117,8 +112,8 @@ int main(int argc, char** argv) {
     if (::bind(ls, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(ls, 64) != 0 ||
         ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0)
       fail("listen on 127.0.0.1");
-    std::vector<int> node_side(nodes), server_side(nodes);
-    for (int i = 0; i < nodes; ++i) {
+    std::vector<int> node_side(shape.nodes), server_side(shape.nodes);
+    for (int i = 0; i < shape.nodes; ++i) {
       node_side[i] = ::socket(AF_INET, SOCK_STREAM, 0);
       if (node_side[i] < 0 ||
           ::connect(node_side[i], reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
@@ -126,16 +121,16 @@ int main(int argc, char** argv) {
       server_side[i] = ::accept(ls, nullptr, nullptr);
       if (server_side[i] < 0) fail("accept");
     }
-    const auto up = static_cast<uint64_t>(up_mib * (1 << 20));
-    const auto down = static_cast<uint64_t>(down_mib * (1 << 20));
-    std::cout << "loopback_floor: " << nodes << " connections, " << up_mib << " MiB up and "
-              << down_mib << " MiB down each per round, " << std::thread::hardware_concurrency()
-              << " cores\n";
+    const uint64_t up = shape.up_bytes();
+    const uint64_t down = shape.down_bytes();
+    std::cout << "loopback_floor: " << shape.nodes << " connections, " << shape.up_mib
+              << " MiB up and " << shape.down_mib << " MiB down each per round, "
+              << std::thread::hardware_concurrency() << " cores\n";
     nlohmann::json rounds = nlohmann::json::array();
-    for (int r = 0; r < repeats; ++r) {
+    for (int r = 0; r < shape.repeats; ++r) {
       const Moved u = move_bytes(node_side, server_side, up);
       const Moved d = move_bytes(server_side, node_side, down);
-      const double gb = static_cast<double>(nodes) * static_cast<double>(up + down) / 1e9;
+      const double gb = static_cast<double>(shape.nodes) * static_cast<double>(up + down) / 1e9;
       std::cout << "round " << r + 1 << ": upload " << u.wall_s << " s (CPU " << u.cpu_s
                 << " s), download " << d.wall_s << " s (CPU " << d.cpu_s << " s), "
                 << gb / (u.wall_s + d.wall_s) << " GB/s\n";
@@ -150,9 +145,9 @@ int main(int argc, char** argv) {
     std::cout << "fresh memory: " << fresh_s / gib << " s per GiB on first touch, "
               << again_s / gib << " s per GiB touched again\n";
     std::cout << nlohmann::json{{"bench", "loopback_floor"},
-                                {"nodes", nodes},
-                                {"up_mib", up_mib},
-                                {"down_mib", down_mib},
+                                {"nodes", shape.nodes},
+                                {"up_mib", shape.up_mib},
+                                {"down_mib", shape.down_mib},
                                 {"rounds", rounds},
                                 {"touch_mib", touch_mib},
                                 {"fresh_touch_s_per_gib", fresh_s / gib},
