@@ -2,7 +2,11 @@
 // process, each with its own copy of the model and a gRPC client) that join, then for several
 // rounds upload their trainable tensors, wait for the round and download what they lack,
 // exactly as `spes node` does but without training. Reports per round the latency (every node
-// starts uploading -> every node has its download), the bytes per node, the throughput and the
+// starts uploading -> every node has its download) in three phases: the uploads (until the
+// server has accepted every one), the publication (the server's part after the last upload,
+// rounds.jsonl publish_s; the node whose upload completes the round gets its reply only then)
+// and the downloads (published -> every node has its download), the bytes per node, the
+// throughput and the
 // CPU seconds the round cost the server process and the nodes (this process), and the server's
 // peak RSS against the model's fp32 size; first, the time of the model digest on
 // one thread and on all cores. Defaults: the d_model 512 shape of
@@ -146,7 +150,7 @@ class Barrier {
 };
 
 struct NodeTimes {
-  std::vector<double> upload_s, wait_s, download_s;
+  std::vector<double> seen_s, done_s;  // from the round's start: publication seen, download done
   std::vector<uint64_t> up_bytes, down_bytes;
 };
 
@@ -260,12 +264,10 @@ int main(int argc, char** argv) {
               nodes_cpu[r] = -spes::process_cpu_seconds();
             }
             sync_point.arrive_and_wait();
-            const auto t0 = Clock::now();
             const spes::sync::UploadMeta meta{i, r, r, 1000, id.incarnation, reg.fingerprint()};
             const auto up = client.upload(
                 r, r, delta.enabled() ? delta.encode(reg, meta)
                                       : spes::sync::node_upload_writer(reg, meta, wire));
-            const auto t1 = Clock::now();
             spes::sync::RoundStatus st;
             do {
               st = client.wait_round(r, spes::sync::kMaxWaitMs);
@@ -289,9 +291,8 @@ int main(int argc, char** argv) {
               delta.set_base(reg, false);
             }
             auto secs = [](auto x, auto y) { return std::chrono::duration<double>(y - x).count(); };
-            times[i].upload_s.push_back(secs(t0, t1));
-            times[i].wait_s.push_back(secs(t1, t2));
-            times[i].download_s.push_back(secs(t2, t3));
+            times[i].seen_s.push_back(secs(round_t0[r], t2));
+            times[i].done_s.push_back(secs(round_t0[r], t3));
             times[i].up_bytes.push_back(up.bytes_sent);
             times[i].down_bytes.push_back(down);
             sync_point.arrive_and_wait();
@@ -316,7 +317,7 @@ int main(int argc, char** argv) {
     double server_rss = 0;
     for (const auto& r : rounds) server_rss = std::max(server_rss, r.value("peak_rss_mb", 0.0));
     fmt::print("{:>5} {:>6} {:>9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>11} {:>11} {:>10}\n",
-               "round", "merge", "round_s", "upload_s", "wait_s", "download_s", "up/node",
+               "round", "merge", "round_s", "uploads_s", "publish_s", "download_s", "up/node",
                "down/node", "throughput", "server_cpu", "nodes_cpu");
     nlohmann::json report = {{"params", P}, {"nodes", a.nodes}, {"dtype", a.dtype},
                              {"digest_seconds_one_thread", digest_one},
@@ -325,22 +326,27 @@ int main(int argc, char** argv) {
                              {"rounds", nlohmann::json::array()}};
     double max_round = 0, sum_round = 0, sum_server_cpu = 0, sum_nodes_cpu = 0;
     for (int64_t r = 1; r <= a.rounds; ++r) {
-      double up_s = 0, wait_s = 0, down_s = 0;
+      double seen = round_s[r], done = 0;
       uint64_t total = 0, up_sum = 0, down_sum = 0;
       for (const auto& t : times) {
         up_sum += t.up_bytes[r - 1];
         down_sum += t.down_bytes[r - 1];
-        up_s = std::max(up_s, t.upload_s[r - 1]);
-        wait_s = std::max(wait_s, t.wait_s[r - 1]);
-        down_s = std::max(down_s, t.download_s[r - 1]);
+        seen = std::min(seen, t.seen_s[r - 1]);
+        done = std::max(done, t.done_s[r - 1]);
         total += t.up_bytes[r - 1] + t.down_bytes[r - 1];
       }
-      const bool merged = r - 1 < static_cast<int64_t>(rounds.size()) &&
-                          rounds[r - 1].value("alpha", 0.0) > 0;
+      SPES_CHECK(r - 1 < static_cast<int64_t>(rounds.size()), "rounds.jsonl has no line for "
+                 "round {}", r);
+      const nlohmann::json& line = rounds[r - 1];
+      const bool merged = line.value("alpha", 0.0) > 0;
+      // The server's publish_s ends when the round became visible, which the first node to see
+      // it saw (a long-poll wakes at once): the uploads were all in publish_s before that.
+      const double publish_s = line.value("publish_s", 0.0);
+      const double up_s = seen - publish_s, down_s = done - seen;
       const double mibps = static_cast<double>(total) / (1 << 20) / round_s[r];
       fmt::print("{:>5} {:>6} {:>9.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>12} {:>12} {:>5.0f} MiB/s "
                  "{:>9.2f} s {:>8.2f} s\n",
-                 r, merged ? "yes" : "no", round_s[r], up_s, wait_s, down_s,
+                 r, merged ? "yes" : "no", round_s[r], up_s, publish_s, down_s,
                  spes::human_bytes(static_cast<double>(times[0].up_bytes[r - 1])),
                  spes::human_bytes(static_cast<double>(times[0].down_bytes[r - 1])), mibps,
                  server_cpu[r], nodes_cpu[r]);
@@ -354,6 +360,9 @@ int main(int argc, char** argv) {
                                   {"bytes_up_per_node_mean", up_sum / a.nodes},
                                   {"bytes_down_per_node_mean", down_sum / a.nodes},
                                   {"mib_per_s", mibps},
+                                  {"uploads_seconds", up_s},
+                                  {"publish_seconds", publish_s},
+                                  {"download_seconds", down_s},
                                   {"server_cpu_seconds", server_cpu[r]},
                                   {"nodes_cpu_seconds", nodes_cpu[r]}});
     }

@@ -310,6 +310,14 @@ TEST(RoundState, RoundWithRejectedUploadsDownloadsAndKeptFiles) {
   EXPECT_EQ(lines[1]["model_sha256"], w2.model_sha256);
   EXPECT_EQ(lines[0]["gate_cos"].size(), 1u);
   EXPECT_TRUE(lines[0]["downloads_complete"].get<bool>());
+  for (const auto& l : lines) {
+    // The server's part after the last upload holds the persisting, and fits in the round's
+    // time from its first upload (`seconds` stops before the persisting).
+    const double publish_s = l["publish_s"].get<double>(), persist_s = l["persist_s"].get<double>();
+    EXPECT_GT(persist_s, 0);
+    EXPECT_GE(publish_s, persist_s);
+    EXPECT_LE(publish_s, l["seconds"].get<double>() + persist_s + 0.05);
+  }
   // Kept uploads re-aggregate, with `spes aggregate`'s code, to the published bytes.
   for (int r : {1, 2})
     for (const char* f : {"node0.safetensors", "node1.safetensors", "published.safetensors"})

@@ -24,6 +24,10 @@ class OpenRound {
   void start_clock();  // the round's first upload began (no-op after the first)
   bool clock_started() const { return started_; }
   double seconds_open() const;  // 0 before its first upload
+  void upload_accepted();  // an upload was accepted (checked and staged): its time is kept
+  // Seconds from the last accepted upload to `t` (0 before any): the server's own part of the
+  // round once every upload it uses is in.
+  double seconds_after_last_upload(std::chrono::steady_clock::time_point t) const;
 
   // Folds the ready uploads that come next in node order.
   void fold_ready(UploadStaging& uploads);
@@ -48,8 +52,8 @@ class OpenRound {
   RoundAggregator agg_;
   int64_t round_ = 0;
   int64_t next_fold_ = 0;
-  bool started_ = false;
-  std::chrono::steady_clock::time_point start_, last_wait_log_;
+  bool started_ = false, accepted_ = false;
+  std::chrono::steady_clock::time_point start_, last_wait_log_, last_accepted_;
 };
 
 }  // namespace spes::sync

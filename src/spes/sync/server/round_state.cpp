@@ -38,6 +38,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
       uploads_(cfg_, *model_, bounds_, opts_.out_dir, opts_.keep_uploads, mu_,
                UploadEvents{[this] { round_.start_clock(); },
                             [this](int64_t) {
+                              round_.upload_accepted();
                               round_.fold_ready(uploads_);
                               maybe_publish(false);
                             },
@@ -308,12 +309,13 @@ bool RoundState::publish() {
   const PublishedRound p = c.round;
   nlohmann::json line = std::move(c.line);
   const std::vector<double> change = std::move(c.change);
-  const auto published_at = Clock::now();
+  const auto saved_at = Clock::now();
   delta_ = std::move(c.record);  // invalid without compression
   closing_.reset();
   published_ = p;
-  line["persist_s"] = seconds_since(t1);
-  log_->published(std::move(line), p.nodes, members_.size(), published_at);
+  const double persist_s = std::chrono::duration<double>(saved_at - t1).count();
+  line["persist_s"] = persist_s;
+  // What the next round's checks need of this model (its norms), before anyone sees it.
   bounds_.published(change, model_->tensors());
   store_.save_drift_window(p, bounds_.to_json());
   uploads_.next_round(p.round + 1);
@@ -324,10 +326,13 @@ bool RoundState::publish() {
                  std::error_code ec;
                  for (const auto& f : files) std::filesystem::remove(f, ec);
                });
+  // Waiting nodes see the round once the lock is released, right after this.
+  const auto published_at = Clock::now();
+  line["publish_s"] = round_.seconds_after_last_upload(published_at);
+  log_->published(std::move(line), p.nodes, members_.size(), published_at);
   round_.begin(p.round + 1);
   spdlog::info("round {} (step {}) published: {} nodes, alpha {:.4g}, persist {:.2f} s, sha256 {}",
-               p.round, p.step, p.nodes.size(), p.alpha, seconds_since(t1),
-               p.sha256.substr(0, 16));
+               p.round, p.step, p.nodes.size(), p.alpha, persist_s, p.sha256.substr(0, 16));
   cv_.notify_all();
   return true;
 }
