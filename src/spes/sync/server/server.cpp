@@ -68,9 +68,12 @@ const std::map<std::string, CallRate>& call_rate_limits() {
   return rates;
 }
 
-class Service final : public pb::SpesSync::Service {
+}  // namespace
+
+// The gRPC service (outside the anonymous namespace: SyncServer::Impl holds one).
+class SyncService final : public pb::SpesSync::Service {
  public:
-  Service(RoundState& st, const CallAuth& auth, StreamLimits& limits, LongPollLimits& polls)
+  SyncService(RoundState& st, const CallAuth& auth, StreamLimits& limits, LongPollLimits& polls)
       : st_(st), auth_(auth), limits_(limits), polls_(polls) {}
 
   // Logs the counts of refusals held back by the throttle (called periodically).
@@ -224,6 +227,8 @@ class Service final : public pb::SpesSync::Service {
   LogThrottle refusals_{10};
 };
 
+namespace {
+
 // Who may use the status page: the Host header must be an IP address, "localhost" or the
 // configured dashboard_host (a DNS-rebinding page sends its own name); its data needs the read
 // token whenever Status does, or whenever the page listens off loopback.
@@ -255,7 +260,7 @@ struct SyncServer::Impl {
   std::unique_ptr<CallAuth> auth;
   std::unique_ptr<StreamLimits> limits;
   LongPollLimits long_polls{kLongPollsPerNode};
-  std::unique_ptr<Service> service;
+  std::unique_ptr<SyncService> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<dashboard::DashboardServer> dashboard;  // destroyed first: it reads `state`
   int port = 0;
@@ -312,8 +317,8 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
           return dashboard_status(impl->cfg, *impl->state, up);
         }, dashboard_access(sc.dashboard_host, *impl_->auth));
   }
-  impl_->service = std::make_unique<Service>(*impl_->state, *impl_->auth, *impl_->limits,
-                                             impl_->long_polls);
+  impl_->service = std::make_unique<SyncService>(*impl_->state, *impl_->auth, *impl_->limits,
+                                                 impl_->long_polls);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!sc.tls_cert.empty()) {
     grpc::SslServerCredentialsOptions ssl(
