@@ -1,7 +1,8 @@
 // The round being collected, on the aggregator: folds accepted uploads in ascending node order
 // as soon as every lower node's upload is in (and the rest of them, skipping the missing nodes,
 // when the round closes without some), its clock (from its first upload: the deadline
-// spes_config.round_timeout and the periodic log of whom it waits for), and the rule for when
+// spes_config.round_timeout and the periodic log of whom it waits for; the time of its last
+// accepted upload, for rounds.jsonl publish_s), and the rule for when
 // it closes: every node arrived (uploaded, or out: rejected, left, dead), or the deadline
 // passed with at least spes_config.min_nodes uploads; never with no upload at all.
 // Not thread-safe: RoundState's lock guards it. Leaves out: what publishing writes
