@@ -31,9 +31,10 @@
 #include <thread>
 #include <vector>
 
-#include "spes/cluster/subprocess.h"
 #include "round_shape.h"
+#include "spes/cluster/subprocess.h"
 #include "spes/common/sysinfo.h"
+#include "spes/common/timing.h"
 #include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes_sync.grpc.pb.h"
@@ -44,10 +45,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kChunk = spes::sync::kChunkBytes;  // what spes node sends per chunk
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // The server: the protocol's service with nothing behind Upload and Download but the bytes.
 class FloorService final : public pb::SpesSync::Service {
@@ -205,7 +202,7 @@ Phase timed(std::vector<std::unique_ptr<pb::SpesSync::Stub>>& stubs, pid_t serve
     });
   for (auto& t : threads) t.join();
   if (failed) throw std::runtime_error("a transfer failed");
-  p.wall_s = seconds_since(t0);
+  p.wall_s = spes::seconds_since(t0);
   p.server_cpu_s += spes::process_cpu_seconds(server);
   p.nodes_cpu_s += spes::process_cpu_seconds();
   return p;
@@ -242,7 +239,7 @@ int main(int argc, char** argv) {
       for (const auto& l : lines)
         if (l.rfind("port ", 0) == 0) address = "127.0.0.1:" + l.substr(5);
       if (!address.empty()) break;
-      if (!open || seconds_since(t_start) > 60)
+      if (!open || spes::seconds_since(t_start) > 60)
         throw std::runtime_error("the floor server did not start");
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

@@ -32,6 +32,7 @@
 
 #include "round_shape.h"
 #include "spes/common/sysinfo.h"
+#include "spes/common/timing.h"
 
 namespace {
 
@@ -40,10 +41,6 @@ constexpr size_t kPiece = 2u << 20;  // the sync protocol's chunk size
 
 [[noreturn]] void fail(const std::string& what) {
   throw std::runtime_error(what + ": " + std::strerror(errno));
-}
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // Sends (or receives) exactly `bytes` through a reused 2 MiB buffer.
@@ -73,7 +70,7 @@ Moved move_bytes(const std::vector<int>& from, const std::vector<int>& to, uint6
     threads.emplace_back(pump, to[i], bytes, false);
   }
   for (auto& t : threads) t.join();
-  return {seconds_since(t0), spes::process_cpu_seconds() - cpu0};
+  return {spes::seconds_since(t0), spes::process_cpu_seconds() - cpu0};
 }
 
 // Seconds to write one byte into every page of `mib` MiB: a fresh mapping, then the same again.
@@ -86,7 +83,7 @@ std::pair<double, double> touch_fresh_and_again(size_t mib) {
   for (double& t : s) {
     const auto t0 = Clock::now();
     for (size_t i = 0; i < bytes; i += page) p[i] = static_cast<char>(p[i] + 1);
-    t = seconds_since(t0);
+    t = spes::seconds_since(t0);
   }
   ::munmap(m, bytes);
   return {s[0], s[1]};

@@ -6,10 +6,9 @@
 // server has accepted every one), the publication (the server's part after the last upload,
 // rounds.jsonl publish_s; the node whose upload completes the round gets its reply only then)
 // and the downloads (published -> every node has its download), the bytes per node, the
-// throughput and the
-// CPU seconds the round cost the server process and the nodes (this process), and the server's
-// peak RSS against the model's fp32 size; first, the time of the model digest on
-// one thread and on all cores. Defaults: the d_model 512 shape of
+// throughput and the CPU seconds the round cost the server process and the nodes (this
+// process), and the server's peak RSS against the model's fp32 size; first, the time of the
+// model digest on one thread and on all cores. Defaults: the d_model 512 shape of
 // bench/train_bench (about 117M parameters, 8 experts) with 4 nodes owning 2 experts each.
 //   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
 //                          [--compression none|bf16|int8] [--wire-coding auto|zstd|raw]

@@ -14,7 +14,8 @@ OpenRound::OpenRound(const Config& cfg, SyncModel& model)
 void OpenRound::begin(int64_t round) {
   round_ = round;
   next_fold_ = 0;
-  started_ = accepted_ = false;
+  started_ = false;
+  last_accepted_.reset();
   agg_.begin(round, RoundClock(cfg_).step_of(round));
 }
 
@@ -26,13 +27,10 @@ void OpenRound::start_clock() {
 
 double OpenRound::seconds_open() const { return started_ ? seconds_since(start_) : 0.0; }
 
-void OpenRound::upload_accepted() {
-  accepted_ = true;
-  last_accepted_ = std::chrono::steady_clock::now();
-}
+void OpenRound::upload_accepted() { last_accepted_ = std::chrono::steady_clock::now(); }
 
 double OpenRound::seconds_after_last_upload(std::chrono::steady_clock::time_point t) const {
-  return accepted_ ? std::chrono::duration<double>(t - last_accepted_).count() : 0.0;
+  return last_accepted_ ? std::chrono::duration<double>(t - *last_accepted_).count() : 0.0;
 }
 
 void OpenRound::fold_ready(UploadStaging& uploads) {

@@ -10,6 +10,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <optional>
 
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
@@ -53,8 +54,9 @@ class OpenRound {
   RoundAggregator agg_;
   int64_t round_ = 0;
   int64_t next_fold_ = 0;
-  bool started_ = false, accepted_ = false;
-  std::chrono::steady_clock::time_point start_, last_wait_log_, last_accepted_;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_, last_wait_log_;
+  std::optional<std::chrono::steady_clock::time_point> last_accepted_;
 };
 
 }  // namespace spes::sync
