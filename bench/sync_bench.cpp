@@ -5,7 +5,8 @@
 // starts uploading -> every node has its download) in three phases: the uploads (until the
 // server has accepted every one), the publication (the server's part after the last upload,
 // rounds.jsonl publish_s; the node whose upload completes the round gets its reply only then)
-// and the downloads (published -> every node has its download), the bytes per node, the
+// and the downloads (published -> every node has its download; sync_bench.json also gives the
+// round's start and publication on CLOCK_MONOTONIC), the bytes per node, the
 // throughput and the CPU seconds the round cost the server process and the nodes (this
 // process), and the server's peak RSS against the model's fp32 size; first, the time of the
 // model digest on one thread and on all cores. Defaults: the d_model 512 shape of
@@ -147,6 +148,11 @@ class Barrier {
   std::condition_variable cv_;
   int64_t n_, waiting_ = 0, generation_ = 0;
 };
+
+// A steady-clock time in seconds on its own epoch (CLOCK_MONOTONIC on Linux).
+double monotonic_s(Clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
 
 struct NodeTimes {
   std::vector<double> seen_s, done_s;  // from the round's start: publication seen, download done
@@ -362,6 +368,10 @@ int main(int argc, char** argv) {
                                   {"uploads_seconds", up_s},
                                   {"publish_seconds", publish_s},
                                   {"download_seconds", down_s},
+                                  // On CLOCK_MONOTONIC (perf record -k CLOCK_MONOTONIC), to cut
+                                  // a profile at the round's phases.
+                                  {"start_monotonic_s", monotonic_s(round_t0[r])},
+                                  {"published_monotonic_s", monotonic_s(round_t0[r]) + seen},
                                   {"server_cpu_seconds", server_cpu[r]},
                                   {"nodes_cpu_seconds", nodes_cpu[r]}});
     }
