@@ -116,13 +116,13 @@ spes::Config bench_config(const Args& a) {
   c.spes_config.mode = "spes";
   c.spes_config.num_peers = a.nodes;
   c.spes_config.sync_steps = 1;  // round r is step r
-  c.spes_config.transfer_dtype = a.dtype;
-  c.spes_config.compression = a.compression;
-  c.spes_config.wire_coding = a.wire_coding;
-  c.spes_config.merge_interval = a.merge_interval;
-  c.spes_config.merge_alpha_start = 0.01;
-  c.spes_config.merge_decay_steps = 10000;
-  c.spes_config.merge_topk = std::min<int64_t>(4, a.experts - 1);
+  c.spes_config.transfer.dtype = a.dtype;
+  c.spes_config.transfer.compression = a.compression;
+  c.spes_config.transfer.wire_coding = a.wire_coding;
+  c.spes_config.merging.interval = a.merge_interval;
+  c.spes_config.merging.alpha_start = 0.01;
+  c.spes_config.merging.decay_steps = 10000;
+  c.spes_config.merging.topk = std::min<int64_t>(4, a.experts - 1);
   c.max_duration = std::to_string(a.rounds);
   return c;
 }
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     fmt::print("sync_bench: {:.1f}M parameters ({:.0f} MiB fp32), {} nodes, {} rounds, {} "
                "transfers, compression {}, chunk coding {}, merging every {} rounds\n", P / 1e6,
                fp32_mib, a.nodes, a.rounds, a.dtype, a.compression,
-               cfg.spes_config.codes_chunks() ? "zstd" : "raw", a.merge_interval);
+               cfg.spes_config.transfer.codes_chunks() ? "zstd" : "raw", a.merge_interval);
     // The model digest every node computes after each download and the server as it persists:
     // per tensor on every core (sync protocol 5) against one thread.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
         try {
           spes::sync::NodeId id{i, static_cast<uint64_t>(0x5eed0000 + i), ""};
           spes::sync::SyncClient client(address, id);
-          client.set_chunk_coding(cfg.spes_config.codes_chunks());
+          client.set_chunk_coding(cfg.spes_config.transfer.codes_chunks());
           SPES_CHECK(client.wait_connected(60), "node {}: cannot connect to {}", i, address);
           const spes::ParamRegistry& reg = *regs[i];
           client.join(spes::sync::node_join_info(cfg, reg, id, 0));

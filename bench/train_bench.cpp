@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
   for (const auto& p : model.params()) weight_bytes += p.tensor.nbytes();
   nlohmann::json out = {
       {"name", name}, {"device", dev.str()}, {"precision", bf16 ? "amp_bf16" : "fp32"},
-      {"activation_checkpointing", cfg.activation_checkpointing},
+      {"activation_checkpointing", cfg.activation_checkpointing.name()},
       {"threads", at::get_num_threads()}, {"params", model.num_params()},
       {"weight_bytes", weight_bytes},
       {"trainable_params", reg.trainable_numel()}, {"frozen_experts_per_layer", n_frozen},

@@ -37,7 +37,7 @@ void run_node(const NodeArgs& a) {
   std::unique_ptr<spes::sync::SyncNode> node;  // rank 0 (or the only process) talks to the server
   if (!dist || dist->rank() == 0) {
     spes::sync::NodeOptions no;
-    no.server = a.server.empty() ? cfg.spes_config.server_addr : a.server;
+    no.server = a.server.empty() ? cfg.spes_config.transport.server_addr : a.server;
     no.connect_timeout_s = a.connect_timeout;
     no.auth_token = spes::sync::node_token(a.token_file);
     no.insecure = a.insecure;

@@ -59,7 +59,7 @@ void run_serve(const ServeArgs& a) {
       if (e.path().filename().string().rfind("momentum-", 0) == 0) fs::remove(e.path());
   }
   spes::sync::ServerOptions o;
-  const std::string& addr = cfg.spes_config.server_addr;
+  const std::string& addr = cfg.spes_config.transport.server_addr;
   o.listen = a.listen.empty() ? "127.0.0.1:" + addr.substr(addr.rfind(':') + 1) : a.listen;
   o.state.resume = !a.overwrite;
   o.exit_when_done = !a.keep_running;

@@ -32,10 +32,10 @@ TEST(Choice, ParsesEveryNameOfEverySetting) {
   EXPECT_EQ(c.model.block_type.value(), BlockType::Dense);
   EXPECT_EQ(c.precision.value(), Precision::AmpBf16);
   EXPECT_EQ(c.spes_config.mode.value(), SyncMode::Diloco);
-  EXPECT_EQ(c.spes_config.transfer_dtype.value(), TransferDtype::Bf16);
+  EXPECT_EQ(c.spes_config.transfer.dtype.value(), TransferDtype::Bf16);
   EXPECT_EQ(c.spes_config.weighting.value(), Weighting::Tokens);
   const Config m = config_parse("spes_config:\n  aggregation: trimmed_mean\n", {}, "t");
-  EXPECT_EQ(m.spes_config.aggregation.value(), Aggregation::TrimmedMean);
+  EXPECT_EQ(m.spes_config.bounds.aggregation.value(), Aggregation::TrimmedMean);
   for (const auto& [e, name] : ChoiceNames<SyncMode>::names) {
     const Config s = config_parse("", {"spes_config.mode=" + std::string(name)}, "t");
     EXPECT_EQ(s.spes_config.mode.value(), e) << name;
@@ -82,7 +82,7 @@ TEST(Choice, ComparesAsAnEnumAndPrintsItsName) {
 TEST(Choice, ConfigYamlWritesNamesThatReadBackTheSame) {
   Config c;
   c.spes_config.mode = SyncMode::Diloco;
-  c.spes_config.aggregation = Aggregation::Median;
+  c.spes_config.bounds.aggregation = Aggregation::Median;
   c.model.qk_norm = QkNorm::None;
   c.precision = Precision::Fp32;
   const std::string yaml = config_to_yaml(c);
@@ -90,7 +90,7 @@ TEST(Choice, ConfigYamlWritesNamesThatReadBackTheSame) {
   EXPECT_THAT(yaml, HasSubstr("aggregation: \"median\""));
   const Config back = config_parse(yaml, {}, "round-trip");
   EXPECT_EQ(back.spes_config.mode.value(), SyncMode::Diloco);
-  EXPECT_EQ(back.spes_config.aggregation.value(), Aggregation::Median);
+  EXPECT_EQ(back.spes_config.bounds.aggregation.value(), Aggregation::Median);
   EXPECT_EQ(back.model.qk_norm.value(), QkNorm::None);
   EXPECT_EQ(back.precision.value(), Precision::Fp32);
 }

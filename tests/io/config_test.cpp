@@ -91,9 +91,9 @@ TEST(Config, InconsistentSizes) {
 TEST(Config, OverlapSettingsAreChecked) {
   const Config c = config_parse("spes_config:\n  sync_steps: 20\n  overlap: true\n"
                                 "  overlap_delay_steps: 5\n", {}, "t.yaml");
-  EXPECT_TRUE(c.spes_config.overlap);
-  EXPECT_EQ(c.spes_config.overlap_delay_steps, 5);
-  EXPECT_FALSE(config_parse("", {}, "t.yaml").spes_config.overlap);
+  EXPECT_TRUE(c.spes_config.timing.overlap);
+  EXPECT_EQ(c.spes_config.timing.overlap_delay_steps, 5);
+  EXPECT_FALSE(config_parse("", {}, "t.yaml").spes_config.timing.overlap);
   EXPECT_THAT(error_of("spes_config:\n  sync_steps: 20\n  overlap: true\n"
                        "  overlap_delay_steps: 20\n"),
               HasSubstr("spes_config.overlap_delay_steps must be in [0, sync_steps=20)"));
@@ -105,7 +105,7 @@ TEST(Config, OverlapSettingsAreChecked) {
 // The outer step: mode diloco always (every tensor), mode spes with outer_step (shared tensors).
 TEST(Config, WireCodingFollowsCompressionUnlessSet) {
   auto codes = [](const std::string& yaml) {
-    return config_parse("spes_config:\n" + yaml, {}, "t.yaml").spes_config.codes_chunks();
+    return config_parse("spes_config:\n" + yaml, {}, "t.yaml").spes_config.transfer.codes_chunks();
   };
   EXPECT_FALSE(codes("  compression: none\n"));  // auto: fp32 transfers go raw
   EXPECT_TRUE(codes("  compression: int8\n"));

@@ -267,7 +267,7 @@ TEST(ReferenceConfig, KeysThatWouldChangeTheModelAreRefusedByName) {
       {"data.seed=7", "'data.seed' is 7 but seed is 6198"},
       {"model.embedding_size=100", "model.embedding_size (100) pads the vocabulary"},
       {"model.mlp_hidden_size=1025", "must be even"},
-      {"optimizer.name=lionw", "optimizer.name must be 'adamw'"},
+      {"optimizer.name=lionw", "optimizer.name must be adamw, found 'lionw'"},
   };
   for (const auto& [set, want] : refused) EXPECT_THAT(error_of("", {set}), HasSubstr(want)) << set;
   // A translated key and this project's key for the same thing must agree.

@@ -27,7 +27,7 @@ Config measured_config(const std::string& precision) {
   cfg.model.set_ffn_hidden_size(16);               // a multiple of 8: grouped under amp_bf16
   cfg.spes_config.mode = "spes";
   cfg.spes_config.num_peers = 2;
-  cfg.spes_config.transfer_dtype = "bf16";  // frozen experts may then be stored in bf16
+  cfg.spes_config.transfer.dtype = "bf16";  // frozen experts may then be stored in bf16
   cfg.precision = precision;
   return cfg;
 }

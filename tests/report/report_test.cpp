@@ -75,7 +75,7 @@ TEST(TransferFormula, MatchesCountsFromTheDimensions) {
   EXPECT_EQ(f.download_merge_bytes(), 4 * (S + X));
 
   cfg.spes_config.mode = "fedavg";
-  cfg.spes_config.transfer_dtype = "bf16";
+  cfg.spes_config.transfer.dtype = "bf16";
   const TransferFormula g = transfer_formula(cfg, 1);
   EXPECT_EQ(g.upload_bytes(), 2 * (S + X));
   EXPECT_EQ(g.download_bytes(), 2 * (S + X));
@@ -87,12 +87,12 @@ TEST(TransferFormula, CompressedUploadsAndDownloadsCountTheirEncoding) {
   const int64_t n = transfer_formula(cfg, 0).trainable_numel();
   const int64_t down = transfer_formula(cfg, 0).download_bytes() / 4;  // values (fp32)
   const int64_t all = transfer_formula(cfg, 0).total_numel();
-  cfg.spes_config.compression = "int8";
+  cfg.spes_config.transfer.compression = "int8";
   const TransferFormula q = transfer_formula(cfg, 0);
   EXPECT_EQ(q.upload_bytes(), n + 4 * ((n + 255) / 256));  // 1 byte + a scale per 256 values
   EXPECT_EQ(q.download_bytes(), down + 4 * ((down + 255) / 256));  // the round's delta
   EXPECT_EQ(q.download_merge_bytes(), all + 4 * ((all + 255) / 256));
-  cfg.spes_config.compression = "bf16";
+  cfg.spes_config.transfer.compression = "bf16";
   EXPECT_EQ(transfer_formula(cfg, 0).upload_bytes(), 2 * n);
   EXPECT_EQ(transfer_formula(cfg, 0).download_bytes(), 2 * down);
 }
@@ -130,9 +130,9 @@ TEST(MemoryFormula, FrozenExpertsHaveNoGradientsOrMoments) {
   // Compressed deltas: the upload base and residual, fp32 per trainable value; overlap adds a
   // copy of every weight and of the trainable ones.
   Config sync = cfg;
-  sync.spes_config.compression = "int8";
+  sync.spes_config.transfer.compression = "int8";
   EXPECT_EQ(node_memory(sync, node).sync_state, 8 * node.trainable);
-  sync.spes_config.overlap = true;
+  sync.spes_config.timing.overlap = true;
   const NodeMemory o = node_memory(sync, node);
   EXPECT_EQ(o.sync_state, 8 * node.trainable + 4 * node.total + 4 * node.trainable);
   EXPECT_EQ(o.total(), m.total() + o.sync_state);

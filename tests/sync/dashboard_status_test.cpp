@@ -148,8 +148,8 @@ TEST(DashboardStatus, ConfigKeysAreValidated) {
   EXPECT_THROW(tiny_config({"spes_config.dashboard_port=-2"}), Error);
   EXPECT_THROW(tiny_config({"spes_config.dashboard_port=70000"}), Error);
   EXPECT_THROW(tiny_config({"spes_config.dashboard_host="}), Error);
-  EXPECT_EQ(tiny_config().spes_config.dashboard_port, 0);
-  EXPECT_EQ(tiny_config().spes_config.dashboard_host, "127.0.0.1");
+  EXPECT_EQ(tiny_config().spes_config.dashboard.port, 0);
+  EXPECT_EQ(tiny_config().spes_config.dashboard.host, "127.0.0.1");
 }
 
 }  // namespace

@@ -116,9 +116,9 @@ int launch_cluster(const LaunchOptions& o) {
   };
   // With node tokens configured, each node gets its own through the environment.
   const std::vector<std::string> tokens =
-      cfg.spes_config.auth_tokens_file.empty()
+      cfg.spes_config.transport.auth_tokens_file.empty()
           ? std::vector<std::string>()
-          : sync::load_node_tokens(cfg.spes_config.auth_tokens_file, N);
+          : sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, N);
   std::vector<std::string> serve = {exe, "serve", "--config", cfg_path, "--out",
                                     run_layout::cluster_server(o.out), "--listen",
                                     "127.0.0.1:0", "--overwrite"};

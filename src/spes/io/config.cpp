@@ -31,9 +31,11 @@ template <> std::string type_name<std::vector<std::string>>() { return "a list o
 template <> std::string type_name<std::vector<std::vector<int64_t>>>() {
   return "a list of lists of integers";
 }
-template <class E> struct TypeName { static std::string get() { return type_name<E>(); } };
-template <class E> struct TypeName<Choice<E>> {
-  static std::string get() { return Choice<E>::allowed(); }
+template <class T, class = void> struct TypeName {
+  static std::string get() { return type_name<T>(); }
+};
+template <class T> struct TypeName<T, std::enable_if_t<NamedSetting<T>::value>> {
+  static std::string get() { return T::allowed(); }
 };
 
 // Reads fields from a YAML map, remembering which keys were used.
@@ -52,7 +54,7 @@ struct Reader {
     } catch (const YAML::Exception&) {
       fail("{}: key '{}{}' must be {}, found '{}'", origin, prefix, key, TypeName<T>::get(),
            YAML::Dump(v));
-    } catch (const Error& e) {  // a name a Choice does not know: "must be a or b, found 'c'"
+    } catch (const Error& e) {  // a name a NamedSetting refuses: "must be a or b, found 'c'"
       fail("{}: {}{} {}", origin, prefix, key, e.what());
     }
   }
@@ -70,9 +72,11 @@ struct Reader {
     if (!v.IsScalar()) throw YAML::BadConversion(v.Mark());
     f = v.as<std::string>();
   }
-  template <class E> static void read(const YAML::Node& v, Choice<E>& f) {
+  // A Choice or another NamedSetting: one scalar, parsed by the type ("must be ..., found").
+  template <class T, std::enable_if_t<NamedSetting<T>::value, int> = 0>
+  static void read(const YAML::Node& v, T& f) {
     if (!v.IsScalar()) throw YAML::BadConversion(v.Mark());
-    f = Choice<E>(v.as<std::string>());
+    f = T(v.as<std::string>());
   }
   static void read(const YAML::Node& v, int64_t& f) { f = v.as<int64_t>(); }
   static void read(const YAML::Node& v, double& f) { f = v.as<double>(); }
@@ -105,9 +109,11 @@ struct Writer {
     out << YAML::EndMap;
   }
   void write(const std::string& s) { out << YAML::DoubleQuoted << s; }
-  template <class E> void write(const Choice<E>& c) { write(c.name()); }
+  template <class T, std::enable_if_t<NamedSetting<T>::value, int> = 0>
+  void write(const T& c) { write(c.name()); }
   void write(double d) { out << YAML::Precision(17) << d; }
-  template <class T> void write(const T& v) { out << YAML::Flow << v; }
+  template <class T, std::enable_if_t<!NamedSetting<T>::value, int> = 0>
+  void write(const T& v) { out << YAML::Flow << v; }
 };
 
 // Deepest nesting of keys accepted (the config's own keys are at most 3 names deep).
@@ -184,19 +190,6 @@ void apply_override(YAML::Node& root, const std::string& kv) {
 }
 
 }  // namespace
-
-int64_t Config::checkpoint_every() const {
-  const std::string& a = activation_checkpointing;
-  if (a == "none" || a == "false" || a.empty()) return 0;
-  // OLMo's fine_grained checkpoints parts of a block; the recomputed unit here is the block
-  // (the same results, a little more memory saved and a little more recomputed).
-  if (a == "whole_layer" || a == "true" || a == "fine_grained") return 1;
-  if (a == "one_in_two") return 2;
-  if (a == "one_in_three") return 3;
-  if (a == "one_in_four") return 4;
-  fail("activation_checkpointing must be none, whole_layer, one_in_two, one_in_three, "
-       "one_in_four or fine_grained (or false / true), found '{}'", a);
-}
 
 namespace {
 
@@ -309,30 +302,31 @@ std::string config_to_yaml(const Config& c) {
   return std::string(out.c_str()) + "\n";
 }
 
-void config_validate(const Config& c, const std::string& o) {
-  const auto& m = c.model;
-  auto positive = [&](const char* key, int64_t v) {
-    SPES_CHECK(v > 0, "{}: {} must be positive, found {}", o, key, v);
-  };
-  positive("model.d_model", m.d_model);
-  positive("model.n_layers", m.n_layers);
-  positive("model.n_heads", m.n_heads);
+namespace {
+
+// Each check below names the key, the rule and what it found; `o` names the config.
+void check_positive(const std::string& o, const char* key, int64_t v) {
+  SPES_CHECK(v > 0, "{}: {} must be positive, found {}", o, key, v);
+}
+
+void validate_model(const ModelConfig& m, const std::string& o) {
+  check_positive(o, "model.d_model", m.d_model);
+  check_positive(o, "model.n_layers", m.n_layers);
+  check_positive(o, "model.n_heads", m.n_heads);
   SPES_CHECK(m.mlp_hidden_size >= 0, "{}: model.mlp_hidden_size must be positive (or 0/null: "
              "mlp_ratio x d_model), found {}", o, m.mlp_hidden_size);
-  if (m.mlp_hidden_size == 0) positive("model.mlp_ratio", m.mlp_ratio);
+  if (m.mlp_hidden_size == 0) check_positive(o, "model.mlp_ratio", m.mlp_ratio);
   SPES_CHECK(m.swiglu_input_size() % 2 == 0 && m.swiglu_input_size() >= 2,
              "{}: the SwiGLU width {} ({}) must be even: gate and up take half each, so the "
              "expert hidden size F is half of it (OLMo's meaning of model.mlp_hidden_size)", o,
              m.swiglu_input_size(), m.mlp_hidden_size > 0 ? "model.mlp_hidden_size"
                                                           : "model.mlp_ratio x model.d_model");
-  positive("model.vocab_size", m.vocab_size);
+  check_positive(o, "model.vocab_size", m.vocab_size);
   SPES_CHECK(m.embedding_size == 0 || m.embedding_size >= m.vocab_size,
              "{}: model.embedding_size ({}) pads the vocabulary and must be at least "
              "model.vocab_size ({}), or 0/null for no padding", o, m.embedding_size,
              m.vocab_size);
-  positive("model.max_sequence_length", m.max_sequence_length);
-  positive("global_train_batch_size", c.global_train_batch_size);
-  positive("device_train_microbatch_size", c.device_train_microbatch_size);
+  check_positive(o, "model.max_sequence_length", m.max_sequence_length);
   SPES_CHECK(m.d_model % m.n_heads == 0,
              "{}: model.d_model ({}) must be divisible by model.n_heads ({})", o, m.d_model,
              m.n_heads);
@@ -342,7 +336,7 @@ void config_validate(const Config& c, const std::string& o) {
              "{}: model.n_heads ({}) must be a multiple of model.n_kv_heads ({})", o, m.n_heads,
              m.kv_heads());
   if (m.is_moe()) {
-    positive("model.moe_num_experts", m.moe_num_experts);
+    check_positive(o, "model.moe_num_experts", m.moe_num_experts);
     SPES_CHECK(m.moe_top_k >= 1 && m.moe_top_k <= m.moe_num_experts,
                "{}: model.moe_top_k must be in [1, moe_num_experts={}], found {}", o,
                m.moe_num_experts, m.moe_top_k);
@@ -350,92 +344,135 @@ void config_validate(const Config& c, const std::string& o) {
   SPES_CHECK(m.eos_token_id >= 0 && m.eos_token_id < m.vocab_size,
              "{}: model.eos_token_id {} is outside the vocabulary [0, {})", o, m.eos_token_id,
              m.vocab_size);
-  SPES_CHECK(m.max_sequence_length <=
+}
+
+void validate_batches(const Config& c, const std::string& o) {
+  check_positive(o, "global_train_batch_size", c.global_train_batch_size);
+  check_positive(o, "device_train_microbatch_size", c.device_train_microbatch_size);
+  SPES_CHECK(c.model.max_sequence_length <=
                  std::numeric_limits<int64_t>::max() / c.global_train_batch_size,
              "{}: global_train_batch_size ({}) x model.max_sequence_length ({}) tokens per step "
-             "is too large to count", o, c.global_train_batch_size, m.max_sequence_length);
+             "is too large to count", o, c.global_train_batch_size, c.model.max_sequence_length);
   SPES_CHECK(c.global_train_batch_size % c.device_train_microbatch_size == 0,
              "{}: global_train_batch_size ({}) must be a multiple of "
              "device_train_microbatch_size ({})",
              o, c.global_train_batch_size, c.device_train_microbatch_size);
-  SPES_CHECK(c.optimizer.name == "adamw", "{}: optimizer.name must be 'adamw', found '{}'", o,
-             c.optimizer.name);
+  (void)c.total_steps();  // throws on a malformed max_duration
+}
+
+void validate_optimizer(const Config& c, const std::string& o) {
   SPES_CHECK(c.optimizer.betas.size() == 2, "{}: optimizer.betas must hold two numbers, found {}",
              o, c.optimizer.betas.size());
   SPES_CHECK(c.optimizer.learning_rate > 0, "{}: optimizer.learning_rate must be positive", o);
-  SPES_CHECK(c.scheduler.name == "cosine_with_warmup" || c.scheduler.name == "constant",
-             "{}: scheduler.name must be cosine_with_warmup or constant, found '{}'", o,
-             c.scheduler.name);
-  try {
-    (void)c.checkpoint_every();
-  } catch (const Error& e) {
-    fail("{}: {}", o, e.what());
-  }
-  SPES_CHECK(c.data.validation_fraction >= 0 && c.data.validation_fraction < 1,
+}
+
+void validate_data(const DataConfig& d, const std::string& o) {
+  SPES_CHECK(d.validation_fraction >= 0 && d.validation_fraction < 1,
              "{}: data.validation_fraction must be in [0, 1), found {}", o,
-             c.data.validation_fraction);
-  (void)c.total_steps();  // throws on a malformed max_duration
-  const auto& s = c.spes_config;
-  positive("spes_config.num_peers", s.num_peers);
-  positive("spes_config.sync_steps", s.sync_steps);
+             d.validation_fraction);
+}
+
+void validate_topology(const SpesConfig& s, const std::string& o) {
+  check_positive(o, "spes_config.num_peers", s.num_peers);
+  check_positive(o, "spes_config.sync_steps", s.sync_steps);
   SPES_CHECK(s.peer_id >= 0 && s.peer_id < s.num_peers,
              "{}: spes_config.peer_id must be in [0, num_peers={}), found {}", o, s.num_peers,
              s.peer_id);
-  SPES_CHECK(s.compression == Compression::None || s.transfer_dtype == TransferDtype::Fp32,
+}
+
+void validate_transfer(const TransferSettings& t, const std::string& o) {
+  SPES_CHECK(t.compression == Compression::None || t.dtype == TransferDtype::Fp32,
              "{}: spes_config.compression {} needs spes_config.transfer_dtype fp32 (found {}): "
-             "deltas are taken from the exact fp32 published model", o, s.compression,
-             s.transfer_dtype);
-  SPES_CHECK(s.overlap_delay_steps >= 0 && s.overlap_delay_steps < s.sync_steps,
+             "deltas are taken from the exact fp32 published model", o, t.compression, t.dtype);
+}
+
+void validate_timing(const RoundTiming& t, const SpesConfig& s, const std::string& o) {
+  SPES_CHECK(t.overlap_delay_steps >= 0 && t.overlap_delay_steps < s.sync_steps,
              "{}: spes_config.overlap_delay_steps must be in [0, sync_steps={}) (0: apply a "
-             "round when it arrives), found {}", o, s.sync_steps, s.overlap_delay_steps);
-  SPES_CHECK(s.overlap || s.overlap_delay_steps == 0, "{}: spes_config.overlap_delay_steps {} "
-             "needs spes_config.overlap: true", o, s.overlap_delay_steps);
-  SPES_CHECK(!s.outer_step || s.mode == SyncMode::Spes, "{}: spes_config.outer_step is for mode "
-             "spes (the outer step on the shared tensors); mode {} {}", o, s.mode,
+             "round when it arrives), found {}", o, s.sync_steps, t.overlap_delay_steps);
+  SPES_CHECK(t.overlap || t.overlap_delay_steps == 0, "{}: spes_config.overlap_delay_steps {} "
+             "needs spes_config.overlap: true", o, t.overlap_delay_steps);
+  SPES_CHECK(t.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
+  SPES_CHECK(t.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers "
+             "({}); a round could never publish at its deadline", o, t.min_nodes, s.num_peers);
+  SPES_CHECK(t.round_timeout > 0, "{}: spes_config.round_timeout must be > 0 seconds, found {}",
+             o, t.round_timeout);
+  SPES_CHECK(t.heartbeat_timeout > 0, "{}: spes_config.heartbeat_timeout must be > 0 seconds, "
+             "found {}", o, t.heartbeat_timeout);
+}
+
+void validate_outer_step(const SpesConfig& s, const std::string& o) {
+  SPES_CHECK(!s.outer.on_shared || s.mode == SyncMode::Spes, "{}: spes_config.outer_step is "
+             "for mode spes (the outer step on the shared tensors); mode {} {}", o, s.mode,
              s.mode == SyncMode::Diloco ? "always applies it (to every tensor): drop outer_step"
              : s.mode == SyncMode::Fedavg ? "with an outer step is mode diloco"
                                           : "has no sync server to apply it");
-  SPES_CHECK(!s.uses_outer_step() || (s.outer_lr > 0 && s.outer_momentum >= 0 &&
-                                      s.outer_momentum < 1),
+  SPES_CHECK(!s.uses_outer_step() ||
+                 (s.outer.lr > 0 && s.outer.momentum >= 0 && s.outer.momentum < 1),
              "{}: the outer step needs spes_config.outer_lr > 0 and outer_momentum in [0, 1), "
-             "found {} and {}", o, s.outer_lr, s.outer_momentum);
-  SPES_CHECK(s.merge_topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
-  SPES_CHECK(s.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
-  SPES_CHECK(s.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers ({}); "
-             "a round could never publish at its deadline", o, s.min_nodes, s.num_peers);
-  SPES_CHECK(s.round_timeout > 0, "{}: spes_config.round_timeout must be > 0 seconds, found {}",
-             o, s.round_timeout);
-  SPES_CHECK(s.heartbeat_timeout > 0, "{}: spes_config.heartbeat_timeout must be > 0 seconds, "
-             "found {}", o, s.heartbeat_timeout);
-  SPES_CHECK(s.max_update_norm_ratio >= 0, "{}: spes_config.max_update_norm_ratio must be >= 0 "
-             "(0 disables the check), found {}", o, s.max_update_norm_ratio);
-  SPES_CHECK(s.max_tensor_update_ratio >= 0, "{}: spes_config.max_tensor_update_ratio must be "
-             ">= 0 (0 disables the check), found {}", o, s.max_tensor_update_ratio);
-  SPES_CHECK(s.max_drift_ratio >= 0, "{}: spes_config.max_drift_ratio must be >= 0 (0 disables "
-             "the check), found {}", o, s.max_drift_ratio);
-  SPES_CHECK(s.drift_window_rounds >= 1 && s.drift_window_rounds <= 1000, "{}: "
+             "found {} and {}", o, s.outer.lr, s.outer.momentum);
+}
+
+void validate_merging(const MergeSettings& m, const std::string& o) {
+  SPES_CHECK(m.topk >= 0, "{}: spes_config.merge_topk must be >= 0", o);
+}
+
+void validate_bounds(const UpdateBounds& b, Weighting weighting, const std::string& o) {
+  SPES_CHECK(b.max_update_norm_ratio >= 0, "{}: spes_config.max_update_norm_ratio must be >= 0 "
+             "(0 disables the check), found {}", o, b.max_update_norm_ratio);
+  SPES_CHECK(b.max_tensor_update_ratio >= 0, "{}: spes_config.max_tensor_update_ratio must be "
+             ">= 0 (0 disables the check), found {}", o, b.max_tensor_update_ratio);
+  SPES_CHECK(b.max_drift_ratio >= 0, "{}: spes_config.max_drift_ratio must be >= 0 (0 disables "
+             "the check), found {}", o, b.max_drift_ratio);
+  SPES_CHECK(b.drift_window_rounds >= 1 && b.drift_window_rounds <= 1000, "{}: "
              "spes_config.drift_window_rounds must be in [1, 1000], found {}", o,
-             s.drift_window_rounds);
-  SPES_CHECK(s.outlier_factor == 0 || s.outlier_factor >= 1, "{}: spes_config.outlier_factor "
+             b.drift_window_rounds);
+  SPES_CHECK(b.outlier_factor == 0 || b.outlier_factor >= 1, "{}: spes_config.outlier_factor "
              "must be 0 (off) or >= 1 (x the median of the other nodes' updates), found {}", o,
-             s.outlier_factor);
-  SPES_CHECK(s.aggregation == Aggregation::Mean || s.weighting == Weighting::Equal, "{}: "
+             b.outlier_factor);
+  SPES_CHECK(b.aggregation == Aggregation::Mean || weighting == Weighting::Equal, "{}: "
              "spes_config.aggregation={} takes each node's value once, so it cannot weigh nodes "
              "by tokens; set spes_config.weighting: equal, or aggregation: mean", o,
-             s.aggregation);
-  SPES_CHECK(s.trim_fraction >= 0 && s.trim_fraction < 0.5, "{}: spes_config.trim_fraction must "
-             "be in [0, 0.5), found {}", o, s.trim_fraction);
-  SPES_CHECK(s.retry_max_s >= 0 && s.retry_backoff_max_s > 0, "{}: spes_config.retry_max_s must "
-             "be >= 0 and retry_backoff_max_s > 0", o);
-  SPES_CHECK(s.tls_cert.empty() == s.tls_key.empty(), "{}: spes_config.tls_cert and tls_key go "
+             b.aggregation);
+  SPES_CHECK(b.trim_fraction >= 0 && b.trim_fraction < 0.5, "{}: spes_config.trim_fraction "
+             "must be in [0, 0.5), found {}", o, b.trim_fraction);
+}
+
+void validate_transport(const SyncTransport& t, const std::string& o) {
+  SPES_CHECK(t.retry_max_s >= 0 && t.retry_backoff_max_s > 0, "{}: spes_config.retry_max_s "
+             "must be >= 0 and retry_backoff_max_s > 0", o);
+  SPES_CHECK(t.tls_cert.empty() == t.tls_key.empty(), "{}: spes_config.tls_cert and tls_key go "
              "together (the server's PEM certificate chain and private key)", o);
-  SPES_CHECK(s.tls_client_cert.empty() == s.tls_client_key.empty(), "{}: "
+  SPES_CHECK(t.tls_client_cert.empty() == t.tls_client_key.empty(), "{}: "
              "spes_config.tls_client_cert and tls_client_key go together", o);
-  SPES_CHECK(s.dashboard_port >= -1 && s.dashboard_port <= 65535, "{}: "
-             "spes_config.dashboard_port must be -1 (off), 0 (any free port) or a port number, "
-             "found {}", o, s.dashboard_port);
-  SPES_CHECK(!s.dashboard_host.empty(), "{}: spes_config.dashboard_host must not be empty "
-             "(127.0.0.1: this machine only; 0.0.0.0: every interface)", o);
+}
+
+void validate_dashboard(const DashboardSettings& d, const std::string& o) {
+  SPES_CHECK(d.port >= -1 && d.port <= 65535, "{}: spes_config.dashboard_port must be -1 "
+             "(off), 0 (any free port) or a port number, found {}", o, d.port);
+  SPES_CHECK(!d.host.empty(), "{}: spes_config.dashboard_host must not be empty (127.0.0.1: "
+             "this machine only; 0.0.0.0: every interface)", o);
+}
+
+void validate_spes(const SpesConfig& s, const std::string& o) {
+  validate_topology(s, o);
+  validate_transfer(s.transfer, o);
+  validate_timing(s.timing, s, o);
+  validate_outer_step(s, o);
+  validate_merging(s.merging, o);
+  validate_bounds(s.bounds, s.weighting, o);
+  validate_transport(s.transport, o);
+  validate_dashboard(s.dashboard, o);
+}
+
+}  // namespace
+
+void config_validate(const Config& c, const std::string& o) {
+  validate_model(c.model, o);
+  validate_batches(c, o);
+  validate_optimizer(c, o);
+  validate_data(c.data, o);
+  validate_spes(c.spes_config, o);
 }
 
 }  // namespace spes

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "spes/io/choice.h"
+#include "spes/io/named_settings.h"
 
 namespace spes {
 
@@ -23,6 +24,8 @@ enum class Aggregation { Mean, TrimmedMean, Median };
 enum class QkNorm { Whole, PerHead, None };
 enum class BlockType { Moe, Dense };
 enum class Precision { Auto, Fp32, AmpBf16 };
+enum class OptimizerName { AdamW };
+enum class SchedulerName { CosineWithWarmup, Constant };
 
 template <> struct ChoiceNames<SyncMode> {
   static constexpr std::array<std::pair<SyncMode, std::string_view>, 4> names{
@@ -57,6 +60,15 @@ template <> struct ChoiceNames<QkNorm> {
 template <> struct ChoiceNames<BlockType> {
   static constexpr std::array<std::pair<BlockType, std::string_view>, 2> names{
       {{BlockType::Moe, "moe"}, {BlockType::Dense, "dense"}}};
+};
+template <> struct ChoiceNames<OptimizerName> {
+  static constexpr std::array<std::pair<OptimizerName, std::string_view>, 1> names{
+      {{OptimizerName::AdamW, "adamw"}}};
+};
+template <> struct ChoiceNames<SchedulerName> {
+  static constexpr std::array<std::pair<SchedulerName, std::string_view>, 2> names{
+      {{SchedulerName::CosineWithWarmup, "cosine_with_warmup"},
+       {SchedulerName::Constant, "constant"}}};
 };
 template <> struct ChoiceNames<Precision> {
   static constexpr std::array<std::pair<Precision, std::string_view>, 3> names{
@@ -126,7 +138,7 @@ struct ModelConfig {
 };
 
 struct OptimizerConfig {
-  std::string name = "adamw";
+  Choice<OptimizerName> name = OptimizerName::AdamW;
   double learning_rate = 5e-4;
   double weight_decay = 0.1;
   std::vector<double> betas = {0.9, 0.95};
@@ -138,7 +150,7 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  std::string name = "cosine_with_warmup";  // cosine_with_warmup | constant
+  Choice<SchedulerName> name = SchedulerName::CosineWithWarmup;  // cosine_with_warmup | constant
   int64_t t_warmup = 2000;
   int64_t t_max = 0;                        // 0: the run's total steps
   double alpha_f = 0.1;                     // final LR = alpha_f * peak
@@ -161,90 +173,147 @@ struct DataConfig {
   }
 };
 
-struct SpesConfig {
-  Choice<SyncMode> mode = SyncMode::Centralized;  // centralized | spes | fedavg | diloco
-  int64_t num_peers = 1;
-  int64_t peer_id = 0;
-  int64_t num_train_experts_per_node = 0;  // 0: E / num_peers (contiguous blocks)
-  std::vector<std::vector<int64_t>> expert_owners;  // [layer][expert] -> node; one row = all layers
-  int64_t sync_steps = 100;
+// spes_config: the SPES settings. In YAML every key is flat (`spes_config.round_timeout`, the
+// reference's names); in C++ the settings that belong together form small groups, each listing
+// its keys in its own visit().
+
+// Transport and security: where the server is, how a node proves who it is, TLS, retries.
+struct SyncTransport {
   std::string server_addr = "127.0.0.1:50551";
-  Choice<TransferDtype> transfer_dtype = TransferDtype::Fp32;  // fp32 | bf16
-  Choice<Compression> compression = Compression::None;  // none | bf16 | int8: uploads as deltas
-  // Node: lossless zstd coding of its transfer chunks, both ways (sync/wire/chunk_coding.h):
-  // auto = with compression bf16 or int8 (made for slow links), zstd = always, raw = never.
-  Choice<WireCoding> wire_coding = WireCoding::Auto;
+  std::string auth_tokens_file;         // YAML/JSON map node id -> secret token ("": no auth)
+  std::string tls_cert, tls_key;        // server: PEM certificate chain and key (TLS on)
+  std::string tls_client_ca;            // server: require client certificates signed by this
+  std::string tls_ca;                   // node: PEM roots to verify the server (TLS on)
+  std::string tls_client_cert, tls_client_key;  // node: its certificate (optional)
+  double retry_max_s = 600.0;           // node: keep retrying an unreachable server this long
+  double retry_backoff_max_s = 5.0;     // node: longest pause between retries
+  template <class V> void visit(V& v) {
+    v("server_addr", server_addr); v("auth_tokens_file", auth_tokens_file);
+    v("tls_cert", tls_cert); v("tls_key", tls_key); v("tls_client_ca", tls_client_ca);
+    v("tls_ca", tls_ca); v("tls_client_cert", tls_client_cert);
+    v("tls_client_key", tls_client_key); v("retry_max_s", retry_max_s);
+    v("retry_backoff_max_s", retry_backoff_max_s);
+  }
+};
+
+// Round timing: how long a round waits, how many uploads it needs, when a node counts as dead,
+// and whether a node trains on while its round is in flight.
+struct RoundTiming {
+  double round_timeout = 600.0;         // seconds a round waits for stragglers
+  int64_t min_nodes = 1;                // uploads a round needs to publish at its deadline
+  double heartbeat_timeout = 60.0;      // seconds of silence after which a node is dead
   // Node: keep training while a round is in flight and apply the published model, plus the
   // progress made meanwhile, when it arrives (docs/PROTOCOL.md, "Overlap"); with
   // overlap_delay_steps K > 0 exactly K steps after the upload instead (bit-reproducible).
   bool overlap = false;
   int64_t overlap_delay_steps = 0;
-  Choice<Weighting> weighting = Weighting::Equal;  // equal | tokens
-  int64_t merge_interval = 500;         // 0 disables expert merging
-  double merge_alpha_start = 0.01;
-  int64_t merge_decay_steps = 10000;
-  int64_t merge_topk = 4;
-  // DiLoCo's outer Nesterov step on the averaged pseudo-gradient (server side): mode diloco
-  // applies it to every tensor; mode spes with outer_step: true to the shared tensors (the
-  // averaged ones; an expert is still its owner's copy).
-  double outer_lr = 0.7;
-  double outer_momentum = 0.9;
-  bool outer_step = false;
-  double round_timeout = 600.0;         // seconds a round waits for stragglers
-  int64_t min_nodes = 1;                // uploads a round needs to publish at its deadline
-  std::string auth_tokens_file;         // YAML/JSON map node id -> secret token ("": no auth)
-  double heartbeat_timeout = 60.0;      // seconds of silence after which a node is dead
-  double max_update_norm_ratio = 10.0;  // reject ||upload - published|| > r ||published|| (0: off)
-  // Robust aggregation (docs/SECURITY.md): per tensor, ||upload_t - published_t|| at most
-  // r ||published_t|| (0: off); over the last drift_window_rounds rounds, the tensor's path
-  // from the published value at the window's start at most max_drift_ratio x its norm (0: off);
-  // a shared tensor's update above outlier_factor x the median of the other nodes' updates of
-  // it is refused (0: off; needs 2 or more uploads); the statistic that combines shared tensors.
-  double max_tensor_update_ratio = 10.0;
-  int64_t drift_window_rounds = 10;
-  double max_drift_ratio = 20.0;
-  double outlier_factor = 8.0;
-  Choice<Aggregation> aggregation = Aggregation::Mean;  // mean | trimmed_mean | median (shared)
-  double trim_fraction = 0.25;          // trimmed_mean: share of nodes dropped at each end
-  double retry_max_s = 600.0;           // node: keep retrying an unreachable server this long
-  double retry_backoff_max_s = 5.0;     // node: longest pause between retries
-  std::string tls_cert, tls_key;        // server: PEM certificate chain and key (TLS on)
-  std::string tls_client_ca;            // server: require client certificates signed by this
-  std::string tls_ca;                   // node: PEM roots to verify the server (TLS on)
-  std::string tls_client_cert, tls_client_key;  // node: its certificate (optional)
-  int64_t dashboard_port = 0;           // server's status page: -1 off, 0 any free port, N
-  std::string dashboard_host = "127.0.0.1";  // address the status page binds
   template <class V> void visit(V& v) {
-    v("mode", mode); v("num_peers", num_peers); v("peer_id", peer_id);
-    v("num_train_experts_per_node", num_train_experts_per_node);
-    v("expert_owners", expert_owners); v("sync_steps", sync_steps);
-    v("server_addr", server_addr); v("transfer_dtype", transfer_dtype);
-    v("compression", compression); v("wire_coding", wire_coding); v("overlap", overlap);
-    v("overlap_delay_steps", overlap_delay_steps);
-    v("weighting", weighting); v("merge_interval", merge_interval);
-    v("merge_alpha_start", merge_alpha_start); v("merge_decay_steps", merge_decay_steps);
-    v("merge_topk", merge_topk); v("outer_lr", outer_lr); v("outer_momentum", outer_momentum);
-    v("outer_step", outer_step);
     v("round_timeout", round_timeout); v("min_nodes", min_nodes);
-    v("auth_tokens_file", auth_tokens_file); v("heartbeat_timeout", heartbeat_timeout);
-    v("max_update_norm_ratio", max_update_norm_ratio);
-    v("max_tensor_update_ratio", max_tensor_update_ratio);
-    v("drift_window_rounds", drift_window_rounds); v("max_drift_ratio", max_drift_ratio);
-    v("outlier_factor", outlier_factor); v("aggregation", aggregation);
-    v("trim_fraction", trim_fraction); v("retry_max_s", retry_max_s);
-    v("retry_backoff_max_s", retry_backoff_max_s); v("tls_cert", tls_cert);
-    v("tls_key", tls_key); v("tls_client_ca", tls_client_ca); v("tls_ca", tls_ca);
-    v("tls_client_cert", tls_client_cert); v("tls_client_key", tls_client_key);
-    v("dashboard_port", dashboard_port); v("dashboard_host", dashboard_host);
+    v("heartbeat_timeout", heartbeat_timeout); v("overlap", overlap);
+    v("overlap_delay_steps", overlap_delay_steps);
+  }
+};
+
+// Compression: what a round's tensors travel as.
+struct TransferSettings {
+  Choice<TransferDtype> dtype = TransferDtype::Fp32;      // transfer_dtype: fp32 | bf16
+  Choice<Compression> compression = Compression::None;  // none | bf16 | int8: uploads as deltas
+  // Node: lossless zstd coding of its transfer chunks, both ways (sync/wire/chunk_coding.h):
+  // auto = with compression bf16 or int8 (made for slow links), zstd = always, raw = never.
+  Choice<WireCoding> wire_coding = WireCoding::Auto;
+  template <class V> void visit(V& v) {
+    v("transfer_dtype", dtype); v("compression", compression); v("wire_coding", wire_coding);
   }
   // Whether a node codes its transfer chunks with zstd (wire_coding).
   bool codes_chunks() const {
     return wire_coding == WireCoding::Zstd ||
            (wire_coding == WireCoding::Auto && compression != Compression::None);
   }
+};
+
+// The expert-merging warm-up (sync/round/merge.h): at merge steps (every `interval` steps),
+// alpha = alpha_start x max(0, 1 - step / decay_steps), `topk` donors per expert.
+struct MergeSettings {
+  int64_t interval = 500;               // merge_interval; 0 disables expert merging
+  double alpha_start = 0.01;            // merge_alpha_start
+  int64_t decay_steps = 10000;          // merge_decay_steps
+  int64_t topk = 4;                     // merge_topk
+  template <class V> void visit(V& v) {
+    v("merge_interval", interval); v("merge_alpha_start", alpha_start);
+    v("merge_decay_steps", decay_steps); v("merge_topk", topk);
+  }
+};
+
+// DiLoCo's outer Nesterov step on the averaged pseudo-gradient (server side): mode diloco
+// applies it to every tensor; mode spes with outer_step: true to the shared tensors (the
+// averaged ones; an expert is still its owner's copy).
+struct OuterStepSettings {
+  double lr = 0.7;                      // outer_lr
+  double momentum = 0.9;                // outer_momentum
+  bool on_shared = false;               // outer_step (mode spes)
+  template <class V> void visit(V& v) {
+    v("outer_lr", lr); v("outer_momentum", momentum); v("outer_step", on_shared);
+  }
+};
+
+// Robust aggregation (docs/SECURITY.md): what one upload may change, and how shared tensors
+// are combined. ||upload - published|| at most max_update_norm_ratio x ||published|| over the
+// whole upload, and per tensor at most max_tensor_update_ratio x ||published_t|| (0: off); over
+// the last drift_window_rounds rounds, a tensor's path from the published value at the window's
+// start at most max_drift_ratio x its norm (0: off); a shared tensor's update above
+// outlier_factor x the median of the other nodes' updates of it is refused (0: off; needs 2 or
+// more uploads); the statistic that combines shared tensors.
+struct UpdateBounds {
+  double max_update_norm_ratio = 10.0;
+  double max_tensor_update_ratio = 10.0;
+  int64_t drift_window_rounds = 10;
+  double max_drift_ratio = 20.0;
+  double outlier_factor = 8.0;
+  Choice<Aggregation> aggregation = Aggregation::Mean;  // mean | trimmed_mean | median (shared)
+  double trim_fraction = 0.25;          // trimmed_mean: share of nodes dropped at each end
+  template <class V> void visit(V& v) {
+    v("max_update_norm_ratio", max_update_norm_ratio);
+    v("max_tensor_update_ratio", max_tensor_update_ratio);
+    v("drift_window_rounds", drift_window_rounds); v("max_drift_ratio", max_drift_ratio);
+    v("outlier_factor", outlier_factor); v("aggregation", aggregation);
+    v("trim_fraction", trim_fraction);
+  }
+};
+
+// The sync server's status page (docs/DASHBOARD.md).
+struct DashboardSettings {
+  int64_t port = 0;                     // dashboard_port: -1 off, 0 any free port, N that port
+  std::string host = "127.0.0.1";       // dashboard_host: the address the page binds
+  template <class V> void visit(V& v) { v("dashboard_port", port); v("dashboard_host", host); }
+};
+
+struct SpesConfig {
+  // Who trains what, and how often the nodes sync.
+  Choice<SyncMode> mode = SyncMode::Centralized;  // centralized | spes | fedavg | diloco
+  int64_t num_peers = 1;
+  int64_t peer_id = 0;
+  int64_t num_train_experts_per_node = 0;  // 0: E / num_peers (contiguous blocks)
+  std::vector<std::vector<int64_t>> expert_owners;  // [layer][expert] -> node; one row = all layers
+  int64_t sync_steps = 100;
+  Choice<Weighting> weighting = Weighting::Equal;  // equal | tokens
+  SyncTransport transport;
+  RoundTiming timing;
+  TransferSettings transfer;
+  MergeSettings merging;
+  OuterStepSettings outer;
+  UpdateBounds bounds;
+  DashboardSettings dashboard;
+  template <class V> void visit(V& v) {
+    v("mode", mode); v("num_peers", num_peers); v("peer_id", peer_id);
+    v("num_train_experts_per_node", num_train_experts_per_node);
+    v("expert_owners", expert_owners); v("sync_steps", sync_steps);
+    v("weighting", weighting);
+    transport.visit(v); timing.visit(v); transfer.visit(v); merging.visit(v); outer.visit(v);
+    bounds.visit(v); dashboard.visit(v);
+  }
   // Whether the server applies the outer step (and keeps its momentum).
   bool uses_outer_step() const {
-    return mode == SyncMode::Diloco || (mode == SyncMode::Spes && outer_step);
+    return mode == SyncMode::Diloco || (mode == SyncMode::Spes && outer.on_shared);
   }
 };
 
@@ -261,10 +330,10 @@ struct Config {
   int64_t seed = 6198;
   double max_grad_norm = 1.0;
   Choice<Precision> precision = Precision::Auto;  // auto | fp32 | amp_bf16 (bf16 autocast)
-  std::string device = "auto";          // auto | cpu | cuda | cuda:N
+  DeviceSetting device;                 // auto | cpu | cuda | cuda:N
   // Recompute block activations in backward instead of keeping them (OLMo's key): none (or
   // false) | whole_layer (or true): every block | one_in_two | one_in_three | one_in_four.
-  std::string activation_checkpointing = "none";
+  ActivationCheckpointing activation_checkpointing;
   int64_t threads = 0;  // CPU threads; 0: all cores. A step with several micro-batches runs
                         // them one per thread at once (train/micro_batch_workers.h)
   int64_t eval_interval = 100;          // steps between validation evaluations (0: only at end)
@@ -292,8 +361,6 @@ struct Config {
   int64_t total_steps() const;
   int64_t grad_accum_steps() const { return global_train_batch_size / device_train_microbatch_size; }
   int64_t tokens_per_step() const { return global_train_batch_size * model.max_sequence_length; }
-  // Blocks between checkpointed ones (0: none, 1: every block, n: one in n).
-  int64_t checkpoint_every() const;
 };
 
 // Loads a YAML file (empty path: built-in defaults), applies `key=value` overrides and checks

@@ -23,7 +23,7 @@ ActivationShape activation_shape(const Config& cfg) {
   s.vocab = m.embedding_rows();
   // "auto" trains in bf16 autocast on a GPU and in fp32 on a CPU; counted as fp32 here.
   s.value_bytes = cfg.precision == Precision::AmpBf16 ? 2 : 4;
-  s.checkpoint_every = cfg.checkpoint_every();
+  s.checkpoint_every = cfg.activation_checkpointing.every();
   // fp32 on CPU uses the fused head kernel; amp_bf16 the chunked one (model/losses.h).
   if (cfg.precision == Precision::AmpBf16)
     s.logits_chunk_rows = lm_head_default_chunk_rows(s.vocab);
@@ -74,8 +74,8 @@ NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
   m.activations = activation_bytes(activation_shape(cfg));
   const SpesConfig& s = cfg.spes_config;
   if (s.mode != SyncMode::Centralized) {
-    if (s.compression != Compression::None) m.sync_state += 8 * counts.trainable;
-    if (s.overlap)  // the copy of the master weights (frozen ones in their storage dtype) + S
+    if (s.transfer.compression != Compression::None) m.sync_state += 8 * counts.trainable;
+    if (s.timing.overlap)  // the copy of the master weights (frozen ones in their storage dtype) + S
       m.sync_state += m.weights_by_dtype.at("fp32") + (frozen_bf16 ? 2 * frozen : 0) +
                       4 * counts.trainable;
   }

@@ -39,8 +39,8 @@ int64_t TransferFormula::download_merge_bytes() const {
 TransferFormula transfer_formula(const Config& cfg, int64_t node) {
   TransferFormula f;
   f.mode = cfg.spes_config.mode;
-  f.value_bytes = cfg.spes_config.transfer_dtype == TransferDtype::Bf16 ? 2 : 4;
-  f.compression = cfg.spes_config.compression;
+  f.value_bytes = cfg.spes_config.transfer.dtype == TransferDtype::Bf16 ? 2 : 4;
+  f.compression = cfg.spes_config.transfer.compression;
   const ParamCounts c = param_counts(cfg, node);
   f.shared_numel = c.shared;
   f.expert_numel = c.experts;

@@ -20,27 +20,37 @@ bool cuda_available() {
 
 int64_t cuda_device_count() { return cuda_available() ? torch::cuda::device_count() : 0; }
 
-torch::Device device_from_name(const std::string& name) {
-  if (name == "auto") return cuda_available() ? torch::kCUDA : torch::kCPU;
-  if (name == "cpu") return torch::kCPU;
-  SPES_CHECK(name.rfind("cuda", 0) == 0, "device must be auto, cpu, cuda or cuda:N, found '{}'",
-             name);
+torch::Device device_from_setting(const DeviceSetting& device) {
+  if (device.kind() == DeviceSetting::Kind::Auto)
+    return cuda_available() ? torch::kCUDA : torch::kCPU;
+  if (device.kind() == DeviceSetting::Kind::Cpu) return torch::kCPU;
+  const std::string name = device.name();
   SPES_CHECK(nvidia_driver_present(), "device '{}' requested but this machine has no NVIDIA "
              "driver (libcuda.so.1 not found): install the driver, or use device cpu", name);
   load_torch_cuda();
   SPES_CHECK(torch::cuda::is_available(),
              "device '{}' requested but this libtorch sees no CUDA GPU (CUDA_VISIBLE_DEVICES? "
              "a driver older than CUDA 13.0? or use device cpu)", name);
-  torch::Device d(name);
-  SPES_CHECK(!d.has_index() || d.index() < torch::cuda::device_count(),
+  SPES_CHECK(device.index() < torch::cuda::device_count(),
              "device '{}' requested but only {} GPU(s) are visible", name,
              torch::cuda::device_count());
-  return d;
+  return device.index() >= 0 ? torch::Device(torch::kCUDA, device.index())
+                             : torch::Device(torch::kCUDA);
+}
+
+torch::Device device_from_name(const std::string& name) {
+  DeviceSetting d;
+  try {
+    d = DeviceSetting(name);
+  } catch (const Error& e) {
+    fail("device {}", e.what());
+  }
+  return device_from_setting(d);
 }
 
 torch::Device select_device(const Config& cfg) {
   try {
-    return device_from_name(cfg.device);
+    return device_from_setting(cfg.device);
   } catch (const Error& e) {
     fail("config: {}", e.what());
   }
@@ -55,7 +65,7 @@ bool use_bf16_autocast(const Config& cfg, const torch::Device& device) {
 ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
                                const std::vector<std::vector<bool>>& trainable) {
   ModelRuntime rt;
-  rt.checkpoint_every = cfg.checkpoint_every();
+  rt.checkpoint_every = cfg.activation_checkpointing.every();
   const ModelConfig& m = cfg.model;
   const bool bf16 = use_bf16_autocast(cfg, device);
   const bool shapes_ok = m.d_model % 8 == 0 && m.ffn_hidden_size() % 8 == 0;
@@ -63,7 +73,7 @@ ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
   rt.grouped_dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
   rt.trainable_experts = trainable;
   const bool synced = cfg.spes_config.mode != SyncMode::Centralized;
-  const bool exact_fp32_weights = synced && cfg.spes_config.transfer_dtype == TransferDtype::Fp32;
+  const bool exact_fp32_weights = synced && cfg.spes_config.transfer.dtype == TransferDtype::Fp32;
   rt.frozen_dtype = bf16 && !exact_fp32_weights ? torch::kBFloat16 : torch::kFloat32;
   return rt;
 }

@@ -19,8 +19,10 @@ torch::Device select_device(const Config& cfg);
 // torch::cuda::is_available(), which only sees CUDA once it is loaded.
 bool cuda_available();
 int64_t cuda_device_count();
-// A device name as the config's `device` and the --device flags take it: auto (CUDA when
-// libtorch sees a GPU, else CPU), cpu, cuda or cuda:N.
+// The device a setting names: auto (CUDA when libtorch sees a GPU, else CPU), cpu, cuda or
+// cuda:N (checked against the GPUs this process sees).
+torch::Device device_from_setting(const DeviceSetting& device);
+// The same for a --device flag's text (refused with the allowed forms).
 torch::Device device_from_name(const std::string& name);
 // True when the config asks for (or "auto" implies) bf16 autocast on this device.
 bool use_bf16_autocast(const Config& cfg, const torch::Device& device);

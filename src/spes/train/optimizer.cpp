@@ -14,7 +14,7 @@ namespace spes {
 double lr_at_step(const Config& cfg, int64_t step) {
   const auto& s = cfg.scheduler;
   const double peak = cfg.optimizer.learning_rate;
-  if (s.name == "constant") return peak;
+  if (s.name == SchedulerName::Constant) return peak;
   const int64_t t_max = s.t_max > 0 ? s.t_max : cfg.total_steps();
   if (step < s.t_warmup) {
     const double frac = static_cast<double>(step) / static_cast<double>(s.t_warmup);

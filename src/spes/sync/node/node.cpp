@@ -87,7 +87,7 @@ void SyncNode::rejoin(double limit_s) {
     } catch (const SyncError& e) {
       if (!retryable(e.code()) || since(start) + backoff > limit_s) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
-      backoff = std::min(trainer_->config().spes_config.retry_backoff_max_s, backoff * 2);
+      backoff = std::min(trainer_->config().spes_config.transport.retry_backoff_max_s, backoff * 2);
     }
   }
 }
@@ -99,15 +99,15 @@ void SyncNode::on_start(Trainer& t) {
   const ParamRegistry& reg = t.registry();
   SPES_CHECK(cfg.spes_config.mode != SyncMode::Centralized, "spes node: spes_config.mode is "
              "centralized; set it to spes, fedavg or diloco (the server uses the same config)");
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer.dtype);
   NodeId id{reg.node_id(), random_incarnation(), opts_.auth_token};
   ClientTls tls;
-  tls.root_pem = read_pem(cfg.spes_config.tls_ca, "tls_ca");
-  tls.cert_pem = read_pem(cfg.spes_config.tls_client_cert, "tls_client_cert");
-  tls.key_pem = read_pem(cfg.spes_config.tls_client_key, "tls_client_key");
+  tls.root_pem = read_pem(cfg.spes_config.transport.tls_ca, "tls_ca");
+  tls.cert_pem = read_pem(cfg.spes_config.transport.tls_client_cert, "tls_client_cert");
+  tls.key_pem = read_pem(cfg.spes_config.transport.tls_client_key, "tls_client_key");
   tls.insecure = opts_.insecure;
   client_ = std::make_unique<SyncClient>(opts_.server, id, tls);
-  client_->set_chunk_coding(cfg.spes_config.codes_chunks());
+  client_->set_chunk_coding(cfg.spes_config.transfer.codes_chunks());
   if (opts_.faults.any()) {
     faults_ = std::make_unique<NodeFaultInjection>(opts_.faults, id.node_id);
     client_->set_upload_filter(faults_->upload_filter());
@@ -126,7 +126,7 @@ void SyncNode::on_start(Trainer& t) {
   // Keep the checkpoint's weights only when they continue the latest published round;
   // otherwise take the published model and its step (a fresh node, or others moved on).
   const int64_t step = t.state().step;
-  delta_ = std::make_unique<DeltaUpload>(cfg.spes_config.compression);
+  delta_ = std::make_unique<DeltaUpload>(cfg.spes_config.transfer.compression);
   const bool continues = t.state().sync_round == jr.published_round &&
                          RoundClock(cfg).between_syncs(step, jr.published_step);
   // A compressed upload is a delta from the published model, which a checkpoint taken inside
@@ -136,7 +136,7 @@ void SyncNode::on_start(Trainer& t) {
     spdlog::warn("node {}: its checkpoint at step {} continues round {}, but with "
                  "spes_config.compression {} it needs the published model as the base of its "
                  "next delta: taking it (the steps since the round are lost)", id.node_id, step,
-                 jr.published_round, cfg.spes_config.compression);
+                 jr.published_round, cfg.spes_config.transfer.compression);
   uint64_t down = 0;
   std::string sha;
   if (keep) {
@@ -151,7 +151,7 @@ void SyncNode::on_start(Trainer& t) {
     sha = reg.weights_sha256();
     if (sha != jr.model_sha256) {
       Download d(reg, jr.published_round, Selection::All, wire);
-      down = call("initial download", cfg.spes_config.retry_max_s, [&] {
+      down = call("initial download", cfg.spes_config.transport.retry_max_s, [&] {
         return d.attempt(*client_);
       });
       sha = reg.weights_sha256();
@@ -186,7 +186,7 @@ void SyncNode::on_start(Trainer& t) {
                   {"frozen_numel", reg.frozen_numel()},
                   {"grad_numel", grad_numel},
                   {"optimizer_state_bytes", t.optimizer().state_bytes()},
-                  {"compression", cfg.spes_config.compression.name()},
+                  {"compression", cfg.spes_config.transfer.compression.name()},
                   {"upload_data_bytes", delta_->enabled()
                                             ? delta_->upload_data_bytes(reg)
                                             : node_upload_writer(reg, probe, wire).data_bytes()}};
@@ -228,7 +228,7 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
     join_record_ = nullptr;
   }
   if (inflight_ && (step >= inflight_->deadline() ||
-                    (t.config().spes_config.overlap_delay_steps == 0 && inflight_->ready())))
+                    (t.config().spes_config.timing.overlap_delay_steps == 0 && inflight_->ready())))
     out["sync"] = settle_round(t, step);
   // (A catch-up while settling may have moved the node to another step.)
   if (RoundClock(t.config()).is_sync_step(step) && t.state().step == step) {
@@ -268,10 +268,10 @@ std::string SyncNode::begin_round(Trainer& t, int64_t* tokens) {
 
 int64_t SyncNode::overlap_deadline(const Trainer& t, int64_t step) const {
   const SpesConfig& sc = t.config().spes_config;
-  if (!sc.overlap) return step;
+  if (!sc.timing.overlap) return step;
   // At the latest just before the next sync step (whose upload starts from the published
   // model), and at the run's last step.
-  const int64_t delay = sc.overlap_delay_steps > 0 ? sc.overlap_delay_steps : sc.sync_steps - 1;
+  const int64_t delay = sc.timing.overlap_delay_steps > 0 ? sc.timing.overlap_delay_steps : sc.sync_steps - 1;
   return std::min(step + delay, t.config().total_steps());
 }
 

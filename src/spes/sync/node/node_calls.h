@@ -32,7 +32,7 @@ template <class F>
 auto SyncNode::call(const char* what, double limit_s, F&& f) -> decltype(f()) {
   const auto start = node_detail::Clock::now();
   double backoff = 0.2;
-  const double max_backoff = trainer_->config().spes_config.retry_backoff_max_s;
+  const double max_backoff = trainer_->config().spes_config.transport.retry_backoff_max_s;
   int rejoins = 0;
   for (int attempt = 1;; ++attempt) {
     if (stopping_) fail("node {}: {}: the node is stopping", client_->id().node_id, what);

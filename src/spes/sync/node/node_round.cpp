@@ -25,9 +25,9 @@ using node_detail::since;
 nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
   const Config& cfg = t.config();
   const ParamRegistry& reg = t.registry();
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer.dtype);
   const int64_t node = reg.node_id();
-  const double retry = cfg.spes_config.retry_max_s;
+  const double retry = cfg.spes_config.transport.retry_max_s;
   const auto t0 = Clock::now();
   spdlog::warn("node {}: {}; taking the published model", node, why);
   for (int tries = 0;; ++tries) {
@@ -41,7 +41,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
       // The server answers at once when it holds no upload of ours (e.g. it restarted): this
       // node has none to give for this round, so poll gently.
       if (since(tc) < 1.0) std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (since(tw) > std::max(600.0, 2 * cfg.spes_config.round_timeout))
+      if (since(tw) > std::max(600.0, 2 * cfg.spes_config.timing.round_timeout))
         fail("node {}: round {} was not published within {:.0f} s", node, min_round, since(tw));
     }
     const int64_t round = st.published_round;
@@ -89,9 +89,9 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
 RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_t step,
                                  int64_t tokens) {
   const Config& cfg = trainer_->config();
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer_dtype);
+  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer.dtype);
   const int64_t node = reg.node_id();
-  const double retry = cfg.spes_config.retry_max_s;
+  const double retry = cfg.spes_config.transport.retry_max_s;
   const auto t0 = Clock::now();
   auto catch_up_from = [&](std::string why) {
     return RoundExchange{nullptr, round, std::move(why)};
@@ -126,7 +126,7 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
   const auto t1 = Clock::now();
   const double limit = opts_.round_wait_s > 0
                            ? opts_.round_wait_s
-                           : std::max(600.0, 2 * cfg.spes_config.round_timeout);
+                           : std::max(600.0, 2 * cfg.spes_config.timing.round_timeout);
   RoundStatus st;
   double last_log = 0;
   for (;;) {
@@ -239,7 +239,7 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
           {"model_sha256", sha},
           {"alpha", st.alpha},
           {"tokens", meta.tokens},
-          {"compression", cfg.spes_config.compression.name()},
+          {"compression", cfg.spes_config.transfer.compression.name()},
           {"upload_s", upload_s},
           {"wait_s", wait_s},
           {"download_s", download_s},

@@ -145,7 +145,7 @@ void SyncModel::load_momentum(const NamedTensors& tensors, const std::string& or
 // ---------------------------------------------------------------------------------------------
 RoundAggregator::RoundAggregator(SyncModel& model)
     : model_(model), schedule_(MergeSchedule::from_config(model.config())),
-      statistic_(model.config().spes_config.aggregation) {}
+      statistic_(model.config().spes_config.bounds.aggregation) {}
 
 void RoundAggregator::begin(int64_t round, int64_t step) {
   SPES_CHECK(!active_, "aggregator: round {} is still open", round_);
@@ -287,8 +287,8 @@ RoundOutcome RoundAggregator::finish() {
   const RoundPlan& plan = model_.plan();
   const auto& pub = model_.tensors();
   const bool outer = model_.config().spes_config.uses_outer_step();
-  const double lr = model_.config().spes_config.outer_lr;
-  const double mu = model_.config().spes_config.outer_momentum;
+  const double lr = model_.config().spes_config.outer.lr;
+  const double mu = model_.config().spes_config.outer.momentum;
   torch::NoGradGuard ng;
   out_.change.assign(pub.size(), 0.0);
   // Owner copies straight from the staged uploads into the published tensors (only their
@@ -337,7 +337,7 @@ RoundOutcome RoundAggregator::finish() {
   for (size_t i = 0; i < pub.size(); ++i) {
     torch::Tensor& acc = acc_[i];
     if (!held_[i].empty()) acc = robust_combine(held_[i], statistic_,
-                                                model_.config().spes_config.trim_fraction);
+                                                model_.config().spes_config.bounds.trim_fraction);
     held_[i].clear();
     if (!acc.defined()) {  // nobody uploaded it (or an owner copy read back above)
       out_.change[i] = std::sqrt(out_.change[i]);

@@ -13,11 +13,11 @@ namespace spes::sync {
 MergeSchedule MergeSchedule::from_config(const Config& cfg) {
   const auto& s = cfg.spes_config;
   MergeSchedule m;
-  m.interval = s.mode == SyncMode::Spes ? std::max<int64_t>(0, s.merge_interval) : 0;
+  m.interval = s.mode == SyncMode::Spes ? std::max<int64_t>(0, s.merging.interval) : 0;
   m.sync_steps = std::max<int64_t>(1, s.sync_steps);
-  m.decay_steps = s.merge_decay_steps;
-  m.alpha_start = s.merge_alpha_start;
-  m.topk = s.merge_topk;
+  m.decay_steps = s.merging.decay_steps;
+  m.alpha_start = s.merging.alpha_start;
+  m.topk = s.merging.topk;
   return m;
 }
 

@@ -14,8 +14,8 @@ namespace spes::sync {
 
 RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
     : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
-      wire_(wire_dtype_of(cfg.spes_config.transfer_dtype)),
-      compression_(cfg.spes_config.compression) {
+      wire_(wire_dtype_of(cfg.spes_config.transfer.dtype)),
+      compression_(cfg.spes_config.transfer.compression) {
   SPES_CHECK(mode_ != SyncMode::Centralized,
              "spes_config.mode is centralized: a sync server needs mode spes, fedavg or diloco "
              "(centralized training has nothing to synchronise)");
@@ -234,8 +234,8 @@ JoinInfo node_join_info(const Config& cfg, const ParamRegistry& registry, const 
   j.ownership_fingerprint = Ownership::from_config(cfg).fingerprint();
   j.model_config_sha256 = model_config_sha256(cfg);
   j.mode = cfg.spes_config.mode.name();
-  j.transfer_dtype = cfg.spes_config.transfer_dtype.name();
-  j.compression = cfg.spes_config.compression.name();
+  j.transfer_dtype = cfg.spes_config.transfer.dtype.name();
+  j.compression = cfg.spes_config.transfer.compression.name();
   j.num_peers = cfg.spes_config.num_peers;
   j.sync_steps = cfg.spes_config.sync_steps;
   j.step = step;

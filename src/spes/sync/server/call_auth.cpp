@@ -29,8 +29,8 @@ std::string metadata(const grpc::ServerContext& ctx, const char* key) {
 
 CallAuth::CallAuth(const Config& cfg, CallAuthOptions opts)
     : num_peers_(cfg.spes_config.num_peers), opts_(std::move(opts)) {
-  if (!cfg.spes_config.auth_tokens_file.empty())
-    tokens_ = load_node_tokens(cfg.spes_config.auth_tokens_file, num_peers_);
+  if (!cfg.spes_config.transport.auth_tokens_file.empty())
+    tokens_ = load_node_tokens(cfg.spes_config.transport.auth_tokens_file, num_peers_);
 }
 
 NodeId CallAuth::node(const grpc::ServerContext& ctx, uint64_t incarnation) const {

@@ -31,7 +31,7 @@ nlohmann::json dashboard_status(const Config& cfg, const RoundState& state, doub
                         {"mode", sc.mode.name()},
                         {"num_peers", sc.num_peers},
                         {"sync_steps", sc.sync_steps},
-                        {"transfer_dtype", sc.transfer_dtype.name()},
+                        {"transfer_dtype", sc.transfer.dtype.name()},
                         {"total_steps", cfg.total_steps()},
                         {"published_round", s.published_round},
                         {"published_step", s.published_step},

@@ -51,8 +51,8 @@ bool Membership::join(const JoinInfo& info) {
   setting("mode", info.mode, s.mode.name());
   setting("num_peers", std::to_string(info.num_peers), std::to_string(s.num_peers));
   setting("sync_steps", std::to_string(info.sync_steps), std::to_string(s.sync_steps));
-  setting("transfer_dtype", info.transfer_dtype, s.transfer_dtype.name());
-  setting("compression", info.compression, s.compression.name());
+  setting("transfer_dtype", info.transfer_dtype, s.transfer.dtype.name());
+  setting("compression", info.compression, s.transfer.compression.name());
   if (info.ownership_fingerprint != model_.ownership_fingerprint())
     sync_fail(SyncErrc::FailedPrecondition, "node {}: expert ownership map differs from the "
               "server's (fingerprint {} vs {}); both must build it from the same "
@@ -97,7 +97,7 @@ void Membership::heartbeat(int64_t node, int64_t step, const NodeMetrics& metric
 bool Membership::is_dead(size_t node) const {
   const Member& m = members_[node];
   return m.joined && !m.left && m.seen &&
-         seconds_since(m.last_seen) > cfg_.spes_config.heartbeat_timeout;
+         seconds_since(m.last_seen) > cfg_.spes_config.timing.heartbeat_timeout;
 }
 
 bool Membership::all_left() const {
@@ -120,7 +120,7 @@ uint32_t Membership::heartbeat_interval_ms() const {
   // A quarter of the timeout, and at most 5 s: heartbeats also carry the node's loss and
   // throughput for `spes status` and the dashboard.
   return static_cast<uint32_t>(
-      std::clamp(cfg_.spes_config.heartbeat_timeout * 1000 / 4, 100.0, 5000.0));
+      std::clamp(cfg_.spes_config.timing.heartbeat_timeout * 1000 / 4, 100.0, 5000.0));
 }
 
 std::vector<std::vector<LossPoint>> Membership::loss_history() const {

@@ -67,10 +67,10 @@ void OpenRound::refold(UploadStaging& uploads) {
 
 OpenRound::Close OpenRound::may_close(int64_t present, int64_t out, int64_t num_nodes,
                                       bool deadline_check) const {
-  if (present == 0 || present < std::min<int64_t>(cfg_.spes_config.min_nodes, num_nodes))
+  if (present == 0 || present < std::min<int64_t>(cfg_.spes_config.timing.min_nodes, num_nodes))
     return Close::No;
   if (present + out == num_nodes) return Close::Everyone;
-  if (deadline_check && started_ && seconds_since(start_) >= cfg_.spes_config.round_timeout)
+  if (deadline_check && started_ && seconds_since(start_) >= cfg_.spes_config.timing.round_timeout)
     return Close::Deadline;
   return Close::No;
 }

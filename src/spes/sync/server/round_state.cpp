@@ -68,14 +68,14 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts)
   spdlog::info("sync server: mode {}, {} nodes, sync every {} steps, transfer {}, model {} "
                "({:.2f}M parameters), {} round {} sha256 {}; deadline {} s, quorum {}, {}",
                cfg_.spes_config.mode, members_.size(), cfg_.spes_config.sync_steps,
-               cfg_.spes_config.transfer_dtype, model_->model_fingerprint(), [&] {
+               cfg_.spes_config.transfer.dtype, model_->model_fingerprint(), [&] {
                  int64_t n = 0;
                  for (const auto& t : model_->tensors()) n += t.numel();
                  return n / 1e6;
                }(), resumed ? "resumed at" : "initial", published_.round,
-               published_.sha256.substr(0, 16), cfg_.spes_config.round_timeout,
-               cfg_.spes_config.min_nodes,
-               cfg_.spes_config.auth_tokens_file.empty() ? "no node tokens (loopback only)"
+               published_.sha256.substr(0, 16), cfg_.spes_config.timing.round_timeout,
+               cfg_.spes_config.timing.min_nodes,
+               cfg_.spes_config.transport.auth_tokens_file.empty() ? "no node tokens (loopback only)"
                                                          : "node tokens required");
 }
 

@@ -275,14 +275,14 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
   const auto& sc = cfg.spes_config;
   // Secure by default: without node tokens anyone who reaches the port could upload as any
   // node, so only loopback is allowed.
-  SPES_CHECK(!sc.auth_tokens_file.empty() || is_loopback_host(listen),
+  SPES_CHECK(!sc.transport.auth_tokens_file.empty() || is_loopback_host(listen),
              "refusing to listen on '{}' without node tokens: anyone reaching the port could "
              "upload as any node. Write a YAML map of node id -> secret (e.g. `0: $(openssl "
              "rand -hex 16)`), set spes_config.auth_tokens_file to it, and give each node its "
              "token with --token-file or SPES_NODE_TOKEN (TLS: spes_config.tls_cert/tls_key)",
              listen);
   const bool loopback = is_loopback_host(listen);
-  if (!loopback && sc.tls_cert.empty()) {
+  if (!loopback && sc.transport.tls_cert.empty()) {
     SPES_CHECK(impl_->opts.insecure, "refusing to listen on '{}' without TLS: node tokens, "
                "uploads and the published model (and its digest) would cross the network in "
                "cleartext, so a listener could act as a node and a man in the middle could "
@@ -292,7 +292,7 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
                  "the node tokens and act as a node, and can alter downloads and their "
                  "digests; use spes_config.tls_cert/tls_key", listen);
   }
-  SPES_CHECK(!impl_->opts.bind_client_certs || !sc.tls_client_ca.empty(), "--bind-client-certs "
+  SPES_CHECK(!impl_->opts.bind_client_certs || !sc.transport.tls_client_ca.empty(), "--bind-client-certs "
              "needs client certificates: set spes_config.tls_client_ca (and tls_cert/tls_key)");
   CallAuthOptions ao;
   ao.loopback_only = loopback;
@@ -307,29 +307,29 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
   impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
   // The status page (spes_config.dashboard_port, -1: off) starts before the sync port is
   // bound, so that a dashboard port in use stops the server before any node can join.
-  if (sc.dashboard_port >= 0) {
+  if (sc.dashboard.port >= 0) {
     const auto started = std::chrono::steady_clock::now();
     Impl* impl = impl_.get();
     impl_->dashboard = std::make_unique<dashboard::DashboardServer>(
-        sc.dashboard_host, static_cast<int>(sc.dashboard_port), [impl, started] {
+        sc.dashboard.host, static_cast<int>(sc.dashboard.port), [impl, started] {
           const double up =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
           return dashboard_status(impl->cfg, *impl->state, up);
-        }, dashboard_access(sc.dashboard_host, *impl_->auth));
+        }, dashboard_access(sc.dashboard.host, *impl_->auth));
   }
   impl_->service = std::make_unique<SyncService>(*impl_->state, *impl_->auth, *impl_->limits,
                                                  impl_->long_polls);
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
-  if (!sc.tls_cert.empty()) {
+  if (!sc.transport.tls_cert.empty()) {
     grpc::SslServerCredentialsOptions ssl(
-        sc.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+        sc.transport.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                  : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ssl.pem_root_certs = read_pem(sc.tls_client_ca, "tls_client_ca");
+    ssl.pem_root_certs = read_pem(sc.transport.tls_client_ca, "tls_client_ca");
     ssl.pem_key_cert_pairs.push_back(
-        {read_pem(sc.tls_key, "tls_key"), read_pem(sc.tls_cert, "tls_cert")});
+        {read_pem(sc.transport.tls_key, "tls_key"), read_pem(sc.transport.tls_cert, "tls_cert")});
     creds = grpc::SslServerCredentials(ssl);
   }
-  if (sc.auth_tokens_file.empty())
+  if (sc.transport.auth_tokens_file.empty())
     spdlog::warn("sync server: no spes_config.auth_tokens_file: any local process may act as a "
                  "node; listening on loopback only");
   grpc::ServerBuilder b;

@@ -44,27 +44,27 @@ void UpdateBounds::check_upload(int64_t node, const std::vector<double>& diff_sq
   for (size_t t : plan_.upload_of(node)) {
     const double d = std::sqrt(diff_sq[t]);
     const std::string& name = plan_.tensors()[t].name;
-    if (sc.max_tensor_update_ratio > 0 && d > sc.max_tensor_update_ratio * base(t, now))
+    if (sc.bounds.max_tensor_update_ratio > 0 && d > sc.bounds.max_tensor_update_ratio * base(t, now))
       sync_fail(SyncErrc::InvalidArgument, "{}: it moves tensor '{}' by {:.4g}, {:.4g} x the "
                 "tensor's norm {:.4g}, above spes_config.max_tensor_update_ratio={}; the upload "
                 "is rejected", origin, name, d, d / base(t, now), now[t],
-                sc.max_tensor_update_ratio);
-    if (sc.max_drift_ratio <= 0) continue;
+                sc.bounds.max_tensor_update_ratio);
+    if (sc.bounds.max_drift_ratio <= 0) continue;
     double path = d;
     for (const auto& c : changes_) path += c[t];
-    if (path > sc.max_drift_ratio * base(t, start))
+    if (path > sc.bounds.max_drift_ratio * base(t, start))
       sync_fail(SyncErrc::InvalidArgument, "{}: over the last {} rounds tensor '{}' would move "
                 "along a path of {:.4g}, {:.4g} x its norm {:.4g} at the window's start, above "
                 "spes_config.max_drift_ratio={} (window spes_config.drift_window_rounds={}); "
                 "the upload is rejected", origin, changes_.size() + 1, name, path,
-                path / base(t, start), start[t], sc.max_drift_ratio, sc.drift_window_rounds);
+                path / base(t, start), start[t], sc.bounds.max_drift_ratio, sc.bounds.drift_window_rounds);
   }
 }
 
 std::vector<UpdateBounds::Outlier> UpdateBounds::outliers(
     const std::vector<std::pair<int64_t, const std::vector<double>*>>& uploads) const {
   std::vector<Outlier> out;
-  const double k = cfg_.spes_config.outlier_factor;
+  const double k = cfg_.spes_config.bounds.outlier_factor;
   if (k <= 0 || uploads.size() < 2) return out;
   const std::vector<double>& now = norms_.back();
   for (const auto& [node, diff] : uploads) {
@@ -107,7 +107,7 @@ nlohmann::json UpdateBounds::to_json() const {
 
 bool UpdateBounds::restore(const nlohmann::json& j) {
   const size_t T = plan_.tensors().size();
-  const size_t W = static_cast<size_t>(cfg_.spes_config.drift_window_rounds);
+  const size_t W = static_cast<size_t>(cfg_.spes_config.bounds.drift_window_rounds);
   auto rows = [&](const char* key, size_t max_rows, std::deque<std::vector<double>>* out) {
     if (!j.is_object() || !j.contains(key) || !j[key].is_array() || j[key].size() > max_rows)
       return false;
@@ -137,7 +137,7 @@ bool UpdateBounds::restore(const nlohmann::json& j) {
 
 void UpdateBounds::published(const std::vector<double>& change,
                              const std::vector<torch::Tensor>& pub) {
-  const size_t W = static_cast<size_t>(cfg_.spes_config.drift_window_rounds);
+  const size_t W = static_cast<size_t>(cfg_.spes_config.bounds.drift_window_rounds);
   changes_.push_back(change);
   norms_.push_back(norms_of(pub));
   while (norms_.size() > W) norms_.pop_front();

@@ -378,7 +378,7 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   }
   try {
     s.reader->finish();
-    const double limit = cfg_.spes_config.max_update_norm_ratio;
+    const double limit = cfg_.spes_config.bounds.max_update_norm_ratio;
     // ||published||^2 over the tensors of this upload (all of its set: the header was checked
     // against the plan and the reader found every one complete), from the norms the update
     // bounds keep of the published model.
