@@ -10,6 +10,7 @@
 #include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/node_ranks.h"
+#include "cli/node_round_hooks.h"
 #include "spes/io/config.h"
 #include "spes/sync/node/node.h"
 #include "spes/sync/wire/auth.h"
@@ -41,7 +42,7 @@ void run_node(const NodeArgs& a) {
     no.connect_timeout_s = a.connect_timeout;
     no.auth_token = spes::sync::node_token(a.token_file);
     no.insecure = a.insecure;
-    no.faults = spes::sync::node_faults_from_env();
+    no.hooks = spes::cli::node_round_hooks(id);
     node = std::make_unique<spes::sync::SyncNode>(no);
   }
   std::unique_ptr<spes::Rank0Observer> ranks;

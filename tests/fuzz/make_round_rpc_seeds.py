@@ -40,6 +40,11 @@ def node(i, incarnation=None):
     return bytes_field(1, int_field(1, i) + int_field(2, inc))
 
 
+def setting(key, value):
+    """One entry of JoinRequest.settings (field 12, a map<string, string>)."""
+    return bytes_field(12, bytes_field(1, key) + bytes_field(2, value))
+
+
 def record(op, caller, payload=b""):
     return bytes([op, caller]) + struct.pack("<H", len(payload)) + payload
 
@@ -71,8 +76,10 @@ SEEDS = {
     + record(HONEST_UPLOAD, 2, struct.pack("<IB", 300, 0x40) + struct.pack("<IB", 900, 0x7F))
     + honest_round(1),
     "garbage_join_leave_heartbeat": record(
-        JOIN, 1, node(1, 5) + int_field(2, 2) + bytes_field(3, b"\xff\xfe fingerprint")
-        + bytes_field(6, "spes") + int_field(7, 4) + int_field(8, 10))
+        JOIN, 1, node(1, 5) + int_field(2, 6)
+        + setting("model", b"\xff\xfe fingerprint") + setting("spes_config.mode", "spes")
+        + setting("spes_config.num_peers", "4") + setting("spes_config.sync_steps", "10")
+        + setting("\xc3\x28 unknown", "x" * 300))
     + record(LEAVE, 3, node(3) + int_field(2, -5) + bytes_field(3, b"bye \xc3\x28 \xff" * 20))
     + record(HEARTBEAT, 0, node(0) + int_field(2, 1 << 62) + double_field(3, float("nan")))
     + record(JOIN, 1)

@@ -213,5 +213,5 @@ TEST(CompressedRound, ConfigAndJoinRefuseMismatches) {
   RoundState st(tiny_config({"spes_config.compression=int8"}), ServeOptions{dir.path});
   FakeNode plain(tiny_config(), 0, 1);
   const std::string join = error_of([&] { st.join(plain.join_info()); });
-  EXPECT_THAT(join, HasSubstr("spes_config.compression=none but the server has int8"));
+  EXPECT_THAT(join, HasSubstr("spes_config.compression=none on the node, int8 on the server"));
 }

@@ -191,7 +191,7 @@ TEST(RoundState, JoinChecksFingerprintsAndSettings) {
   EXPECT_THAT(error_of([&] { st.join(other_sync.join_info()); }), HasSubstr("sync_steps=5"));
   FakeNode other_model(tiny_config({"model.mlp_hidden_size=16"}), 0, 1);
   EXPECT_THAT(error_of([&] { st.join(other_model.join_info()); }),
-              HasSubstr("model differs from the server's"));
+              HasSubstr("model (tensor names, shapes, roles and dtypes) differs from the server's"));
   FakeNode other_topk(tiny_config({"model.moe_top_k=1"}), 0, 1);
   EXPECT_THAT(error_of([&] { st.join(other_topk.join_info()); }),
               HasSubstr("model section of its config differs"));

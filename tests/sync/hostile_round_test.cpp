@@ -483,9 +483,11 @@ TEST(HostileRound, RandomHostileCallsNeverStopTheServer) {
       } else if (op == 4) {
         JoinInfo j = h.join_info();
         j.node = hostile_id();
-        if (rng() % 2) j.model_fingerprint = random_bytes(rng() % 300);
+        if (rng() % 2) j.settings["model"] = random_bytes(rng() % 300);
         if (rng() % 2) j.protocol_version = static_cast<uint32_t>(rng());
-        if (rng() % 2) j.mode = random_bytes(8);
+        if (rng() % 2) j.settings["spes_config.mode"] = random_bytes(8);
+        if (rng() % 4 == 0) j.settings.erase("ownership");
+        if (rng() % 4 == 0) j.settings[random_bytes(rng() % 40)] = random_bytes(rng() % 40);
         st.join(j);
       } else {
         NodeId stranger = h.id;

@@ -34,7 +34,7 @@ const char* kRouter = "model.layers.0.mlp.gate.weight";
 TEST(MergeSchedule, FirstSyncAtOrAfterEachMultipleOfTheInterval) {
   MergeSchedule s;
   s.interval = 25;
-  s.sync_steps = 10;
+  s.clock = RoundClock(10);
   s.alpha_start = 0.5;
   s.decay_steps = 100;
   s.topk = 2;

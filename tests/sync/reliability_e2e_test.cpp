@@ -1,7 +1,7 @@
 // Faults with real processes over loopback (`spes serve` and `spes node` started and killed
 // like in production): a node killed with SIGKILL while a round is open and restarted from its
 // checkpoint; the server killed with SIGKILL while a round is open and restarted on the same
-// DIR; and one run with misbehaving nodes (SPES_SYNC_FAULTS, see src/spes/sync/node/faults.h): a
+// DIR; and one run with misbehaving nodes (SPES_SYNC_FAULTS, see tests/fault_node/node_faults.h): a
 // corrupt chunk, a NaN upload, an upload of another node's expert, an update far above
 // max_update_norm_ratio, a straggler past the deadline, a replay of an old round, plus a node
 // with the wrong token, an oversized gRPC message and `spes status`; an upload stream that
@@ -58,11 +58,15 @@ std::string write_config(const std::string& dir, int nodes, const std::string& e
   return path;
 }
 
+// A node process: `spes node`, or the test-only build with fault injection when `env` sets
+// SPES_SYNC_FAULTS (tests/fault_node/node_faults.h; `spes` itself has none).
 std::unique_ptr<Proc> start_node(const std::string& cfg, int id, const std::string& address,
                                  const std::string& out,
                                  std::vector<std::pair<std::string, std::string>> env = {}) {
+  const bool faults = std::any_of(env.begin(), env.end(),
+                                  [](const auto& kv) { return kv.first == "SPES_SYNC_FAULTS"; });
   return std::make_unique<Proc>("node " + std::to_string(id), std::vector<std::string>{
-      SPES_BINARY, "node", "--config", cfg, "--node-id", std::to_string(id), "--server", address,
+      faults ? SPES_FAULT_NODE_BINARY : SPES_BINARY, "node", "--config", cfg, "--node-id", std::to_string(id), "--server", address,
       "--out", out, "--progress", "none", "--set", "seed=" + std::to_string(10 + id)}, env);
 }
 

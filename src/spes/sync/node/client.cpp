@@ -133,14 +133,7 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   pb::JoinRequest req;
   fill(req.mutable_node(), info.node);
   req.set_protocol_version(info.protocol_version);
-  req.set_model_fingerprint(info.model_fingerprint);
-  req.set_ownership_fingerprint(info.ownership_fingerprint);
-  req.set_model_config_sha256(info.model_config_sha256);
-  req.set_mode(info.mode);
-  req.set_num_peers(info.num_peers);
-  req.set_sync_steps(info.sync_steps);
-  req.set_transfer_dtype(info.transfer_dtype);
-  req.set_compression(info.compression);
+  req.mutable_settings()->insert(info.settings.begin(), info.settings.end());
   req.set_step(info.step);
   pb::JoinReply rep;
   grpc::ClientContext ctx;

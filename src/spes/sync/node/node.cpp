@@ -95,128 +95,163 @@ void SyncNode::rejoin(double limit_s) {
 void SyncNode::on_start(Trainer& t) {
   trainer_ = &t;
   step_ = t.state().step;
-  const Config& cfg = t.config();
-  const ParamRegistry& reg = t.registry();
-  SPES_CHECK(cfg.spes_config.mode != SyncMode::Centralized, "spes node: spes_config.mode is "
-             "centralized; set it to spes, fedavg or diloco (the server uses the same config)");
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer.dtype);
-  NodeId id{reg.node_id(), random_incarnation(), opts_.auth_token};
+  SPES_CHECK(t.config().spes_config.mode != SyncMode::Centralized, "spes node: "
+             "spes_config.mode is centralized; set it to spes, fedavg or diloco (the server uses "
+             "the same config)");
+  const auto t0 = Clock::now();
+  connect(t);
+  const JoinResult jr = join_server();
+  heartbeat_ms_ = jr.heartbeat_interval_ms;
+  delta_ = std::make_unique<DeltaUpload>(t.config().spes_config.transfer.compression);
+  const bool keep = keeps_checkpoint(t, jr);
+  const HeldModel held = keep ? keep_checkpoint(t, jr) : take_published_model(t, jr);
+  mark_synced(t, /*reset_residual=*/true);
+  join_record_ = join_record(t, jr, keep, held, since(t0));
+  spdlog::info("node {}: joined at round {} (step {}), loaded {} ({}), model sha256 {}",
+               client_->id().node_id, jr.published_round, t.state().step,
+               human_bytes(held.bytes_down),
+               wire_dtype_name(wire_dtype_of(t.config().spes_config.transfer.dtype)),
+               held.sha256.substr(0, 16));
+  start_heartbeats();
+}
+
+void SyncNode::connect(Trainer& t) {
+  const SyncTransport& tr = t.config().spes_config.transport;
+  NodeId id{t.registry().node_id(), random_incarnation(), opts_.auth_token};
   ClientTls tls;
-  tls.root_pem = read_pem(cfg.spes_config.transport.tls_ca, "tls_ca");
-  tls.cert_pem = read_pem(cfg.spes_config.transport.tls_client_cert, "tls_client_cert");
-  tls.key_pem = read_pem(cfg.spes_config.transport.tls_client_key, "tls_client_key");
+  tls.root_pem = read_pem(tr.tls_ca, "tls_ca");
+  tls.cert_pem = read_pem(tr.tls_client_cert, "tls_client_cert");
+  tls.key_pem = read_pem(tr.tls_client_key, "tls_client_key");
   tls.insecure = opts_.insecure;
   client_ = std::make_unique<SyncClient>(opts_.server, id, tls);
-  client_->set_chunk_coding(cfg.spes_config.transfer.codes_chunks());
-  if (opts_.faults.any()) {
-    faults_ = std::make_unique<NodeFaultInjection>(opts_.faults, id.node_id);
-    client_->set_upload_filter(faults_->upload_filter());
-  }
-  const auto t0 = Clock::now();
+  client_->set_chunk_coding(t.config().spes_config.transfer.codes_chunks());
+  if (opts_.hooks) client_->set_upload_filter(opts_.hooks->upload_filter());
+}
+
+JoinResult SyncNode::join_server() {
+  const NodeId& id = client_->id();
   spdlog::info("node {}: joining sync server {} (incarnation {:x})", id.node_id, opts_.server,
                id.incarnation);
-  const JoinResult jr = call("join", opts_.connect_timeout_s, [&] {
+  return call("join", opts_.connect_timeout_s, [&] {
     if (!client_->wait_connected(std::min(5.0, opts_.connect_timeout_s)))
       sync_fail(SyncErrc::Unavailable, "cannot connect to sync server {} within {:.0f} s (is "
                 "`spes serve` running there? --connect-timeout sets how long to keep trying)",
                 opts_.server, opts_.connect_timeout_s);
     return join_once();
   });
-  heartbeat_ms_ = jr.heartbeat_interval_ms;
+}
+
+bool SyncNode::keeps_checkpoint(Trainer& t, const JoinResult& jr) const {
   // Keep the checkpoint's weights only when they continue the latest published round;
   // otherwise take the published model and its step (a fresh node, or others moved on).
-  const int64_t step = t.state().step;
-  delta_ = std::make_unique<DeltaUpload>(cfg.spes_config.transfer.compression);
   const bool continues = t.state().sync_round == jr.published_round &&
-                         RoundClock(cfg).between_syncs(step, jr.published_step);
+                         RoundClock(t.config()).between_syncs(t.state().step, jr.published_step);
+  if (!continues || !delta_->enabled()) return continues;
   // A compressed upload is a delta from the published model, which a checkpoint taken inside
   // a round no longer holds: such a node takes the published model again.
-  const bool keep = continues && !delta_->enabled();
-  if (continues && !keep)
-    spdlog::warn("node {}: its checkpoint at step {} continues round {}, but with "
-                 "spes_config.compression {} it needs the published model as the base of its "
-                 "next delta: taking it (the steps since the round are lost)", id.node_id, step,
-                 jr.published_round, cfg.spes_config.transfer.compression);
-  uint64_t down = 0;
-  std::string sha;
-  if (keep) {
-    sha = reg.weights_sha256();
-    spdlog::info("node {}: continuing from its checkpoint at step {} (after round {})",
-                 id.node_id, step, jr.published_round);
-  } else {
-    // A node that already holds the published model bit for bit needs no download: a fresh
-    // node built from the server's config and seed at round 0 (or from the same
-    // model.init_checkpoint), or one restarted on exactly that model. The digest is the check
-    // a download ends with; on a slow link this saves a whole model (docs/PROTOCOL.md, Node).
-    sha = reg.weights_sha256();
-    if (sha != jr.model_sha256) {
-      Download d(reg, jr.published_round, Selection::All, wire);
-      down = call("initial download", cfg.spes_config.transport.retry_max_s, [&] {
-        return d.attempt(*client_);
-      });
-      sha = reg.weights_sha256();
-      SPES_CHECK(sha == jr.model_sha256, "node {}: after loading round {} its weights hash to "
-                 "{} but the server published {}", id.node_id, jr.published_round, sha,
-                 jr.model_sha256);
-    }
-    if (step != jr.published_step)
-      spdlog::warn("node {}: its checkpoint is at step {} (round {}); the others published "
-                   "round {} (step {}): taking that model and joining from there", id.node_id,
-                   step, t.state().sync_round, jr.published_round, jr.published_step);
-    t.state().step = jr.published_step;
-    t.state().sync_round = jr.published_round;
-    held_round_ = jr.published_round;
+  spdlog::warn("node {}: its checkpoint at step {} continues round {}, but with "
+               "spes_config.compression {} it needs the published model as the base of its "
+               "next delta: taking it (the steps since the round are lost)",
+               client_->id().node_id, t.state().step, jr.published_round,
+               t.config().spes_config.transfer.compression);
+  return false;
+}
+
+SyncNode::HeldModel SyncNode::keep_checkpoint(Trainer& t, const JoinResult& jr) const {
+  spdlog::info("node {}: continuing from its checkpoint at step {} (after round {})",
+               client_->id().node_id, t.state().step, jr.published_round);
+  return {0, t.registry().weights_sha256()};
+}
+
+SyncNode::HeldModel SyncNode::take_published_model(Trainer& t, const JoinResult& jr) {
+  const ParamRegistry& reg = t.registry();
+  const int64_t node = client_->id().node_id;
+  HeldModel held{0, reg.weights_sha256()};
+  // A node that already holds the published model bit for bit needs no download: a fresh node
+  // built from the server's config and seed at round 0 (or from the same
+  // model.init_checkpoint), or one restarted on exactly that model. The digest is the check a
+  // download ends with; on a slow link this saves a whole model (docs/PROTOCOL.md, Node).
+  if (held.sha256 != jr.model_sha256) {
+    Download d(reg, jr.published_round, Selection::All,
+               wire_dtype_of(t.config().spes_config.transfer.dtype));
+    held.bytes_down = call("initial download", t.config().spes_config.transport.retry_max_s,
+                           [&] { return d.attempt(*client_); });
+    held.sha256 = reg.weights_sha256();
+    SPES_CHECK(held.sha256 == jr.model_sha256, "node {}: after loading round {} its weights hash "
+               "to {} but the server published {}", node, jr.published_round, held.sha256,
+               jr.model_sha256);
   }
+  if (t.state().step != jr.published_step)
+    spdlog::warn("node {}: its checkpoint is at step {} (round {}); the others published "
+                 "round {} (step {}): taking that model and joining from there", node,
+                 t.state().step, t.state().sync_round, jr.published_round, jr.published_step);
+  t.state().step = jr.published_step;
+  t.state().sync_round = jr.published_round;
+  held_round_ = jr.published_round;
+  return held;
+}
+
+void SyncNode::mark_synced(Trainer& t, bool reset_residual) {
   step_ = t.state().step;
-  frozen_sha_ = frozen_weights_sha256(reg);
+  frozen_sha_ = frozen_weights_sha256(t.registry());
   tokens_at_sync_ = t.state().tokens;
-  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/true);
+  if (delta_->enabled()) delta_->set_base(t.registry(), reset_residual);
+}
+
+nlohmann::json SyncNode::join_record(Trainer& t, const JoinResult& jr, bool kept,
+                                     const HeldModel& held, double seconds) const {
+  const ParamRegistry& reg = t.registry();
   int64_t grad_numel = 0;
   for (const auto& e : reg.entries())
     if (e.tensor.requires_grad()) grad_numel += e.tensor.numel();
-  const UploadMeta probe{id.node_id, 0, 0, 0, id.incarnation, reg.fingerprint()};
-  join_record_ = {{"round", jr.published_round},
-                  {"step", t.state().step},
-                  {"resumed_from_checkpoint", keep},
-                  {"model_sha256", sha},
-                  {"frozen_sha256", frozen_sha_},
-                  {"bytes_down", down},
-                  {"seconds", since(t0)},
-                  {"trainable_numel", reg.trainable_numel()},
-                  {"frozen_numel", reg.frozen_numel()},
-                  {"grad_numel", grad_numel},
-                  {"optimizer_state_bytes", t.optimizer().state_bytes()},
-                  {"compression", cfg.spes_config.transfer.compression.name()},
-                  {"upload_data_bytes", delta_->enabled()
-                                            ? delta_->upload_data_bytes(reg)
-                                            : node_upload_writer(reg, probe, wire).data_bytes()}};
-  spdlog::info("node {}: joined at round {} (step {}), loaded {} ({}), model sha256 {}",
-               id.node_id, jr.published_round, t.state().step, human_bytes(down),
-               wire_dtype_name(wire), sha.substr(0, 16));
+  const UploadMeta probe{reg.node_id(), 0, 0, 0, client_->id().incarnation, reg.fingerprint()};
+  const WireDtype wire = wire_dtype_of(t.config().spes_config.transfer.dtype);
+  return {{"round", jr.published_round},
+          {"step", t.state().step},
+          {"resumed_from_checkpoint", kept},
+          {"model_sha256", held.sha256},
+          {"frozen_sha256", frozen_sha_},
+          {"bytes_down", held.bytes_down},
+          {"seconds", seconds},
+          {"trainable_numel", reg.trainable_numel()},
+          {"frozen_numel", reg.frozen_numel()},
+          {"grad_numel", grad_numel},
+          {"optimizer_state_bytes", t.optimizer().state_bytes()},
+          {"compression", t.config().spes_config.transfer.compression.name()},
+          {"upload_data_bytes", delta_->enabled()
+                                    ? delta_->upload_data_bytes(reg)
+                                    : node_upload_writer(reg, probe, wire).data_bytes()}};
+}
+
+void SyncNode::start_heartbeats() {
   // Heartbeats between syncs, so that the server can tell a slow node from a dead one.
-  if (heartbeat_ms_ > 0)
-    heartbeat_ = std::thread([this] {
-      std::unique_lock<std::mutex> lk(hb_mu_);
-      while (!hb_cv_.wait_for(lk, std::chrono::milliseconds(heartbeat_ms_),
-                              [&] { return hb_stop_; })) {
-        lk.unlock();
-        NodeMetrics m;
-        {
-          std::lock_guard<std::mutex> ml(metrics_mu_);
-          m = metrics_;
-          metrics_.losses.clear();
-        }
-        try {
-          client_->heartbeat(step_.load(), m);
-        } catch (const std::exception& e) {
-          spdlog::debug("heartbeat failed: {}", e.what());
-          std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
-          metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
-          bound_losses(&metrics_.losses);
-        }
-        lk.lock();
-      }
-    });
+  if (heartbeat_ms_ == 0) return;
+  heartbeat_ = std::thread([this] {
+    std::unique_lock<std::mutex> lk(hb_mu_);
+    while (!hb_cv_.wait_for(lk, std::chrono::milliseconds(heartbeat_ms_),
+                            [&] { return hb_stop_; })) {
+      lk.unlock();
+      send_heartbeat();
+      lk.lock();
+    }
+  });
+}
+
+void SyncNode::send_heartbeat() {
+  NodeMetrics m;
+  {
+    std::lock_guard<std::mutex> ml(metrics_mu_);
+    m = metrics_;
+    metrics_.losses.clear();
+  }
+  try {
+    client_->heartbeat(step_.load(), m);
+  } catch (const std::exception& e) {
+    spdlog::debug("heartbeat failed: {}", e.what());
+    std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
+    metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
+    bound_losses(&metrics_.losses);
+  }
 }
 
 nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {

@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "spes/sync/round/delta_upload.h"
-#include "spes/sync/node/faults.h"
+#include "spes/sync/node/round_hooks.h"
 #include "spes/sync/node/round_in_flight.h"
 #include "spes/sync/wire/protocol.h"
 #include "spes/train/trainer.h"
@@ -45,7 +45,7 @@ struct NodeOptions {
                                            // spes_config.round_timeout))
   std::string auth_token;                  // this node's secret (never logged)
   bool insecure = false;                   // allow plaintext to a non-loopback server
-  NodeFaults faults;                       // test fault injection (faults.h)
+  std::shared_ptr<NodeRoundHooks> hooks;   // none in production (round_hooks.h)
 };
 
 class SyncNode : public StepObserver {
@@ -57,6 +57,26 @@ class SyncNode : public StepObserver {
   void on_finish(Trainer& t) override;
 
  private:
+  // on_start's steps: the client and its TLS; the join (retrying while the server is down);
+  // whether the checkpoint continues the latest published round; the model the node then holds
+  // (its checkpoint's, or the published one, downloaded unless it already has it); the state a
+  // round starts from; the join's record for metrics.jsonl; the heartbeat thread.
+  struct HeldModel {
+    uint64_t bytes_down = 0;
+    std::string sha256;
+  };
+  void connect(Trainer& t);
+  JoinResult join_server();
+  bool keeps_checkpoint(Trainer& t, const JoinResult& jr) const;
+  HeldModel keep_checkpoint(Trainer& t, const JoinResult& jr) const;
+  HeldModel take_published_model(Trainer& t, const JoinResult& jr);
+  // The node holds a published model now: its frozen digest, the tokens count and the base of
+  // compressed uploads start from here.
+  void mark_synced(Trainer& t, bool reset_residual);
+  nlohmann::json join_record(Trainer& t, const JoinResult& jr, bool kept,
+                             const HeldModel& held, double seconds) const;
+  void start_heartbeats();
+  void send_heartbeat();
   // A round in the foreground: the node waits for it.
   nlohmann::json sync_round(Trainer& t, int64_t step);
   // With overlap: starts the round of sync step `step` in the background.
@@ -72,6 +92,35 @@ class SyncNode : public StepObserver {
   // One round with the server on `reg` (the live registry, or the copy of a round in flight):
   // upload, wait for publication, download, digest check. Touches no trainer state.
   RoundExchange exchange(const ParamRegistry& reg, int64_t round, int64_t step, int64_t tokens);
+  // exchange()'s steps; each returns a catch-up when the round can no longer use this node.
+  struct RoundTimes {
+    double upload_s = 0, wait_s = 0, download_s = 0, seconds = 0;
+  };
+  struct RoundDownload {
+    uint64_t bytes = 0, wire_bytes = 0;
+    bool delta = false, delta_refused = false;  // applied a delta / fell back to the model
+    std::string sha256;                         // of the weights afterwards
+  };
+  RoundExchange upload_round(int64_t round, int64_t step, const SafetensorsStreamWriter& payload,
+                             UploadResult* up);
+  // Long-polls until the round is published (sending the upload again to a server that lost
+  // it); a catch-up when the server moved past it.
+  RoundExchange await_publication(int64_t round, int64_t step,
+                                  const SafetensorsStreamWriter& payload, UploadResult* up,
+                                  RoundStatus* st);
+  RoundExchange check_published_with_upload(int64_t round, const UploadResult& up,
+                                            const RoundStatus& st) const;
+  RoundExchange download_round(const ParamRegistry& reg, int64_t round, const RoundStatus& st,
+                               RoundDownload* out);
+  void log_round(int64_t node, const UploadMeta& meta, const UploadResult& up,
+                 const RoundDownload& down, const RoundStatus& st, const RoundTimes& times) const;
+  nlohmann::json round_record(const UploadMeta& meta, const UploadResult& up,
+                              const RoundDownload& down, const RoundStatus& st,
+                              const RoundTimes& times, const std::string& frozen_after) const;
+  // What the round's upload carries: the compressed delta, a hook's payload, or the trainable
+  // tensors in the wire dtype.
+  SafetensorsStreamWriter upload_payload(const ParamRegistry& reg, const UploadMeta& meta,
+                                         WireDtype wire) const;
   // Takes the latest published round (at least `min_round`) whole and moves the trainer to its
   // step. Returns the sync record.
   nlohmann::json catch_up(Trainer& t, int64_t min_round, const std::string& why);
@@ -88,7 +137,6 @@ class SyncNode : public StepObserver {
   NodeOptions opts_;
   Trainer* trainer_ = nullptr;
   std::unique_ptr<SyncClient> client_;
-  std::unique_ptr<NodeFaultInjection> faults_;  // null unless opts_.faults.any()
   std::unique_ptr<DeltaUpload> delta_;          // compressed uploads (disabled: compression none)
   int64_t held_round_ = -1;  // the published round whose model the node holds (digest checked)
   nlohmann::json join_record_;

@@ -66,9 +66,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
                                             : RoundClock(cfg).step_of(round);
     t.state().sync_round = round;
     held_round_ = round;
-    frozen_sha_ = frozen_weights_sha256(reg);
-    tokens_at_sync_ = t.state().tokens;
-    if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/true);
+    mark_synced(t, /*reset_residual=*/true);
     spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
                  round, from, t.state().step, human_bytes(static_cast<double>(down)),
                  sha.substr(0, 16));
@@ -86,167 +84,214 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
 }
 
 
+SafetensorsStreamWriter SyncNode::upload_payload(const ParamRegistry& reg,
+                                                 const UploadMeta& meta, WireDtype wire) const {
+  // With compression the payload is the quantised delta (hooks do not replace it).
+  if (delta_->enabled()) return delta_->encode(reg, meta);
+  if (opts_.hooks)
+    if (std::optional<SafetensorsStreamWriter> p = opts_.hooks->payload(reg, meta, wire))
+      return std::move(*p);
+  return node_upload_writer(reg, meta, wire);
+}
+
 RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_t step,
                                  int64_t tokens) {
-  const Config& cfg = trainer_->config();
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer.dtype);
-  const int64_t node = reg.node_id();
-  const double retry = cfg.spes_config.transport.retry_max_s;
   const auto t0 = Clock::now();
-  auto catch_up_from = [&](std::string why) {
-    return RoundExchange{nullptr, round, std::move(why)};
-  };
-
-  // 1. Upload the trainable tensors.
-  const UploadMeta meta{node, round, step, tokens, client_->id().incarnation, reg.fingerprint()};
-  // With compression the payload is the quantised delta (value faults do not apply to it).
-  const SafetensorsStreamWriter payload =
-      delta_->enabled() ? delta_->encode(reg, meta)
-      : faults_         ? faults_->payload(reg, meta, wire)
-                        : node_upload_writer(reg, meta, wire);
-  // Returns a catch-up when the round can no longer take this node's upload.
+  const WireDtype wire = wire_dtype_of(trainer_->config().spes_config.transfer.dtype);
+  const UploadMeta meta{reg.node_id(), round, step, tokens, client_->id().incarnation,
+                        reg.fingerprint()};
+  const SafetensorsStreamWriter payload = upload_payload(reg, meta, wire);
+  RoundTimes times;
   UploadResult up;
-  auto upload = [&]() -> RoundExchange {
-    try {
-      up = call("upload", retry, [&] { return client_->upload(round, step, payload); });
-    } catch (const SyncError& e) {
-      if (e.code() == SyncErrc::OutOfRange)
-        return catch_up_from(fmt::format("round {} closed without this node", round));
-      if (e.code() == SyncErrc::InvalidArgument || e.code() == SyncErrc::ResourceExhausted)
-        return catch_up_from(fmt::format("the server rejected its round {} upload: {}", round,
-                                         e.what()));
-      throw;
-    }
-    return {};
-  };
-  if (RoundExchange r = upload(); r.needs_catch_up()) return r;
-  const double upload_s = since(t0);
-
-  // 2. Long-poll until the round is published.
+  if (RoundExchange r = upload_round(round, step, payload, &up); r.needs_catch_up()) return r;
+  times.upload_s = since(t0);
   const auto t1 = Clock::now();
-  const double limit = opts_.round_wait_s > 0
-                           ? opts_.round_wait_s
-                           : std::max(600.0, 2 * cfg.spes_config.timing.round_timeout);
   RoundStatus st;
+  if (RoundExchange r = await_publication(round, step, payload, &up, &st); r.needs_catch_up())
+    return r;
+  if (RoundExchange r = check_published_with_upload(round, up, st); r.needs_catch_up()) return r;
+  if (opts_.hooks)
+    opts_.hooks->after_published(*client_, round, RoundClock(trainer_->config()), payload);
+  times.wait_s = since(t1);
+  const auto t2 = Clock::now();
+  RoundDownload down;
+  if (RoundExchange r = download_round(reg, round, st, &down); r.needs_catch_up()) return r;
+  times.download_s = since(t2);
+  SPES_CHECK(down.sha256 == st.model_sha256, "node {}: after loading round {} its weights hash "
+             "to {} but the server published {} (the node and server disagree about the model)",
+             reg.node_id(), round, down.sha256, st.model_sha256);
+  held_round_ = round;
+  const std::string frozen_after = frozen_weights_sha256(reg);
+  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
+  times.seconds = since(t0);
+  log_round(reg.node_id(), meta, up, down, st, times);
+  return {round_record(meta, up, down, st, times, frozen_after), -1, ""};
+}
+
+namespace {
+RoundExchange catch_up_from(int64_t round, std::string why) {
+  return RoundExchange{nullptr, round, std::move(why)};
+}
+}  // namespace
+
+RoundExchange SyncNode::upload_round(int64_t round, int64_t step,
+                                     const SafetensorsStreamWriter& payload, UploadResult* up) {
+  try {
+    *up = call("upload", trainer_->config().spes_config.transport.retry_max_s,
+               [&] { return client_->upload(round, step, payload); });
+  } catch (const SyncError& e) {
+    if (e.code() == SyncErrc::OutOfRange)
+      return catch_up_from(round, fmt::format("round {} closed without this node", round));
+    if (e.code() == SyncErrc::InvalidArgument || e.code() == SyncErrc::ResourceExhausted)
+      return catch_up_from(round, fmt::format("the server rejected its round {} upload: {}",
+                                              round, e.what()));
+    throw;
+  }
+  return {};
+}
+
+RoundExchange SyncNode::await_publication(int64_t round, int64_t step,
+                                          const SafetensorsStreamWriter& payload,
+                                          UploadResult* up, RoundStatus* st) {
+  const SpesConfig& sc = trainer_->config().spes_config;
+  const int64_t node = client_->id().node_id;
+  const auto t1 = Clock::now();
+  const double limit =
+      opts_.round_wait_s > 0 ? opts_.round_wait_s : std::max(600.0, 2 * sc.timing.round_timeout);
   double last_log = 0;
   for (;;) {
-    st = call("wait for round", retry, [&] { return client_->wait_round(round, kMaxWaitMs); });
-    if (st.published) break;
+    *st = call("wait for round", sc.transport.retry_max_s,
+               [&] { return client_->wait_round(round, kMaxWaitMs); });
+    if (st->published) break;
     if (stopping_) fail("node {}: stopping while round {} is in flight", node, round);
-    if (std::find(st.waiting_for.begin(), st.waiting_for.end(), node) != st.waiting_for.end()) {
+    if (std::find(st->waiting_for.begin(), st->waiting_for.end(), node) !=
+        st->waiting_for.end()) {
       // The server lacks this node's upload although it was accepted: the server restarted
       // and lost the round in progress. Send it again.
       spdlog::warn("node {}: the server no longer holds its round {} upload (restarted?); "
                    "sending it again", node, round);
-      if (RoundExchange r = upload(); r.needs_catch_up()) return r;
+      if (RoundExchange r = upload_round(round, step, payload, up); r.needs_catch_up()) return r;
       continue;
     }
     if (since(t1) > limit)
       fail("node {}: round {} was not published within {:.0f} s (waiting for node(s) [{}])",
-           node, round, limit, fmt::join(st.waiting_for, ", "));
+           node, round, limit, fmt::join(st->waiting_for, ", "));
     if (since(t1) - last_log >= 30) {
       last_log = since(t1);
       spdlog::info("node {}: round {} waits for node(s) [{}] ({:.0f} s)", node, round,
-                   fmt::join(st.waiting_for, ", "), since(t1));
+                   fmt::join(st->waiting_for, ", "), since(t1));
     }
   }
-  if (st.published_round != round)
-    return catch_up_from(fmt::format("the server moved on to round {} while this node "
-                                          "waited for round {}", st.published_round, round));
-  const bool used = std::find(st.nodes.begin(), st.nodes.end(), node) != st.nodes.end();
-  if (!used || !up.accepted)
-    return catch_up_from(!up.accepted
-                                  ? fmt::format("round {} already held an earlier upload of "
-                                                "this node (restarted node)", round)
-                                  : fmt::format("round {} was published without this node's "
-                                                "upload", round));
-  if (faults_) faults_->after_published(*client_, round, RoundClock(cfg), payload);
-  const double wait_s = since(t1);
+  if (st->published_round != round)
+    return catch_up_from(round, fmt::format("the server moved on to round {} while this node "
+                                            "waited for round {}", st->published_round, round));
+  return {};
+}
 
-  // 3. Download what the node lacks (resuming after interruptions); tensors it uploaded and
-  // does not get back already hold the published value up to rounding to the transfer dtype,
-  // which we apply here. With compression: the round's delta from the round the node holds,
-  // when it holds the previous one (else the server sends the whole model).
-  const auto t2 = Clock::now();
+RoundExchange SyncNode::check_published_with_upload(int64_t round, const UploadResult& up,
+                                                    const RoundStatus& st) const {
+  const int64_t node = client_->id().node_id;
+  if (!up.accepted)
+    return catch_up_from(round, fmt::format("round {} already held an earlier upload of this "
+                                            "node (restarted node)", round));
+  if (std::find(st.nodes.begin(), st.nodes.end(), node) == st.nodes.end())
+    return catch_up_from(round, fmt::format("round {} was published without this node's "
+                                            "upload", round));
+  return {};
+}
+
+RoundExchange SyncNode::download_round(const ParamRegistry& reg, int64_t round,
+                                       const RoundStatus& st, RoundDownload* out) {
+  // What the node lacks, resuming after interruptions; tensors it uploaded and does not get
+  // back already hold the published value up to rounding to the transfer dtype, which is
+  // applied here. With compression: the round's delta from the round the node holds, when it
+  // holds the previous one (else the server sends the whole model); a delta that fails its
+  // checks or gives the wrong digest is replaced by the whole model.
+  const WireDtype wire = wire_dtype_of(trainer_->config().spes_config.transfer.dtype);
+  const double retry = trainer_->config().spes_config.transport.retry_max_s;
   const uint64_t wire_down_before = client_->download_wire_bytes();
+  auto superseded = [&] {
+    return catch_up_from(round, fmt::format("round {} was superseded during the download",
+                                            round));
+  };
   // A compressed upload counts as the server rebuilt it: base + deq(q), bit for bit.
   if (delta_->enabled()) delta_->apply_rebuilt(reg);
   const int64_t from_round = delta_->enabled() && held_round_ == round - 1 ? held_round_ : -1;
   Download d(reg, round, Selection::ForNode, wire, delta_.get(), from_round);
-  uint64_t down = 0;
-  bool delta_refused = false;
-  std::string sha;
-  auto superseded = [&] {
-    return catch_up_from(fmt::format("round {} was superseded during the download", round));
-  };
   try {
-    down = call("download", retry, [&] { return d.attempt(*client_); });
+    out->bytes = call("download", retry, [&] { return d.attempt(*client_); });
   } catch (const SyncError& e) {
     if (e.code() == SyncErrc::OutOfRange) return superseded();
     // A delta stream that fails its checks: take the whole model instead (below).
     if (from_round < 0 || e.code() != SyncErrc::InvalidArgument) throw;
     spdlog::warn("node {}: the round {} delta was refused ({}); downloading the whole model",
-                 node, round, e.what());
-    delta_refused = true;
+                 reg.node_id(), round, e.what());
+    out->delta_refused = true;
   }
-  if (!delta_refused) {
+  if (!out->delta_refused) {
     if (!d.receiver.is_delta())
       for (const auto& e : reg.entries())
         if (e.trainable && !d.receiver.names().count(e.name)) wire_round_(e.tensor, wire);
-    sha = reg.weights_sha256();
-    if (sha != st.model_sha256 && d.receiver.is_delta()) {
+    out->sha256 = reg.weights_sha256();
+    out->delta = d.receiver.is_delta();
+    if (out->sha256 != st.model_sha256 && out->delta) {
       // The delta did not give the published model (a hostile or broken stream, or a node
       // that did not hold what it thought): take the whole model instead.
       spdlog::warn("node {}: after applying the round {} delta its weights hash to {}, not the "
-                   "published {}; downloading the whole model", node, round, sha.substr(0, 16),
-                   st.model_sha256.substr(0, 16));
-      delta_refused = true;
+                   "published {}; downloading the whole model", reg.node_id(), round,
+                   out->sha256.substr(0, 16), st.model_sha256.substr(0, 16));
+      out->delta_refused = true;
     }
   }
-  if (delta_refused) {
+  if (out->delta_refused) {
+    out->delta = false;
     Download full(reg, round, Selection::All, wire);
     try {
-      down += call("download", retry, [&] { return full.attempt(*client_); });
+      out->bytes += call("download", retry, [&] { return full.attempt(*client_); });
     } catch (const SyncError& e) {
       if (e.code() == SyncErrc::OutOfRange) return superseded();
       throw;
     }
-    sha = reg.weights_sha256();
+    out->sha256 = reg.weights_sha256();
   }
-  const double download_s = since(t2);
+  out->wire_bytes = client_->download_wire_bytes() - wire_down_before;
+  return {};
+}
 
-  SPES_CHECK(sha == st.model_sha256, "node {}: after loading round {} its weights hash to {} but "
-             "the server published {} (the node and server disagree about the model)", node,
-             round, sha, st.model_sha256);
-  held_round_ = round;
-  const std::string frozen_after = frozen_weights_sha256(reg);
-  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
+void SyncNode::log_round(int64_t node, const UploadMeta& meta, const UploadResult& up,
+                         const RoundDownload& down, const RoundStatus& st,
+                         const RoundTimes& times) const {
   spdlog::info("node {}: round {} (step {}): up {}, down {}, upload {:.2f} s, wait {:.2f} s, "
-               "download {:.2f} s{}, sha256 {}", node, round, step,
-               human_bytes(static_cast<double>(up.bytes)), human_bytes(static_cast<double>(down)),
-               upload_s, wait_s, download_s,
+               "download {:.2f} s{}, sha256 {}", node, meta.round, meta.step,
+               human_bytes(static_cast<double>(up.bytes)),
+               human_bytes(static_cast<double>(down.bytes)), times.upload_s, times.wait_s,
+               times.download_s,
                st.alpha > 0 ? fmt::format(", merged (alpha {:.4g})", st.alpha) : "",
-               sha.substr(0, 16));
-  nlohmann::json record = {{"round", round},
-          {"step", step},
+               down.sha256.substr(0, 16));
+}
+
+nlohmann::json SyncNode::round_record(const UploadMeta& meta, const UploadResult& up,
+                                      const RoundDownload& down, const RoundStatus& st,
+                                      const RoundTimes& times,
+                                      const std::string& frozen_after) const {
+  return {{"round", meta.round},
+          {"step", meta.step},
           {"bytes_up", up.bytes},
           {"bytes_up_sent", up.bytes_sent},
           {"upload_resumed_from", up.resumed_from},
-          {"bytes_down", down},
-          {"bytes_down_wire", client_->download_wire_bytes() - wire_down_before},
-          {"download_delta", d.receiver.is_delta() && !delta_refused},
-          {"delta_refused", delta_refused},
-          {"model_sha256", sha},
+          {"bytes_down", down.bytes},
+          {"bytes_down_wire", down.wire_bytes},
+          {"download_delta", down.delta},
+          {"delta_refused", down.delta_refused},
+          {"model_sha256", down.sha256},
           {"alpha", st.alpha},
           {"tokens", meta.tokens},
-          {"compression", cfg.spes_config.transfer.compression.name()},
-          {"upload_s", upload_s},
-          {"wait_s", wait_s},
-          {"download_s", download_s},
-          {"seconds", since(t0)},
+          {"compression", trainer_->config().spes_config.transfer.compression.name()},
+          {"upload_s", times.upload_s},
+          {"wait_s", times.wait_s},
+          {"download_s", times.download_s},
+          {"seconds", times.seconds},
           {"frozen_sha256_after", frozen_after}};
-  return {std::move(record), -1, ""};
 }
-
 
 }  // namespace spes::sync

@@ -284,16 +284,25 @@ void RoundAggregator::keep_owner_delta(const RoundPlan& plan, int64_t node,
 
 RoundOutcome RoundAggregator::finish() {
   SPES_CHECK(active_ && node_ < 0, "aggregator: finish() without a complete round");
-  const RoundPlan& plan = model_.plan();
-  const auto& pub = model_.tensors();
-  const bool outer = model_.config().spes_config.uses_outer_step();
-  const double lr = model_.config().spes_config.outer.lr;
-  const double mu = model_.config().spes_config.outer.momentum;
   torch::NoGradGuard ng;
-  out_.change.assign(pub.size(), 0.0);
+  out_.change.assign(model_.tensors().size(), 0.0);
+  copy_owner_uploads();
+  combine_averaged_tensors();
+  merge_experts();
+  round_to_transfer_dtype();
+  active_ = false;
+  acc_.clear();
+  wsum_.clear();
+  held_.clear();
+  return out_;
+}
+
+void RoundAggregator::copy_owner_uploads() {
   // Owner copies straight from the staged uploads into the published tensors (only their
   // sections read, without compression; a compressed upload is streamed and rebuilt against
   // them first: they still hold the previous round's values).
+  const RoundPlan& plan = model_.plan();
+  const auto& pub = model_.tensors();
   if (plan.compression() == Compression::None) {
     // Each node's file on a thread of its own: they write disjoint tensors (every owner-copied
     // tensor has one owner) and disjoint entries of change.
@@ -304,65 +313,77 @@ RoundOutcome RoundAggregator::finish() {
                                              owner_files_[k].second, pub, out_.change);
                      });
   } else {
-    for (const auto& [node, path] : owner_files_) {
-      SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr,
-                                     kMaxHeaderBytes);
-      DeltaStreamDecoder decoder(
-          plan.compression(),
-          [&](const StreamEntry& e) { return pub[plan.index(e.name)].view({-1}); },
-          [&, node = node, path = path](const StreamEntry& e, int64_t first,
-                                        const torch::Tensor& run, bool) {
-            const int64_t i = plan.index(e.name);
-            const PlanTensor& t = plan.tensors()[i];
-            if (t.rule != Combine::OwnerCopy || t.owner != node) return;
-            const torch::Tensor v = run.to(torch::kFloat32).contiguous();
-            SPES_CHECK(pub[i].is_contiguous() && first >= 0 &&
-                           first + v.numel() <= pub[i].numel(),
-                       "{}: values [{}, {}) of '{}' outside the tensor", path, first,
-                       first + v.numel(), e.name);
-            out_.change[i] += copy_with_squared_change(
-                v.data_ptr<float>(), pub[i].data_ptr<float>() + first, v.numel());
-          },
-          path);
-      reader.set_slice_handler([&, node = node, path = path](const StreamEntry& e,
-                                                            int64_t first,
-                                                            const torch::Tensor& run, bool last) {
-        if (first == 0) keep_owner_delta(plan, node, path, reader.header().header_bytes, e);
-        decoder(e, first, run, last);
-      });
-      stream_file(path, reader);
-    }
+    for (const auto& [node, path] : owner_files_) copy_owner_delta_upload(node, path);
   }
   owner_files_.clear();
+}
+
+void RoundAggregator::copy_owner_delta_upload(int64_t node, const std::string& path) {
+  const RoundPlan& plan = model_.plan();
+  const auto& pub = model_.tensors();
+  SafetensorsStreamReader reader(fs::file_size(path), path, nullptr, nullptr, kMaxHeaderBytes);
+  DeltaStreamDecoder decoder(
+      plan.compression(),
+      [&](const StreamEntry& e) { return pub[plan.index(e.name)].view({-1}); },
+      [&](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool) {
+        const int64_t i = plan.index(e.name);
+        const PlanTensor& t = plan.tensors()[i];
+        if (t.rule != Combine::OwnerCopy || t.owner != node) return;
+        const torch::Tensor v = run.to(torch::kFloat32).contiguous();
+        SPES_CHECK(pub[i].is_contiguous() && first >= 0 && first + v.numel() <= pub[i].numel(),
+                   "{}: values [{}, {}) of '{}' outside the tensor", path, first,
+                   first + v.numel(), e.name);
+        out_.change[i] += copy_with_squared_change(v.data_ptr<float>(),
+                                                   pub[i].data_ptr<float>() + first, v.numel());
+      },
+      path);
+  reader.set_slice_handler([&](const StreamEntry& e, int64_t first, const torch::Tensor& run,
+                               bool last) {
+    if (first == 0) keep_owner_delta(plan, node, path, reader.header().header_bytes, e);
+    decoder(e, first, run, last);
+  });
+  stream_file(path, reader);
+}
+
+void RoundAggregator::combine_averaged_tensors() {
+  const RoundPlan& plan = model_.plan();
+  const auto& pub = model_.tensors();
+  const bool outer = model_.config().spes_config.uses_outer_step();
   for (size_t i = 0; i < pub.size(); ++i) {
     torch::Tensor& acc = acc_[i];
-    if (!held_[i].empty()) acc = robust_combine(held_[i], statistic_,
-                                                model_.config().spes_config.bounds.trim_fraction);
+    if (!held_[i].empty())
+      acc = robust_combine(held_[i], statistic_, model_.config().spes_config.bounds.trim_fraction);
     held_[i].clear();
     if (!acc.defined()) {  // nobody uploaded it (or an owner copy read back above)
       out_.change[i] = std::sqrt(out_.change[i]);
       continue;
     }
-    if (plan.tensors()[i].rule == Combine::Mean && statistic_ == Aggregation::Mean &&
-        wsum_[i] != 1.0)
-      acc.div_(wsum_[i]);
-    if (outer && plan.tensors()[i].rule == Combine::Mean) {
-      // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m), computed
-      // as avg + (1 - lr) * delta - lr * mu * m: the same value, and with lr 1 and mu 0
-      // exactly the average (FedAvg bit for bit).
-      const torch::Tensor delta = pub[i] - acc;
-      torch::Tensor& m = model_.momentum()[i];
-      if (!m.defined()) m = torch::zeros_like(acc);
-      m.mul_(mu).add_(delta);
-      acc.add_(delta, 1 - lr).sub_(m, lr * mu);
-    }
+    const bool averaged = plan.tensors()[i].rule == Combine::Mean;
+    if (averaged && statistic_ == Aggregation::Mean && wsum_[i] != 1.0) acc.div_(wsum_[i]);
+    if (outer && averaged) apply_outer_step(i, acc);
     out_.change[i] = (acc - pub[i]).norm().item<double>();
     pub[i].copy_(acc);
     acc = torch::Tensor();
   }
+}
+
+void RoundAggregator::apply_outer_step(size_t i, torch::Tensor& avg) {
+  // delta = prev - avg; m = mu * m + delta; new = prev - lr * (delta + mu * m), computed as
+  // avg + (1 - lr) * delta - lr * mu * m: the same value, and with lr 1 and mu 0 exactly the
+  // average (FedAvg bit for bit).
+  const double lr = model_.config().spes_config.outer.lr;
+  const double mu = model_.config().spes_config.outer.momentum;
+  const torch::Tensor delta = model_.tensors()[i] - avg;
+  torch::Tensor& m = model_.momentum()[i];
+  if (!m.defined()) m = torch::zeros_like(avg);
+  m.mul_(mu).add_(delta);
+  avg.add_(delta, 1 - lr).sub_(m, lr * mu);
+}
+
+void RoundAggregator::merge_experts() {
   const double alpha = schedule_.alpha(step_);
   if (alpha > 0) {
-    for (auto& layer : layer_experts(plan, pub)) {
+    for (auto& layer : layer_experts(model_.plan(), model_.tensors())) {
       if (layer.size() < 2) continue;
       const auto cos = gate_cosine_matrix(layer);
       out_.gate_cos_before.push_back(mean_pairwise(cos));
@@ -371,14 +392,13 @@ RoundOutcome RoundAggregator::finish() {
     }
   }
   out_.alpha = out_.merged ? alpha : 0.0;
-  for (const auto& t : pub) wire_round_(t, plan.wire());
-  for (const auto& layer : layer_experts(plan, pub))
+}
+
+void RoundAggregator::round_to_transfer_dtype() {
+  const RoundPlan& plan = model_.plan();
+  for (const auto& t : model_.tensors()) wire_round_(t, plan.wire());
+  for (const auto& layer : layer_experts(plan, model_.tensors()))
     out_.gate_cos.push_back(mean_pairwise(gate_cosine_matrix(layer)));
-  active_ = false;
-  acc_.clear();
-  wsum_.clear();
-  held_.clear();
-  return out_;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -122,6 +122,17 @@ class RoundAggregator {
   void abort();
 
  private:
+  // finish()'s steps: owner copies read back from the staged uploads (a compressed one
+  // streamed and rebuilt against the published tensors), the averaged tensors combined (and
+  // the outer step applied to them), the merging warm-up, rounding to the transfer dtype (and
+  // the experts' gate cosines after it).
+  void copy_owner_uploads();
+  void copy_owner_delta_upload(int64_t node, const std::string& path);
+  void combine_averaged_tensors();
+  // DiLoCo's outer Nesterov step on tensor i's average `avg`, in place.
+  void apply_outer_step(size_t i, torch::Tensor& avg);
+  void merge_experts();
+  void round_to_transfer_dtype();
   // With compression: notes where the raw q (or scales) of an owner copy lie in its file
   // (`header_bytes`: the file's header size).
   void keep_owner_delta(const RoundPlan& plan, int64_t node, const std::string& path,

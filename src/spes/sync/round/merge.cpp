@@ -14,7 +14,7 @@ MergeSchedule MergeSchedule::from_config(const Config& cfg) {
   const auto& s = cfg.spes_config;
   MergeSchedule m;
   m.interval = s.mode == SyncMode::Spes ? std::max<int64_t>(0, s.merging.interval) : 0;
-  m.sync_steps = std::max<int64_t>(1, s.sync_steps);
+  m.clock = RoundClock(cfg);
   m.decay_steps = s.merging.decay_steps;
   m.alpha_start = s.merging.alpha_start;
   m.topk = s.merging.topk;
@@ -23,8 +23,7 @@ MergeSchedule MergeSchedule::from_config(const Config& cfg) {
 
 bool MergeSchedule::is_merge_point(int64_t step) const {
   if (interval <= 0 || step <= 0) return false;
-  const int64_t prev = std::max<int64_t>(0, step - sync_steps);
-  return step / interval > prev / interval;
+  return step / interval > clock.previous_sync_step(step) / interval;
 }
 
 double MergeSchedule::alpha(int64_t step) const {

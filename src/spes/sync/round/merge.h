@@ -13,19 +13,20 @@
 #include <vector>
 
 #include "spes/io/config.h"
+#include "spes/sync/round/round_clock.h"
 
 namespace spes::sync {
 
 struct MergeSchedule {
   int64_t interval = 0;      // 0: merging off
-  int64_t sync_steps = 1;
+  RoundClock clock{1};       // the run's syncs (round_clock.h)
   int64_t decay_steps = 0;   // <= 0: no decay (alpha stays alpha_start)
   double alpha_start = 0;
   int64_t topk = 4;
 
   static MergeSchedule from_config(const Config& cfg);
-  // True when the sync at `step` (a multiple of sync_steps) is the first sync at or after a
-  // multiple of `interval`: some m >= 1 with step - sync_steps < m * interval <= step.
+  // True when the sync at `step` is the first sync at or after a multiple of `interval`: some
+  // m >= 1 with clock.previous_sync_step(step) < m * interval <= step.
   bool is_merge_point(int64_t step) const;
   // alpha_start * max(0, 1 - step / decay_steps); 0 when `step` is not a merge point.
   double alpha(int64_t step) const;

@@ -8,6 +8,7 @@
 #include "spes/io/files.h"
 #include "spes/model/ownership.h"
 #include "spes/model/registry.h"
+#include "spes/sync/round/join_settings.h"
 #include "spes/sync/wire/protocol.h"
 
 namespace spes::sync {
@@ -230,14 +231,8 @@ JoinInfo node_join_info(const Config& cfg, const ParamRegistry& registry, const 
   JoinInfo j;
   j.node = id;
   j.protocol_version = kProtocolVersion;
-  j.model_fingerprint = registry.fingerprint();
-  j.ownership_fingerprint = Ownership::from_config(cfg).fingerprint();
-  j.model_config_sha256 = model_config_sha256(cfg);
-  j.mode = cfg.spes_config.mode.name();
-  j.transfer_dtype = cfg.spes_config.transfer.dtype.name();
-  j.compression = cfg.spes_config.transfer.compression.name();
-  j.num_peers = cfg.spes_config.num_peers;
-  j.sync_steps = cfg.spes_config.sync_steps;
+  const std::string fingerprint = registry.fingerprint();
+  j.settings = join_setting_values({cfg, fingerprint});
   j.step = step;
   return j;
 }

@@ -28,6 +28,10 @@ class RoundClock {
   bool is_sync_step(int64_t step) const { return step > 0 && step % sync_steps_ == 0; }
   // The round that syncs at `step` (for a step between syncs: the latest round before it).
   int64_t round_at(int64_t step) const { return step / sync_steps_; }
+  // The sync before the one at `step` (0, the initial model, for the first).
+  int64_t previous_sync_step(int64_t step) const {
+    return step > sync_steps_ ? step - sync_steps_ : 0;
+  }
   // Whether `step` lies between the sync at `synced_step` and the next one (both excluded).
   bool between_syncs(int64_t step, int64_t synced_step) const {
     return step > synced_step && step < synced_step + sync_steps_;

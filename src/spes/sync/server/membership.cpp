@@ -7,7 +7,7 @@
 
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
-#include "spes/sync/round/plan.h"
+#include "spes/sync/round/join_settings.h"
 
 namespace spes::sync {
 
@@ -16,7 +16,9 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 Membership::Membership(const Config& cfg, const SyncModel& model)
-    : cfg_(cfg), model_(model), members_(cfg.spes_config.num_peers) {}
+    : cfg_(cfg),
+      server_settings_(join_setting_values({cfg, model.model_fingerprint()})),
+      members_(cfg.spes_config.num_peers) {}
 
 void Membership::check_id(const NodeId& node) const {
   if (node.node_id < 0 || node.node_id >= static_cast<int64_t>(members_.size()))
@@ -36,35 +38,12 @@ void Membership::check(const NodeId& node) {
 }
 
 bool Membership::join(const JoinInfo& info) {
-  const auto& s = cfg_.spes_config;
   const int64_t id = info.node.node_id;
   check_id(info.node);
   if (info.protocol_version != kProtocolVersion)
     sync_fail(SyncErrc::FailedPrecondition, "node {} speaks protocol version {}, this server "
               "speaks {}", id, info.protocol_version, kProtocolVersion);
-  auto setting = [&](const char* key, const std::string& node_v, const std::string& server_v) {
-    if (node_v != server_v)
-      sync_fail(SyncErrc::FailedPrecondition, "node {} has spes_config.{}={} but the server has "
-                "{}: the server and every node must use the same spes_config", id, key,
-                printable(node_v, 80), server_v);
-  };
-  setting("mode", info.mode, s.mode.name());
-  setting("num_peers", std::to_string(info.num_peers), std::to_string(s.num_peers));
-  setting("sync_steps", std::to_string(info.sync_steps), std::to_string(s.sync_steps));
-  setting("transfer_dtype", info.transfer_dtype, s.transfer.dtype.name());
-  setting("compression", info.compression, s.transfer.compression.name());
-  if (info.ownership_fingerprint != model_.ownership_fingerprint())
-    sync_fail(SyncErrc::FailedPrecondition, "node {}: expert ownership map differs from the "
-              "server's (fingerprint {} vs {}); both must build it from the same "
-              "spes_config.expert_owners / num_peers / num_train_experts_per_node", id,
-              printable(info.ownership_fingerprint, 80), model_.ownership_fingerprint());
-  if (info.model_fingerprint != model_.model_fingerprint())
-    sync_fail(SyncErrc::FailedPrecondition, "node {}: model differs from the server's (tensor "
-              "names/shapes fingerprint {} vs {}); use the same model config", id,
-              printable(info.model_fingerprint, 80), model_.model_fingerprint());
-  if (info.model_config_sha256 != model_config_sha256(cfg_))
-    sync_fail(SyncErrc::FailedPrecondition, "node {}: the model section of its config differs "
-              "from the server's (e.g. moe_top_k, rope_theta); use the same model config", id);
+  check_join_settings(id, info.settings, server_settings_);
   // A node at another step joins too: it decides from the reply whether to keep its weights
   // (checkpoint taken after the published round) or to take the published model.
   Member& m = members_[id];

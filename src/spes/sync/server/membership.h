@@ -1,5 +1,6 @@
-// Who takes part in the run, as the sync server sees it: each node's join (the settings it must share with the server), incarnation, last reported step, its
-// heartbeats (last loss, throughput and a bounded loss curve), leaving, and whether it is dead
+// Who takes part in the run, as the sync server sees it: each node's join (its protocol version
+// and the settings it must share with the server, sync/round/join_settings.h), incarnation,
+// last reported step, its heartbeats (last loss, throughput and a bounded loss curve), leaving, and whether it is dead
 // (joined, not left, and silent for longer than spes_config.heartbeat_timeout).
 // Not thread-safe: RoundState's lock guards it. Leaves out: uploads and rounds, and credentials:
 // the transport checks a node's token before a call reaches the server's state (call_auth.h);
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,7 +60,7 @@ class Membership {
 
  private:
   const Config& cfg_;
-  const SyncModel& model_;
+  std::map<std::string, std::string> server_settings_;  // join_settings.h: what joins must match
   std::vector<Member> members_;
 };
 

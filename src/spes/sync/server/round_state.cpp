@@ -222,81 +222,99 @@ bool RoundState::screen_outliers() {
 }
 
 bool RoundState::publish() {
+  if (!closing_) close_round();
+  if (!save_closed_round()) return false;
+  advance_to_closed_round();
+  return true;
+}
+
+void RoundState::close_round() {
+  // The round's result is computed once, whatever happens to the save.
   const auto t0 = Clock::now();
-  if (!closing_) {
-    // Close the round: its result is computed once, whatever happens to the save.
-    const nlohmann::json missing = missing_nodes();
-    nlohmann::json node_states = nlohmann::json::array();
-    for (size_t i = 0; i < members_.size(); ++i) node_states.push_back(node_state(i));
-    uploads_.close_round();
-    RoundOutcome o = round_.finish();
-    // With compression the published model is P_prev + deq(D), P_prev read back from the
-    // previous round's published file, D written to the delta file as it is computed
-    // (published_delta.h); the file is complete before the model is persisted.
-    const bool compressed = model_->plan().compression() != Compression::None;
-    PublishedDelta delta;
-    std::unique_ptr<DeltaFileWriter> delta_file;
-    if (compressed) {
-      delta_file = store_.begin_delta(delta_layout(model_->plan(), o), o.round,
-                                      published_.round);
-      delta = quantise_publication(*model_, o, store_.published_path(), delta_file.get());
-    }
-    const double aggregate_s = seconds_since(t0);
-    // The delta's record needs the digest now; otherwise persist computes it while the model
-    // file is written.
-    const std::string sha = compressed ? model_->weights_sha256() : std::string();
-    const auto t_delta = Clock::now();
-    DeltaRecord record;  // invalid: no delta for this round (nodes get full tensors)
-    if (delta_file) {
-      const DeltaRecord r{o.round, published_.round, sha, published_.sha256, delta.tensors,
-                          delta.owner_exact};
-      if (store_.commit_delta(*delta_file, r)) record = r;
-    }
-    delta_file.reset();
-    const double delta_s = seconds_since(t_delta);
-    const size_t N = members_.size();
-    std::vector<uint64_t> bytes_in(N), wire_in(N), resumed_in(N);
-    uint64_t total_in = 0;
-    for (size_t i = 0; i < N; ++i) {
-      const UploadStaging::Intake in = uploads_.intake(i);
-      bytes_in[i] = in.bytes;
-      total_in += in.bytes;
-      wire_in[i] = in.wire_bytes;
-      resumed_in[i] = in.resumed_bytes;
-    }
-    closing_ = std::make_unique<Closing>();
-    closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
-    closing_->change = o.change;
-    closing_->record = std::move(record);
-    closing_->closed_at = Clock::now();
-    closing_->line = {{"round", o.round},
-                      {"step", o.step},
-                      {"nodes", o.nodes},
-                      {"tokens", o.tokens},
-                      {"weights", o.weights},
-                      {"bytes_in", total_in},
-                      {"bytes_in_per_node", bytes_in},
-                      {"bytes_in_wire_per_node", wire_in},
-                      {"bytes_in_resumed_per_node", resumed_in},
-                      {"alpha", o.alpha},
-                      {"merged", o.merged},
-                      {"gate_cos", o.gate_cos},
-                      {"seconds", round_.seconds_open()},
-                      {"aggregate_s", aggregate_s},
-                      {"model_sha256", sha},
-                      {"node_states", node_states},
-                      {"missing", missing}};
-    if (o.merged) closing_->line["gate_cos_before"] = o.gate_cos_before;
-    if (compressed) closing_->line["delta_write_s"] = delta_s;
+  const nlohmann::json missing = missing_nodes();
+  nlohmann::json node_states = nlohmann::json::array();
+  for (size_t i = 0; i < members_.size(); ++i) node_states.push_back(node_state(i));
+  uploads_.close_round();
+  RoundOutcome o = round_.finish();
+  const bool compressed = model_->plan().compression() != Compression::None;
+  std::unique_ptr<DeltaFileWriter> delta_file;
+  const PublishedDelta delta = compressed ? quantise_publication_into(o, &delta_file)
+                                          : PublishedDelta();
+  const double aggregate_s = seconds_since(t0);
+  closing_ = std::make_unique<Closing>();
+  const auto t_delta = Clock::now();
+  // With compression the digest is needed now (for the delta's record); otherwise persist
+  // computes it while the model file is written.
+  const std::string sha = compressed ? model_->weights_sha256() : std::string();
+  if (delta_file) commit_delta_file(o, delta, sha, *delta_file, &closing_->record);
+  closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
+  closing_->change = o.change;
+  closing_->closed_at = Clock::now();
+  closing_->line = round_line(o, aggregate_s, missing, std::move(node_states));
+  if (compressed) closing_->line["delta_write_s"] = seconds_since(t_delta);
+}
+
+PublishedDelta RoundState::quantise_publication_into(RoundOutcome& o,
+                                                    std::unique_ptr<DeltaFileWriter>* file) {
+  // The published model is P_prev + deq(D), P_prev read back from the previous round's
+  // published file, D written to the delta file as it is computed (published_delta.h); the
+  // file is complete before the model is persisted.
+  *file = store_.begin_delta(delta_layout(model_->plan(), o), o.round, published_.round);
+  return quantise_publication(*model_, o, store_.published_path(), file->get());
+}
+
+void RoundState::commit_delta_file(const RoundOutcome& o, const PublishedDelta& delta,
+                                   const std::string& sha, DeltaFileWriter& file,
+                                   DeltaRecord* record) {
+  // `record` stays invalid (nodes then get full tensors) when the file cannot be committed.
+  const DeltaRecord r{o.round, published_.round, sha, published_.sha256, delta.tensors,
+                      delta.owner_exact};
+  if (store_.commit_delta(file, r)) *record = r;
+}
+
+nlohmann::json RoundState::round_line(const RoundOutcome& o, double aggregate_s,
+                                      const nlohmann::json& missing,
+                                      nlohmann::json node_states) const {
+  const size_t N = members_.size();
+  std::vector<uint64_t> bytes_in(N), wire_in(N), resumed_in(N);
+  uint64_t total_in = 0;
+  for (size_t i = 0; i < N; ++i) {
+    const UploadStaging::Intake in = uploads_.intake(i);
+    bytes_in[i] = in.bytes;
+    total_in += in.bytes;
+    wire_in[i] = in.wire_bytes;
+    resumed_in[i] = in.resumed_bytes;
   }
+  nlohmann::json line = {{"round", o.round},
+                         {"step", o.step},
+                         {"nodes", o.nodes},
+                         {"tokens", o.tokens},
+                         {"weights", o.weights},
+                         {"bytes_in", total_in},
+                         {"bytes_in_per_node", bytes_in},
+                         {"bytes_in_wire_per_node", wire_in},
+                         {"bytes_in_resumed_per_node", resumed_in},
+                         {"alpha", o.alpha},
+                         {"merged", o.merged},
+                         {"gate_cos", o.gate_cos},
+                         {"seconds", round_.seconds_open()},
+                         {"aggregate_s", aggregate_s},
+                         {"model_sha256", closing_->round.sha256},
+                         {"node_states", std::move(node_states)},
+                         {"missing", missing}};
+  if (o.merged) line["gate_cos_before"] = o.gate_cos_before;
+  return line;
+}
+
+bool RoundState::save_closed_round() {
+  // Saved before anyone can see the round: a crash now loses nothing, and a restarted server
+  // continues from here (the line is kept in state.json for rounds.jsonl).
   Closing& c = *closing_;
   c.last_try = Clock::now();
-  const auto t1 = Clock::now();
   try {
-    // Saved before anyone can see the round: a crash now loses nothing, and a restarted
-    // server continues from here (the line is kept in state.json for rounds.jsonl).
     c.round.sha256 = store_.persist(c.round, c.line);
     c.line["model_sha256"] = c.round.sha256;
+    c.line["persist_s"] = seconds_since(c.last_try);
   } catch (const std::exception& e) {
     c.error = printable(e.what(), kMaxDetailBytes);
     spdlog::error("round {}: saving the published model failed, so the round is not published; "
@@ -306,17 +324,16 @@ bool RoundState::publish() {
   }
   if (!c.error.empty())
     spdlog::info("round {}: saved after an earlier failure ({})", c.round.round, c.error);
-  const PublishedRound p = c.round;
-  nlohmann::json line = std::move(c.line);
-  const std::vector<double> change = std::move(c.change);
-  const auto saved_at = Clock::now();
-  delta_ = std::move(c.record);  // invalid without compression
-  closing_.reset();
+  return true;
+}
+
+void RoundState::advance_to_closed_round() {
+  const std::unique_ptr<Closing> c = std::move(closing_);
+  const PublishedRound& p = c->round;
+  delta_ = std::move(c->record);  // invalid without compression
   published_ = p;
-  const double persist_s = std::chrono::duration<double>(saved_at - t1).count();
-  line["persist_s"] = persist_s;
   // What the next round's checks need of this model (its norms), before anyone sees it.
-  bounds_.published(change, model_->tensors());
+  bounds_.published(c->change, model_->tensors());
   store_.save_drift_window(p, bounds_.to_json());
   uploads_.next_round(p.round + 1);
   // Unlinking four large files frees their blocks (slow on a disk mounted with discard): off
@@ -328,13 +345,14 @@ bool RoundState::publish() {
                });
   // Waiting nodes see the round once the lock is released, right after this.
   const auto published_at = Clock::now();
+  nlohmann::json line = std::move(c->line);
+  const double persist_s = line["persist_s"].get<double>();
   line["publish_s"] = round_.seconds_after_last_upload(published_at);
   log_->published(std::move(line), p.nodes, members_.size(), published_at);
   round_.begin(p.round + 1);
   spdlog::info("round {} (step {}) published: {} nodes, alpha {:.4g}, persist {:.2f} s, sha256 {}",
                p.round, p.step, p.nodes.size(), p.alpha, persist_s, p.sha256.substr(0, 16));
   cv_.notify_all();
-  return true;
 }
 
 void RoundState::wake_waiters() {

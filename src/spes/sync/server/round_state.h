@@ -113,6 +113,19 @@ class RoundState {
   // Closes the round (computes its result, once) and tries to save and publish it; false
   // when saving failed (the round then waits for the next try).
   bool publish();
+  // publish()'s steps: the round's result into closing_ (with compression, the published
+  // model as P_prev + deq(D), D in the round's delta file, and the file's record); its
+  // rounds.jsonl line; the save; the publication (the next round's bounds, the cleanup, the
+  // log, waking waiters).
+  void close_round();
+  PublishedDelta quantise_publication_into(RoundOutcome& o,
+                                           std::unique_ptr<DeltaFileWriter>* file);
+  void commit_delta_file(const RoundOutcome& o, const PublishedDelta& delta,
+                         const std::string& sha, DeltaFileWriter& file, DeltaRecord* record);
+  nlohmann::json round_line(const RoundOutcome& o, double aggregate_s,
+                            const nlohmann::json& missing, nlohmann::json node_states) const;
+  bool save_closed_round();
+  void advance_to_closed_round();
   std::string node_state(size_t i) const;
   nlohmann::json missing_nodes() const;  // who the collecting round lacks, and why
   std::unique_ptr<SafetensorsStreamWriter> download_writer(int64_t node, int64_t round,

@@ -26,14 +26,7 @@ void call_join(RoundState& st, const NodeId& credentials, const pb::JoinRequest&
   JoinInfo j;
   j.node = message_caller(credentials, req.node());
   j.protocol_version = req.protocol_version();
-  j.model_fingerprint = req.model_fingerprint();
-  j.ownership_fingerprint = req.ownership_fingerprint();
-  j.model_config_sha256 = req.model_config_sha256();
-  j.mode = req.mode();
-  j.num_peers = req.num_peers();
-  j.sync_steps = req.sync_steps();
-  j.transfer_dtype = req.transfer_dtype();
-  j.compression = req.compression().empty() ? "none" : req.compression();
+  j.settings.insert(req.settings().begin(), req.settings().end());
   j.step = req.step();
   const JoinResult r = st.join(j);
   rep->set_server_incarnation(r.server_incarnation);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,8 @@
 
 namespace spes::sync {
 
-constexpr uint32_t kProtocolVersion = 5;  // 4: chunk coding; 5: per-tensor model digest
+// 4: chunk coding; 5: per-tensor model digest; 6: Join's must-match settings as one map.
+constexpr uint32_t kProtocolVersion = 6;
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
@@ -56,14 +58,13 @@ struct NodeId {
   std::string auth_token;  // per-node secret (spes_config.auth_tokens_file); never logged
 };
 
-// What a node declares on Join; the server compares every field with its own.
+// What a node declares on Join: its protocol version, the settings it must share with the
+// server (key -> value, the rows of sync/round/join_settings.h; the server compares each with
+// its own) and the steps it has completed.
 struct JoinInfo {
   NodeId node;
   uint32_t protocol_version = kProtocolVersion;
-  std::string model_fingerprint, ownership_fingerprint, model_config_sha256;
-  std::string mode, transfer_dtype;
-  std::string compression = "none";
-  int64_t num_peers = 0, sync_steps = 0;
+  std::map<std::string, std::string> settings;
   int64_t step = 0;
 };
 

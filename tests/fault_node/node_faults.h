@@ -1,6 +1,8 @@
-// Fault injection for the reliability tests: a node started with the environment variable
-// SPES_SYNC_FAULTS misbehaves on purpose in chosen rounds, so that the tests can show what the
-// server does with real processes over a real connection. Comma-separated items:
+// Fault injection for the reliability tests, as the round hooks (src/spes/sync/node/
+// round_hooks.h) of a test-only build of the binary, `spes_fault_node` (fault_node_hooks.cpp):
+// a node it runs with the environment variable SPES_SYNC_FAULTS misbehaves on purpose in chosen
+// rounds, so that the tests can show what the server does with real processes over a real
+// connection. The `spes` binary has no fault injection. Comma-separated items:
 //   nan@R        the upload of round R carries a NaN (the node's own weights stay finite)
 //   foreign@R    the upload of round R also carries an expert owned by another node
 //   scaled@R     the upload of round R carries its first tensor multiplied by 1e6
@@ -13,22 +15,16 @@
 //   cut@R        round R's upload goes in 8 chunks and its first stream ends after 4 of them
 //                (as if the connection broke); the retry resumes where the server stopped
 //   dup@R        round R's upload goes in 8 chunks and chunk 1 is sent again after chunk 2
-// Unset (the normal case) means no fault. The faults wrap what the node does, never change it:
-// NodeFaultInjection hands the node its payload (nan, foreign, scaled, badname, poison, after
-// stall's sleep),
-// wraps the client's upload streams (corrupt, cut, dup: an UploadStreamFilter) and acts after a
+// Unset means no fault. The faults wrap what the node does, never change it: NodeFaultInjection
+// hands the node its payload (nan, foreign, scaled, badname, poison, after stall's sleep), wraps
+// the client's upload streams (corrupt, cut, dup: an UploadStreamFilter) and acts after a
 // published round (replay). Leaves out: the server, which has no fault hooks.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include "spes/model/registry.h"
-#include "spes/sync/node/client.h"
-#include "spes/sync/round/plan.h"
-#include "spes/sync/round/round_clock.h"
-#include "spes/sync/wire/framing.h"
-#include "spes/sync/wire/protocol.h"
+#include "spes/sync/node/round_hooks.h"
 
 namespace spes::sync {
 
@@ -46,19 +42,20 @@ NodeFaults parse_node_faults(const std::string& spec);
 NodeFaults node_faults_from_env();
 
 // The faults of one node.
-class NodeFaultInjection {
+class NodeFaultInjection : public NodeRoundHooks {
  public:
   NodeFaultInjection(const NodeFaults& faults, int64_t node);
   // Wraps the client's upload streams: corrupt, cut, dup (and their chunks of an eighth).
-  std::shared_ptr<UploadStreamFilter> upload_filter() const { return filter_; }
-  // The upload of meta.round: the node's own, or a deliberately bad one (nan, foreign,
-  // scaled, badname, poison); after stall@R's sleep.
-  SafetensorsStreamWriter payload(const ParamRegistry& registry, const UploadMeta& meta,
-                                  WireDtype wire) const;
+  std::shared_ptr<UploadStreamFilter> upload_filter() const override { return filter_; }
+  // A deliberately bad upload of meta.round (nan, foreign, scaled, badname, poison), or none
+  // (the node's own); after stall@R's sleep.
+  std::optional<SafetensorsStreamWriter> payload(const ParamRegistry& registry,
+                                                 const UploadMeta& meta,
+                                                 WireDtype wire) const override;
   // Round `round` was published with this node's upload `payload`: replay@R sends it again
   // as round R-1 and checks that it is refused.
   void after_published(SyncClient& client, int64_t round, const RoundClock& clock,
-                       const SafetensorsStreamWriter& payload) const;
+                       const SafetensorsStreamWriter& payload) const override;
 
  private:
   NodeFaults f_;

@@ -1,5 +1,5 @@
-// Test fault injection for nodes (see faults.h).
-#include "spes/sync/node/faults.h"
+// Test fault injection for nodes (see node_faults.h).
+#include "fault_node/node_faults.h"
 
 #include <spdlog/spdlog.h>
 
@@ -148,9 +148,9 @@ NodeFaultInjection::NodeFaultInjection(const NodeFaults& faults, int64_t node)
                "(reliability tests)", node);
 }
 
-SafetensorsStreamWriter NodeFaultInjection::payload(const ParamRegistry& reg,
-                                                    const UploadMeta& meta,
-                                                    WireDtype wire) const {
+std::optional<SafetensorsStreamWriter> NodeFaultInjection::payload(const ParamRegistry& reg,
+                                                                   const UploadMeta& meta,
+                                                                   WireDtype wire) const {
   const int64_t r = meta.round;
   if (r == f_.stall_round) {
     spdlog::warn("node {}: fault injection: stalling {:.1f} s before round {}", node_, f_.stall_s,
@@ -159,7 +159,7 @@ SafetensorsStreamWriter NodeFaultInjection::payload(const ParamRegistry& reg,
   }
   if (r != f_.nan_round && r != f_.foreign_round && r != f_.scaled_round &&
       r != f_.badname_round && r != f_.poison_round)
-    return node_upload_writer(reg, meta, wire);
+    return std::nullopt;
   NamedTensors t;
   for (const auto& e : reg.entries())
     if (e.trainable) t.emplace_back(e.name, e.tensor.detach());
