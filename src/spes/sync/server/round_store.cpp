@@ -59,30 +59,50 @@ std::string RoundStore::momentum_path(int64_t round) const {
 }
 
 std::optional<PublishedRound> RoundStore::resume() {
-  const std::string& dir = dir_;
-  if (!fs::exists(run_layout::server_state(dir))) return std::nullopt;
+  if (!fs::exists(run_layout::server_state(dir_))) return std::nullopt;
+  const nlohmann::json st = read_state_for_this_run();
+  const Metadata md = load_published_model();
+  PublishedRound p;
+  p.round = std::stoll(md.at("round"));
+  p.step = std::stoll(md.at("step"));
+  p.sha256 = check_published_digest(md.at("model_sha256"));
+  if (st.value("round", int64_t{-1}) == p.round) {
+    p.alpha = st.value("alpha", 0.0);
+    p.merged = st.value("merged", false);
+    p.nodes = st.value("nodes", std::vector<int64_t>{});
+  }
+  if (cfg_.spes_config.uses_outer_step() && p.round > 0) load_momentum(p.round);
+  spdlog::info("sync server: resuming from '{}' at round {} (step {})", dir_, p.round, p.step);
+  return p;
+}
+
+nlohmann::json RoundStore::read_state_for_this_run() const {
   nlohmann::json st;
   try {
-    st = nlohmann::json::parse(file_read(run_layout::server_state(dir)));
+    st = nlohmann::json::parse(file_read(run_layout::server_state(dir_)));
   } catch (const std::exception& e) {
-    fail("'{}/state.json' is corrupt ({}); restore it or start over with --overwrite", dir,
+    fail("'{}/state.json' is corrupt ({}); restore it or start over with --overwrite", dir_,
          e.what());
   }
   SPES_CHECK(st.value("format", "") == "spes-server-state-v1", "'{}/state.json' is not a sync "
-             "server state; start over with --overwrite", dir);
+             "server state; start over with --overwrite", dir_);
   auto same = [&](const char* key, const std::string& mine) {
     SPES_CHECK(st.value(key, "") == mine, "'{}' holds a run with a different {} ({} vs {}); "
-               "use the same config, another --out, or --overwrite to start over", dir, key,
+               "use the same config, another --out, or --overwrite to start over", dir_, key,
                st.value(key, ""), mine);
   };
   same("mode", cfg_.spes_config.mode.name());
   same("model_fingerprint", model_.model_fingerprint());
   same("ownership_fingerprint", model_.ownership_fingerprint());
+  return st;
+}
+
+Metadata RoundStore::load_published_model() {
   // The published file is authoritative (it is renamed into place before state.json): load it
-  // piece by piece into the model and check its digest.
+  // piece by piece into the model; its digest is checked next.
   const std::string path = published_path();
   SPES_CHECK(fs::exists(path), "'{}' has state.json but no published.safetensors; restore it "
-             "or start over with --overwrite", dir);
+             "or start over with --overwrite", dir_);
   const StreamHeader h = read_stream_header(path);
   const RoundPlan& plan = model_.plan();
   SPES_CHECK(h.entries.size() == plan.tensors().size(), "'{}' holds {} tensors, the model has "
@@ -104,37 +124,29 @@ std::optional<PublishedRound> RoundStore::resume() {
   const Metadata& md = h.metadata;
   SPES_CHECK(md.count("round") && md.count("step") && md.count("model_sha256"),
              "'{}' lacks its round metadata; start over with --overwrite", path);
+  return md;
+}
+
+std::string RoundStore::check_published_digest(const std::string& written) const {
   const std::string sha = model_.weights_sha256();
-  if (sha != md.at("model_sha256")) {
-    // Written by a server of sync protocol 1-4, whose digest was one pass over all the weights:
-    // the same model, named by this version's digest from now on.
-    SPES_CHECK(model_.flat_weights_sha256() == md.at("model_sha256"), "'{}' is corrupt: its "
-               "weights hash to {} but it was written with {}; restore it or start over with "
-               "--overwrite", path, sha, md.at("model_sha256"));
-    spdlog::info("'{}' was written by an earlier version (model digest {} over all weights at "
-                 "once); its digest is now {} (per tensor, sync protocol {}), and nodes of the "
-                 "earlier version cannot join", path, md.at("model_sha256").substr(0, 16),
-                 sha.substr(0, 16), kProtocolVersion);
-  }
-  PublishedRound p;
-  p.round = std::stoll(md.at("round"));
-  p.step = std::stoll(md.at("step"));
-  p.sha256 = sha;
-  if (st.value("round", int64_t{-1}) == p.round) {
-    p.alpha = st.value("alpha", 0.0);
-    p.merged = st.value("merged", false);
-    p.nodes = st.value("nodes", std::vector<int64_t>{});
-  }
-  if (cfg_.spes_config.uses_outer_step()) {
-    const std::string mpath = momentum_path(p.round);
-    if (p.round > 0) {
-      SPES_CHECK(fs::exists(mpath), "'{}' is missing (outer-step momentum of round {}); start "
-                 "over with --overwrite", mpath, p.round);
-      model_.load_momentum(safetensors_load(mpath), mpath);
-    }
-  }
-  spdlog::info("sync server: resuming from '{}' at round {} (step {})", dir, p.round, p.step);
-  return p;
+  if (sha == written) return sha;
+  // Written by a server of sync protocol 1-4, whose digest was one pass over all the weights:
+  // the same model, named by this version's digest from now on.
+  SPES_CHECK(model_.flat_weights_sha256() == written, "'{}' is corrupt: its weights hash to {} "
+             "but it was written with {}; restore it or start over with --overwrite",
+             published_path(), sha, written);
+  spdlog::info("'{}' was written by an earlier version (model digest {} over all weights at "
+               "once); its digest is now {} (per tensor, sync protocol {}), and nodes of the "
+               "earlier version cannot join", published_path(), written.substr(0, 16),
+               sha.substr(0, 16), kProtocolVersion);
+  return sha;
+}
+
+void RoundStore::load_momentum(int64_t round) {
+  const std::string path = momentum_path(round);
+  SPES_CHECK(fs::exists(path), "'{}' is missing (outer-step momentum of round {}); start over "
+             "with --overwrite", path, round);
+  model_.load_momentum(safetensors_load(path), path);
 }
 
 void RoundStore::save_drift_window(const PublishedRound& p, const nlohmann::json& window) {
@@ -226,27 +238,44 @@ std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& l
   // The previous round's background work first (removing the file it replaced, its staged
   // uploads): nothing of it may touch this round's files.
   background_.wait();
-  const std::string& dir = dir_;
-  const bool outer = cfg_.spes_config.uses_outer_step();
   // Order (the round's delta is already in place, commit_delta): momentum of the round, then
   // the published model (authoritative on restart; a delta of a round it does not describe is
-  // ignored), then state.json; each written to a temporary name, fsynced and renamed. The
-  // published model is written past the page cache (write_stream_file); the file it replaces
-  // is moved aside and removed in the background, with the rest of the cleanup.
-  if (outer)
-    write_stream_file(momentum_path(p.round),
-                      SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,
-                                              {{"format", "spes-momentum-v1"},
-                                               {"round", std::to_string(p.round)}}));
-  // Without the digest, it is computed on another thread while the disk writes the file (the
-  // writing thread mostly waits for it), its header holding a placeholder of the same length
-  // that is replaced before the file is synced. (Both threads only read the weights.)
+  // ignored), then state.json; each written to a temporary name, fsynced and renamed.
+  const bool outer = cfg_.spes_config.uses_outer_step();
+  if (outer) write_momentum(p.round);
+  std::string replaced;
+  const std::string sha = write_published_model(p, &replaced);
+  write_state(p, sha, line);
+  if (keep_copies_) keep_round_copies(p.round, outer);
+  const int64_t round = p.round;
+  background_.post(fmt::format("cleaning up after round {}", round),
+                   [this, outer, round, replaced] {
+    std::error_code ec;
+    if (!replaced.empty()) fs::remove(replaced, ec);
+    if (outer && round > 1) fs::remove(momentum_path(round - 1), ec);
+  });
+  return sha;
+}
+
+void RoundStore::write_momentum(int64_t round) {
+  write_stream_file(momentum_path(round),
+                    SafetensorsStreamWriter(model_.momentum_named(), torch::kFloat32,
+                                            {{"format", "spes-momentum-v1"},
+                                             {"round", std::to_string(round)}}));
+}
+
+std::string RoundStore::write_published_model(const PublishedRound& p, std::string* replaced) {
+  // Written past the page cache (write_stream_file); the file it replaces is moved aside
+  // (`replaced`) for removal in the background. Without the digest, it is computed on another
+  // thread while the disk writes the file (the writing thread mostly waits for it), its header
+  // holding a placeholder of the same length that is replaced before the file is synced. (Both
+  // threads only read the weights.)
   std::string sha = p.sha256;
   std::future<std::string> digest;
   if (sha.empty())
     digest = std::async(std::launch::async, [this] { return model_.weights_sha256(); });
   const std::string placeholder(64, '0');
-  const std::string replaced = write_stream_file(
+  *replaced = write_stream_file(
       published_path(),
       published_writer(model_, p.round, p.step, sha.empty() ? placeholder : sha),
       /*set_aside_replaced=*/true, [&](std::string* head) {
@@ -264,6 +293,11 @@ std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& l
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
   }
+  return sha;
+}
+
+void RoundStore::write_state(const PublishedRound& p, const std::string& sha,
+                             const nlohmann::json& line) {
   nlohmann::json saved_line = line;
   if (saved_line.is_object()) saved_line["model_sha256"] = sha;
   const nlohmann::json st = {{"format", "spes-server-state-v1"},
@@ -282,32 +316,25 @@ std::string RoundStore::persist(const PublishedRound& p, const nlohmann::json& l
   // The published file is the commit point (a restart resumes from it): from here on a
   // failure is logged, not thrown; state.json is written again with the next round.
   try {
-    file_write_atomic(run_layout::server_state(dir),
+    file_write_atomic(run_layout::server_state(dir_),
                       st.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } catch (const std::exception& e) {
     spdlog::error("round {} is published but '{}/state.json' could not be updated ({}); a "
-                  "restart resumes from published.safetensors", p.round, dir, e.what());
+                  "restart resumes from published.safetensors", p.round, dir_, e.what());
   }
-  if (keep_copies_) {  // hard links: no copy on the way
-    fs::create_directories(run_layout::kept_round(dir, p.round));
-    auto keep = [&](const std::string& from, const std::string& as) {
-      std::error_code ec;
-      fs::remove(as, ec);
-      fs::create_hard_link(from, as, ec);
-      if (ec) fs::copy_file(from, as);
-    };
-    keep(published_path(), run_layout::kept_published(dir, p.round));
-    if (outer && p.round > 0)
-      keep(momentum_path(p.round), run_layout::kept_momentum(dir, p.round));
-  }
-  const int64_t round = p.round;
-  background_.post(fmt::format("cleaning up after round {}", round),
-                   [this, outer, round, replaced] {
+}
+
+void RoundStore::keep_round_copies(int64_t round, bool outer) {
+  // Hard links: no copy on the way.
+  fs::create_directories(run_layout::kept_round(dir_, round));
+  auto keep = [&](const std::string& from, const std::string& as) {
     std::error_code ec;
-    if (!replaced.empty()) fs::remove(replaced, ec);
-    if (outer && round > 1) fs::remove(momentum_path(round - 1), ec);
-  });
-  return sha;
+    fs::remove(as, ec);
+    fs::create_hard_link(from, as, ec);
+    if (ec) fs::copy_file(from, as);
+  };
+  keep(published_path(), run_layout::kept_published(dir_, round));
+  if (outer && round > 0) keep(momentum_path(round), run_layout::kept_momentum(dir_, round));
 }
 
 }  // namespace spes::sync

@@ -85,6 +85,19 @@ class RoundStore {
  private:
   std::string momentum_path(int64_t round) const;
   void remove_leftovers() const;
+  // resume()'s steps: state.json, checked to describe this run; the published model loaded
+  // from its file (returns the file's metadata); its digest checked (a file of protocols 1-4
+  // named by today's digest); the outer step's momentum.
+  nlohmann::json read_state_for_this_run() const;
+  Metadata load_published_model();
+  std::string check_published_digest(const std::string& written) const;
+  void load_momentum(int64_t round);
+  // persist()'s steps: the momentum, the published model (returns its digest; `replaced`: the
+  // file it replaced, set aside), state.json, the kept copies of --keep-uploads.
+  void write_momentum(int64_t round);
+  std::string write_published_model(const PublishedRound& p, std::string* replaced);
+  void write_state(const PublishedRound& p, const std::string& sha, const nlohmann::json& line);
+  void keep_round_copies(int64_t round, bool outer);
   const Config& cfg_;
   std::string dir_;
   bool keep_copies_;

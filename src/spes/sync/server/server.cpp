@@ -266,24 +266,29 @@ struct SyncServer::Impl {
   int port = 0;
   std::string address;
   std::atomic<bool> stop{false};
+
+  // The constructor's steps.
+  void check_listen_security() const;
+  void make_call_auth();
+  void start_dashboard();
+  std::shared_ptr<grpc::ServerCredentials> credentials() const;
+  void start_grpc();
+  void write_server_info() const;
 };
 
-SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
-  impl_->opts = std::move(opts);
-  impl_->cfg = cfg;
-  const std::string& listen = impl_->opts.listen;
-  const auto& sc = cfg.spes_config;
+void SyncServer::Impl::check_listen_security() const {
+  const std::string& listen = opts.listen;
+  const SyncTransport& tr = cfg.spes_config.transport;
   // Secure by default: without node tokens anyone who reaches the port could upload as any
   // node, so only loopback is allowed.
-  SPES_CHECK(!sc.transport.auth_tokens_file.empty() || is_loopback_host(listen),
+  SPES_CHECK(!tr.auth_tokens_file.empty() || is_loopback_host(listen),
              "refusing to listen on '{}' without node tokens: anyone reaching the port could "
              "upload as any node. Write a YAML map of node id -> secret (e.g. `0: $(openssl "
              "rand -hex 16)`), set spes_config.auth_tokens_file to it, and give each node its "
              "token with --token-file or SPES_NODE_TOKEN (TLS: spes_config.tls_cert/tls_key)",
              listen);
-  const bool loopback = is_loopback_host(listen);
-  if (!loopback && sc.transport.tls_cert.empty()) {
-    SPES_CHECK(impl_->opts.insecure, "refusing to listen on '{}' without TLS: node tokens, "
+  if (!is_loopback_host(listen) && tr.tls_cert.empty()) {
+    SPES_CHECK(opts.insecure, "refusing to listen on '{}' without TLS: node tokens, "
                "uploads and the published model (and its digest) would cross the network in "
                "cleartext, so a listener could act as a node and a man in the middle could "
                "change the model. Set spes_config.tls_cert and tls_key (nodes: tls_ca), or pass "
@@ -292,68 +297,89 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_
                  "the node tokens and act as a node, and can alter downloads and their "
                  "digests; use spes_config.tls_cert/tls_key", listen);
   }
-  SPES_CHECK(!impl_->opts.bind_client_certs || !sc.transport.tls_client_ca.empty(), "--bind-client-certs "
+  SPES_CHECK(!opts.bind_client_certs || !tr.tls_client_ca.empty(), "--bind-client-certs "
              "needs client certificates: set spes_config.tls_client_ca (and tls_cert/tls_key)");
-  CallAuthOptions ao;
-  ao.loopback_only = loopback;
-  ao.read_token = read_token_file(impl_->opts.read_token_file, "--read-token-file");
-  ao.bind_client_certs = impl_->opts.bind_client_certs;
-  impl_->auth = std::make_unique<CallAuth>(cfg, ao);
-  if (impl_->auth->read_needs_token() && ao.read_token.empty())
-    spdlog::warn("sync server: off loopback without --read-token-file: Status (`spes status`) "
-                 "and the dashboard's data are refused");
-  impl_->limits = std::make_unique<StreamLimits>(impl_->opts.first_message_timeout_s,
-                                                 impl_->opts.stream_idle_timeout_s);
-  impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
-  // The status page (spes_config.dashboard_port, -1: off) starts before the sync port is
-  // bound, so that a dashboard port in use stops the server before any node can join.
-  if (sc.dashboard.port >= 0) {
-    const auto started = std::chrono::steady_clock::now();
-    Impl* impl = impl_.get();
-    impl_->dashboard = std::make_unique<dashboard::DashboardServer>(
-        sc.dashboard.host, static_cast<int>(sc.dashboard.port), [impl, started] {
-          const double up =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-          return dashboard_status(impl->cfg, *impl->state, up);
-        }, dashboard_access(sc.dashboard.host, *impl_->auth));
-  }
-  impl_->service = std::make_unique<SyncService>(*impl_->state, *impl_->auth, *impl_->limits,
-                                                 impl_->long_polls);
-  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
-  if (!sc.transport.tls_cert.empty()) {
-    grpc::SslServerCredentialsOptions ssl(
-        sc.transport.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ssl.pem_root_certs = read_pem(sc.transport.tls_client_ca, "tls_client_ca");
-    ssl.pem_key_cert_pairs.push_back(
-        {read_pem(sc.transport.tls_key, "tls_key"), read_pem(sc.transport.tls_cert, "tls_cert")});
-    creds = grpc::SslServerCredentials(ssl);
-  }
-  if (sc.transport.auth_tokens_file.empty())
+  if (tr.auth_tokens_file.empty())
     spdlog::warn("sync server: no spes_config.auth_tokens_file: any local process may act as a "
                  "node; listening on loopback only");
+}
+
+void SyncServer::Impl::make_call_auth() {
+  CallAuthOptions ao;
+  ao.loopback_only = is_loopback_host(opts.listen);
+  ao.read_token = read_token_file(opts.read_token_file, "--read-token-file");
+  ao.bind_client_certs = opts.bind_client_certs;
+  auth = std::make_unique<CallAuth>(cfg, ao);
+  if (auth->read_needs_token() && ao.read_token.empty())
+    spdlog::warn("sync server: off loopback without --read-token-file: Status (`spes status`) "
+                 "and the dashboard's data are refused");
+}
+
+void SyncServer::Impl::start_dashboard() {
+  // The status page (spes_config.dashboard_port, -1: off) starts before the sync port is
+  // bound, so that a dashboard port in use stops the server before any node can join.
+  const DashboardSettings& d = cfg.spes_config.dashboard;
+  if (d.port < 0) return;
+  const auto started = std::chrono::steady_clock::now();
+  dashboard = std::make_unique<dashboard::DashboardServer>(
+      d.host, static_cast<int>(d.port), [this, started] {
+        const double up =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        return dashboard_status(cfg, *state, up);
+      }, dashboard_access(d.host, *auth));
+}
+
+std::shared_ptr<grpc::ServerCredentials> SyncServer::Impl::credentials() const {
+  const SyncTransport& tr = cfg.spes_config.transport;
+  if (tr.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      tr.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                               : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = read_pem(tr.tls_client_ca, "tls_client_ca");
+  ssl.pem_key_cert_pairs.push_back(
+      {read_pem(tr.tls_key, "tls_key"), read_pem(tr.tls_cert, "tls_cert")});
+  return grpc::SslServerCredentials(ssl);
+}
+
+void SyncServer::Impl::start_grpc() {
+  service = std::make_unique<SyncService>(*state, *auth, *limits, long_polls);
   grpc::ServerBuilder b;
-  b.AddListeningPort(listen, creds, &impl_->port);
+  b.AddListeningPort(opts.listen, credentials(), &port);
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
   // Caps against floods: threads (each open call holds one; past the cap a call is refused
   // with RESOURCE_EXHAUSTED), streams per connection, and the size of a call's metadata.
   grpc::ResourceQuota quota("spes-sync-server");
-  const int64_t threads = impl_->opts.max_threads > 0 ? impl_->opts.max_threads
-                                                      : 64 + 8 * sc.num_peers;
+  const int64_t threads =
+      opts.max_threads > 0 ? opts.max_threads : 64 + 8 * cfg.spes_config.num_peers;
   quota.SetMaxThreads(static_cast<int>(std::min<int64_t>(threads, 4096)));
   b.SetResourceQuota(quota);
   b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   b.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxMetadataBytes);
-  b.RegisterService(impl_->service.get());
-  impl_->server = b.BuildAndStart();
-  SPES_CHECK(impl_->server && impl_->port > 0, "sync server: cannot listen on '{}' (address in "
-             "use or invalid?)", listen);
-  const std::string host = listen.substr(0, listen.rfind(':'));
-  impl_->address = host + ":" + std::to_string(impl_->port);
-  nlohmann::json info = {{"address", impl_->address}, {"pid", ::getpid()}};
-  if (impl_->dashboard) info["dashboard"] = impl_->dashboard->url();
-  file_write_atomic(run_layout::server_info(impl_->opts.state.out_dir), info.dump() + "\n");
+  b.RegisterService(service.get());
+  server = b.BuildAndStart();
+  SPES_CHECK(server && port > 0, "sync server: cannot listen on '{}' (address in use or "
+             "invalid?)", opts.listen);
+  address = opts.listen.substr(0, opts.listen.rfind(':')) + ":" + std::to_string(port);
+}
+
+void SyncServer::Impl::write_server_info() const {
+  nlohmann::json info = {{"address", address}, {"pid", ::getpid()}};
+  if (dashboard) info["dashboard"] = dashboard->url();
+  file_write_atomic(run_layout::server_info(opts.state.out_dir), info.dump() + "\n");
+}
+
+SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = std::move(opts);
+  impl_->cfg = cfg;
+  impl_->check_listen_security();
+  impl_->make_call_auth();
+  impl_->limits = std::make_unique<StreamLimits>(impl_->opts.first_message_timeout_s,
+                                                 impl_->opts.stream_idle_timeout_s);
+  impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
+  impl_->start_dashboard();
+  impl_->start_grpc();
+  impl_->write_server_info();
   spdlog::info("sync server listening on {}", impl_->address);
 }
 

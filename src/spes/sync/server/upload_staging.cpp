@@ -202,73 +202,84 @@ std::unique_ptr<UploadSession> UploadStaging::begin(std::unique_lock<std::mutex>
   s->incarnation = node.incarnation;
   s->assembly = std::make_unique<UploadAssembly>(
       total_bytes, fmt::format("node {} round {}", node.node_id, round));
-  Slot& slot = slots_[node.node_id];
-  if (offset > 0) {
-    // A resume must continue the upload kept from this incarnation's interrupted stream.
-    const UploadStream* k = slot.kept.get();
-    const bool same = k && k->incarnation == node.incarnation && k->round == round &&
-                      k->step == step && k->total == total_bytes;
-    const uint64_t held = same ? k->assembly->received() : 0;
-    if (!same || offset > held || slot.accepted_round == round || slot.state != State::None)
-      sync_fail(SyncErrc::DataLoss, "node {}: cannot resume the round {} upload at offset {}: "
-                "the server holds {} bytes of it; ask where to resume again (resume_query) or "
-                "send it from offset 0", node.node_id, round, offset, held);
-    s = std::move(slot.kept);
-    s->resumed_from = s->assembly->received();
-    slot.resumed_bytes += s->resumed_from;
-    slot.state = State::Uploading;
-    slot.session = s->session = next_session_++;
-    spdlog::info("round {}: node {} resumes its upload at byte {} of {} (sends from {})", round,
-                 node.node_id, s->resumed_from, total_bytes, offset);
-    return std::make_unique<UploadSession>(*this, std::move(s));
-  }
-  if (slot.accepted_round == round) {
-    // Already accepted: a retry whose reply was lost (same incarnation: nothing to do), or
-    // a restarted node sending the round again (its first upload counts; it must take the
-    // published model). Either way it is never applied twice.
-    s->duplicate = true;
-    s->stale = slot.accepted_incarnation != node.incarnation;
-  } else if (round < collecting_) {
-    sync_fail(SyncErrc::OutOfRange, "node {}: round {} is closed (latest published round {}); "
-              "an old round's upload is never applied: take the published model and carry on",
-              node.node_id, round, collecting_ - 1);
-  } else if (round != collecting_) {
-    sync_fail(SyncErrc::FailedPrecondition, "node {}: upload for round {} refused: the server "
-              "collects round {} (latest published {})", node.node_id, round, collecting_,
-              collecting_ - 1);
-  } else if (round_closed_) {
-    sync_fail(SyncErrc::Unavailable, "node {}: round {} is closed and being published; send the "
-              "upload again in a few seconds", node.node_id, round);
-  } else if (slot.state == State::Rejected) {
-    sync_fail(SyncErrc::InvalidArgument, "node {}: its upload for round {} was rejected ({}); "
-              "it is out of this round: take the published model when the round publishes",
-              node.node_id, round, slot.detail);
-  } else if (slot.state == State::Ready || slot.state == State::Folded) {
-    s->duplicate = true;
-    s->stale = slot.accepted_incarnation != node.incarnation;
-  } else {
-    const uint64_t limit = 8 + model_.plan().max_upload_header_bytes(node.node_id) +
-                           model_.plan().upload_data_bytes(node.node_id);
-    if (total_bytes < 8 || total_bytes > limit) {
-      const std::string why = fmt::format("node {}: an upload of {} bytes is impossible (its "
-                                          "tensors take at most {} bytes)", node.node_id,
-                                          total_bytes, limit);
-      reject(slot, node.node_id, round, why);
-      throw SyncError(SyncErrc::ResourceExhausted, why);
-    }
-    // An upload still open for this node (a dead connection, a restarted node) is
-    // superseded: its finish() will be refused. A kept interrupted one is dropped.
-    drop_kept(node.node_id, "the node sends its upload again from the start");
-    slot.state = State::Uploading;
-    slot.session = s->session = next_session_++;
-    events_.started();
-  }
+  if (offset > 0) return resume_kept(node, round, step, total_bytes, offset);
+  admit_new_stream(*s);
   // From here on the session's destructor cleans up (file, slot) whatever goes wrong.
   UploadStream& stream = *s;
   auto session = std::make_unique<UploadSession>(*this, std::move(s));
   lk.unlock();
   if (!stream.duplicate) open_staged_file(stream);
   return session;
+}
+
+std::unique_ptr<UploadSession> UploadStaging::resume_kept(const NodeId& node, int64_t round,
+                                                          int64_t step, uint64_t total_bytes,
+                                                          uint64_t offset) {
+  // A resume must continue the upload kept from this incarnation's interrupted stream.
+  Slot& slot = slots_[node.node_id];
+  const UploadStream* k = slot.kept.get();
+  const bool same = k && k->incarnation == node.incarnation && k->round == round &&
+                    k->step == step && k->total == total_bytes;
+  const uint64_t held = same ? k->assembly->received() : 0;
+  if (!same || offset > held || slot.accepted_round == round || slot.state != State::None)
+    sync_fail(SyncErrc::DataLoss, "node {}: cannot resume the round {} upload at offset {}: the "
+              "server holds {} bytes of it; ask where to resume again (resume_query) or send it "
+              "from offset 0", node.node_id, round, offset, held);
+  std::unique_ptr<UploadStream> s = std::move(slot.kept);
+  s->resumed_from = s->assembly->received();
+  slot.resumed_bytes += s->resumed_from;
+  slot.state = State::Uploading;
+  slot.session = s->session = next_session_++;
+  spdlog::info("round {}: node {} resumes its upload at byte {} of {} (sends from {})", round,
+               node.node_id, s->resumed_from, total_bytes, offset);
+  return std::make_unique<UploadSession>(*this, std::move(s));
+}
+
+void UploadStaging::admit_new_stream(UploadStream& s) {
+  Slot& slot = slots_[s.node];
+  if (slot.accepted_round == s.round) {
+    // Already accepted: a retry whose reply was lost (same incarnation: nothing to do), or
+    // a restarted node sending the round again (its first upload counts; it must take the
+    // published model). Either way it is never applied twice.
+    s.duplicate = true;
+    s.stale = slot.accepted_incarnation != s.incarnation;
+  } else if (s.round < collecting_) {
+    sync_fail(SyncErrc::OutOfRange, "node {}: round {} is closed (latest published round {}); "
+              "an old round's upload is never applied: take the published model and carry on",
+              s.node, s.round, collecting_ - 1);
+  } else if (s.round != collecting_) {
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: upload for round {} refused: the server "
+              "collects round {} (latest published {})", s.node, s.round, collecting_,
+              collecting_ - 1);
+  } else if (round_closed_) {
+    sync_fail(SyncErrc::Unavailable, "node {}: round {} is closed and being published; send the "
+              "upload again in a few seconds", s.node, s.round);
+  } else if (slot.state == State::Rejected) {
+    sync_fail(SyncErrc::InvalidArgument, "node {}: its upload for round {} was rejected ({}); "
+              "it is out of this round: take the published model when the round publishes",
+              s.node, s.round, slot.detail);
+  } else if (slot.state == State::Ready || slot.state == State::Folded) {
+    s.duplicate = true;
+    s.stale = slot.accepted_incarnation != s.incarnation;
+  } else {
+    check_upload_size(slot, s);
+    // An upload still open for this node (a dead connection, a restarted node) is
+    // superseded: its finish() will be refused. A kept interrupted one is dropped.
+    drop_kept(s.node, "the node sends its upload again from the start");
+    slot.state = State::Uploading;
+    slot.session = s.session = next_session_++;
+    events_.started();
+  }
+}
+
+void UploadStaging::check_upload_size(Slot& slot, const UploadStream& s) {
+  const uint64_t limit = 8 + model_.plan().max_upload_header_bytes(s.node) +
+                         model_.plan().upload_data_bytes(s.node);
+  if (s.total >= 8 && s.total <= limit) return;
+  const std::string why = fmt::format("node {}: an upload of {} bytes is impossible (its tensors "
+                                      "take at most {} bytes)", s.node, s.total, limit);
+  reject(slot, s.node, s.round, why);
+  throw SyncError(SyncErrc::ResourceExhausted, why);
 }
 
 void UploadStaging::open_staged_file(UploadStream& s) {
@@ -353,29 +364,42 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   r.bytes = s.assembly->received();
   r.accepted = true;
   r.resumed_from = s.resumed_from;
-  if (s.duplicate) {
-    r.duplicate = true;
-    r.accepted = !s.stale;  // false: an earlier incarnation's upload is the one that counts
-    s.finished = true;
-    std::lock_guard<std::mutex> lk(mu_);
-    if (s.round == collecting_) slots_[s.node].wire_bytes += s.wire;
-    s.wire = 0;
-    return r;
-  }
+  if (s.duplicate) return finish_duplicate(s, r);
+  check_stream_checksum(s, r.checksum, expected_checksum);
+  check_update_bounds(s);
+  close_staged_file(s, r.checksum);
+  accept(s, r);
+  return r;
+}
+
+UploadResult UploadStaging::finish_duplicate(UploadStream& s, UploadResult r) {
+  r.duplicate = true;
+  r.accepted = !s.stale;  // false: an earlier incarnation's upload is the one that counts
+  s.finished = true;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (s.round == collecting_) slots_[s.node].wire_bytes += s.wire;
+  s.wire = 0;
+  return r;
+}
+
+void UploadStaging::check_stream_checksum(UploadStream& s, const std::string& received,
+                                          const std::string& expected) {
   // The whole stream, as assembled here (over several streams when resumed), must be the one
   // the node sent; otherwise it is sent again from the start.
-  if (s.resumed_from > 0 && expected_checksum.empty()) {
+  if (s.resumed_from > 0 && expected.empty()) {
     s.broken = true;
     sync_fail(SyncErrc::DataLoss, "node {} round {}: a resumed upload must carry the checksum of "
               "the whole stream (upload_checksum in its last chunk); send it again from offset 0",
               s.node, s.round);
   }
-  if (!expected_checksum.empty() && expected_checksum != r.checksum) {
+  if (!expected.empty() && expected != received) {
     s.broken = true;
     sync_fail(SyncErrc::DataLoss, "node {} round {}: the upload's bytes have checksum {} but the "
-              "node sent {}; send it again from offset 0", s.node, s.round, r.checksum,
-              expected_checksum);
+              "node sent {}; send it again from offset 0", s.node, s.round, received, expected);
   }
+}
+
+void UploadStaging::check_update_bounds(UploadStream& s) {
   try {
     s.reader->finish();
     const double limit = cfg_.spes_config.bounds.max_update_norm_ratio;
@@ -399,17 +423,21 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
     reject_stream(s, e.what());
     throw;
   }
+}
+
+void UploadStaging::close_staged_file(UploadStream& s, const std::string& checksum) {
   const bool ok = std::fflush(s.f) == 0;
   s.close_file();
   if (!ok) sync_fail(SyncErrc::Internal, "cannot write '{}' (disk full?)", s.partial);
-  if (s.resumed_from > 0) {
-    // Part of the staged file was written by an earlier stream: check it all before use.
-    const std::string on_disk = file_checksum(s.partial);
-    if (on_disk != r.checksum)
-      sync_fail(SyncErrc::DataLoss, "node {} round {}: the staged upload '{}' has checksum {}, "
-                "not {}; send it again from offset 0", s.node, s.round, s.partial, on_disk,
-                r.checksum);
-  }
+  if (s.resumed_from == 0) return;
+  // Part of the staged file was written by an earlier stream: check it all before use.
+  const std::string on_disk = file_checksum(s.partial);
+  if (on_disk != checksum)
+    sync_fail(SyncErrc::DataLoss, "node {} round {}: the staged upload '{}' has checksum {}, not "
+              "{}; send it again from offset 0", s.node, s.round, s.partial, on_disk, checksum);
+}
+
+void UploadStaging::accept(UploadStream& s, const UploadResult& r) {
   std::lock_guard<std::mutex> lk(mu_);
   Slot& slot = slots_[s.node];
   if (s.round != collecting_ || round_closed_)
@@ -433,7 +461,6 @@ UploadResult UploadStaging::finish(UploadStream& s, const std::string& expected_
   spdlog::info("round {}: upload of node {} accepted ({}, {} tokens)", s.round, s.node,
                human_bytes(static_cast<double>(r.bytes)), s.meta.tokens);
   events_.ready(s.node);
-  return r;
 }
 
 void UploadStaging::end(std::unique_ptr<UploadStream> sp) {

@@ -137,6 +137,22 @@ class UploadStaging {
   void reject(Slot& slot, int64_t node, int64_t round, const std::string& why);  // lock held
   void reject_stream(const UploadStream& s, const std::string& why);  // takes the lock
   void open_staged_file(UploadStream& s);  // without the lock
+  // begin()'s steps (lock held): a resumed stream takes the kept one; a new stream is a
+  // duplicate of an accepted upload, refused (closed, future, rejected round), or admitted
+  // when its size is possible.
+  std::unique_ptr<UploadSession> resume_kept(const NodeId& node, int64_t round, int64_t step,
+                                             uint64_t total_bytes, uint64_t offset);
+  void admit_new_stream(UploadStream& s);
+  void check_upload_size(Slot& slot, const UploadStream& s);
+  // finish()'s steps: a duplicate's answer (takes the lock); the whole stream's checksum; the
+  // update bounds (a violation rejects the stream); the staged file flushed and, when resumed,
+  // re-read and checked; the upload accepted (takes the lock).
+  UploadResult finish_duplicate(UploadStream& s, UploadResult r);
+  void check_stream_checksum(UploadStream& s, const std::string& received,
+                             const std::string& expected);
+  void check_update_bounds(UploadStream& s);
+  void close_staged_file(UploadStream& s, const std::string& checksum);
+  void accept(UploadStream& s, const UploadResult& r);
 
   const Config& cfg_;
   const SyncModel& model_;
