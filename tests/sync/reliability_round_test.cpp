@@ -17,6 +17,7 @@
 
 #include "spes/common/error.h"
 #include "spes/io/files.h"
+#include "spes/io/format_version.h"
 #include "spes/model/ownership.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/server/round_state.h"
@@ -603,4 +604,19 @@ TEST(RoundStateReliability, RepeatedChunkIsNeverAppliedTwice) {
   EXPECT_EQ(lines[0]["bytes_in_per_node"][0], total);
   // Received on the wire: the repeats (chunks 1 and 0) and the overlap's old half on top.
   EXPECT_EQ(lines[0]["bytes_in_wire_per_node"][0], total + 2000 + 500);
+}
+
+// The version rule (io/format_version.h) on the server's directory: state.json written by a
+// newer spes is refused with both versions before anything is loaded; the directory is kept.
+TEST(RoundStateReliability, ADirectoryOfANewerFormatIsRefusedAndKept) {
+  TempDir tmp;
+  const Config cfg = tiny_config();
+  { RoundState st(cfg, {tmp.path}); }
+  const std::string state = tmp.path + "/state.json";
+  nlohmann::json st = nlohmann::json::parse(file_read(state));
+  st["format"] = format_name(kServerStateFormat, kServerStateFormatVersion + 1);
+  file_write_atomic(state, st.dump());
+  EXPECT_THAT(error_of([&] { RoundState again(cfg, {tmp.path}); }),
+              HasSubstr("by a newer spes; this spes reads spes-server-state up to version"));
+  EXPECT_EQ(nlohmann::json::parse(file_read(state))["format"], st["format"]);
 }

@@ -12,6 +12,7 @@
 
 #include "spes/common/error.h"
 #include "spes/io/files.h"
+#include "spes/io/format_version.h"
 #include "spes/model/losses.h"
 #include "spes/train/checkpoint.h"
 
@@ -246,4 +247,49 @@ TEST_F(CheckpointFiles, FailedOptimizerLoadLeavesWeightsUnchanged) {
 
   EXPECT_THAT(load_error(weights_only, fresh, true), HasSubstr("no optimizer state"));
   EXPECT_EQ(fresh.reg.weights_sha256(), sha) << "weights-only checkpoint loaded for resume";
+}
+
+// The version rule (io/format_version.h): a checkpoint of a newer format is refused with both
+// versions and the fix before anything is loaded; one of another family or without a format
+// is not taken for a checkpoint.
+TEST_F(CheckpointFiles, NewerFormatIsRefusedNamingBothVersions) {
+  Config cfg = tiny_config();
+  Node a(cfg, 1);
+  const std::string dir = (base_ / "ckpt").string();
+  checkpoint_save(dir, cfg, a.reg, &a.opt, sample_state());
+  auto with_format = [&](const std::string& name, const nlohmann::json& format) {
+    const std::string d = copy_of(dir, name);
+    nlohmann::json st = nlohmann::json::parse(file_read(d + "/state.json"));
+    if (format.is_null()) st.erase("format");
+    else st["format"] = format;
+    file_write_atomic(d + "/state.json", st.dump());
+    return d;
+  };
+  Node b(cfg, 2);
+  const std::string before = b.reg.weights_sha256();
+  const std::string newer = with_format("newer", "spes-checkpoint-v" +
+                                                     std::to_string(kCheckpointFormatVersion + 1));
+  EXPECT_THAT(load_error(newer, b, true),
+              HasSubstr("by a newer spes; this spes reads spes-checkpoint up to version " +
+                        std::to_string(kCheckpointFormatVersion)));
+  EXPECT_THAT(load_error(with_format("other", "spes-server-state-v1"), b, true),
+              HasSubstr("is not spes-checkpoint-v<N>"));
+  EXPECT_THAT(load_error(with_format("none", nullptr), b, true), HasSubstr("names no format"));
+  EXPECT_EQ(b.reg.weights_sha256(), before);
+  EXPECT_NO_THROW(checkpoint_load(dir, b.reg, &b.opt));
+}
+
+TEST(FormatVersion, ReadsEveryVersionUpToItsOwnAndNamesTheFamily) {
+  EXPECT_EQ(format_name("spes-x", 3), "spes-x-v3");
+  EXPECT_EQ(format_version("spes-x-v1", "spes-x", 3, "f"), 1);
+  EXPECT_EQ(format_version("spes-x-v3", "spes-x", 3, "f"), 3);
+  for (const char* bad : {"spes-x-v0", "spes-x-v", "spes-x-v1a", "spes-y-v1", "spes-x-v-1", ""})
+    EXPECT_THROW(format_version(bad, "spes-x", 3, "f"), Error) << bad;
+  try {
+    format_version("spes-x-v4", "spes-x", 3, "dir/state.json");
+    ADD_FAILURE() << "a newer version was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("dir/state.json: written in format spes-x-v4 by a newer spes"));
+    EXPECT_THAT(e.what(), HasSubstr("up to version 3"));
+  }
 }

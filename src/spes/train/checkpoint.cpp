@@ -10,6 +10,7 @@
 #include "spes/common/strings.h"
 #include "spes/data/tokenizer_path.h"
 #include "spes/io/files.h"
+#include "spes/io/format_version.h"
 #include "spes/io/run_layout.h"
 #include "spes/io/safetensors.h"
 
@@ -57,8 +58,9 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
     file_write_atomic(tmp + "/" + name, bytes);
     files[name] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
   };
-  write("model.safetensors", safetensors_serialize(registry_tensors(registry),
-                                                   {{"format", "spes-checkpoint-v1"}}));
+  const std::string format = format_name(kCheckpointFormat, kCheckpointFormatVersion);
+  write("model.safetensors",
+        safetensors_serialize(registry_tensors(registry), {{"format", format}}));
   if (optimizer) write("optimizer.safetensors", safetensors_serialize(optimizer->state_tensors()));
   write("config.yaml", config_to_yaml(cfg));
   // Keep the tokenizer with the weights so evaluation and export need nothing else.
@@ -66,7 +68,7 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
       tokenizer_file.empty() ? resolve_tokenizer_path(cfg.data) : tokenizer_file;
   if (!tok.empty())
     write(ends_with(tok, ".json") ? "tokenizer.json" : "tokenizer.model", file_read(tok));
-  nlohmann::json st = {{"format", "spes-checkpoint-v1"},
+  nlohmann::json st = {{"format", format},
                        {"step", state.step},
                        {"tokens", state.tokens},
                        {"loader", {{"epoch", state.loader.epoch},
@@ -84,11 +86,17 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
 static nlohmann::json read_state(const std::string& dir) {
   const std::string path = run_layout::checkpoint_state(dir);
   SPES_CHECK(fs::exists(path), "'{}' is not a checkpoint directory (no state.json)", dir);
+  nlohmann::json st;
   try {
-    return nlohmann::json::parse(file_read(path));
+    st = nlohmann::json::parse(file_read(path));
   } catch (const nlohmann::json::exception& e) {
     fail("{}: state.json is corrupt ({})", dir, e.what());
   }
+  SPES_CHECK(st.is_object() && st.contains("format") && st["format"].is_string(), "{}: "
+             "state.json names no format; it is not a spes checkpoint", dir);
+  format_version(st["format"].get<std::string>(), kCheckpointFormat, kCheckpointFormatVersion,
+                 path);
+  return st;
 }
 
 static std::string read_verified(const std::string& dir, const nlohmann::json& st,

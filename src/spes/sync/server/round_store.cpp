@@ -14,6 +14,7 @@
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
 #include "spes/io/files.h"
+#include "spes/io/format_version.h"
 #include "spes/io/run_layout.h"
 #include "spes/sync/wire/framing.h"
 
@@ -84,8 +85,10 @@ nlohmann::json RoundStore::read_state_for_this_run() const {
     fail("'{}/state.json' is corrupt ({}); restore it or start over with --overwrite", dir_,
          e.what());
   }
-  SPES_CHECK(st.value("format", "") == "spes-server-state-v1", "'{}/state.json' is not a sync "
-             "server state; start over with --overwrite", dir_);
+  SPES_CHECK(st.is_object() && st.contains("format") && st["format"].is_string(),
+             "'{}/state.json' is not a sync server state; start over with --overwrite", dir_);
+  format_version(st["format"].get<std::string>(), kServerStateFormat, kServerStateFormatVersion,
+                 run_layout::server_state(dir_));
   auto same = [&](const char* key, const std::string& mine) {
     SPES_CHECK(st.value(key, "") == mine, "'{}' holds a run with a different {} ({} vs {}); "
                "use the same config, another --out, or --overwrite to start over", dir_, key,
@@ -300,7 +303,8 @@ void RoundStore::write_state(const PublishedRound& p, const std::string& sha,
                              const nlohmann::json& line) {
   nlohmann::json saved_line = line;
   if (saved_line.is_object()) saved_line["model_sha256"] = sha;
-  const nlohmann::json st = {{"format", "spes-server-state-v1"},
+  const std::string format = format_name(kServerStateFormat, kServerStateFormatVersion);
+  const nlohmann::json st = {{"format", format},
                              {"round", p.round},
                              {"step", p.step},
                              {"model_sha256", sha},
