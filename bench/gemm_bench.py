@@ -2,8 +2,10 @@
 """fp32 CPU matrix-product rate of the BLAS that PyTorch's sgemm_ reaches, for square sizes:
 best of 3 repetitions, all threads. Prints one JSON line. bench/run_train_bench.sh runs it
 twice: with the wheel's built-in MKL, and with Debian's OpenBLAS preloaded (LD_PRELOAD), which
-is what spes's link order does (CMake SPES_CPU_BLAS=openblas, the default)."""
-import argparse, json, os, time
+is what spes's link order does (CMake SPES_CPU_BLAS=openblas, the default); and once per
+OpenBLAS core type (OPENBLAS_CORETYPE=...), to measure what each of OpenBLAS's kernels gives on
+this CPU. The JSON names the OpenBLAS core that served (openblas_get_corename), when it did."""
+import argparse, ctypes, json, os, time
 
 import torch
 
@@ -22,6 +24,16 @@ def rate(n: int, threads: int) -> float:
     return best
 
 
+def openblas_core() -> str:
+    """The core of the OpenBLAS in this process (preloaded), or "" when there is none."""
+    try:
+        f = ctypes.CDLL(None).openblas_get_corename
+    except AttributeError:
+        return ""
+    f.restype = ctypes.c_char_p
+    return f().decode()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", default="gemm")
@@ -32,7 +44,8 @@ def main() -> None:
     sizes = [int(s) for s in a.sizes.split(",")]
     gflops = {str(n): round(rate(n, a.threads) / 1e9, 1) for n in sizes}
     print(json.dumps({"name": a.name, "torch": torch.__version__, "threads": a.threads,
-                      "ld_preload": os.environ.get("LD_PRELOAD", ""), "gflop_s": gflops}))
+                      "ld_preload": os.environ.get("LD_PRELOAD", ""), "openblas_core": openblas_core(),
+                      "gflop_s": gflops}))
 
 
 if __name__ == "__main__":

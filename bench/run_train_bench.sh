@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the training benchmarks of docs/PERFORMANCE.md (run it on an otherwise idle machine) and
 # prints one JSON line each: the CPU GEMM rate of the wheel's MKL and of Debian's OpenBLAS (the
-# one spes uses, CMake SPES_CPU_BLAS), three model sizes, the d_model 512 model with 3/4 of its
+# one spes uses, CMake SPES_CPU_BLAS) with the core it picks by itself and with each of its
+# x86 core types (OPENBLAS_CORETYPE: what spes's start-up selection, common/cpu_blas.h, can
+# choose from), three model sizes, the d_model 512 model with 3/4 of its
 # experts frozen, and the same d_model 512 model in PyTorch 2.11 (the wheel in .venv/, the
 # same libtorch spes is built against, MKL as shipped) eager and under torch.compile, run right
 # after the spes run, and eager again with OpenBLAS preloaded; then the side-by-side ratios and
@@ -20,6 +22,10 @@ run() { "$@" | tee -a "$out"; }
 run $PY bench/gemm_bench.py --name gemm_mkl
 if [ -n "$openblas" ]; then
   run env LD_PRELOAD="$openblas" $PY bench/gemm_bench.py --name gemm_openblas
+  for core in Prescott Sandybridge Haswell Zen SkylakeX Cooperlake; do
+    run env LD_PRELOAD="$openblas" OPENBLAS_CORETYPE=$core $PY bench/gemm_bench.py \
+      --name "gemm_openblas_$core" --sizes 1024
+  done
 fi
 run $B --name d256 --d-model 256 --layers 4 --heads 4 --hidden 512 --seq 256 --batch 8
 run $B --name d512 --steps 5

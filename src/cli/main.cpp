@@ -1,5 +1,6 @@
 // Entry point of the `spes` binary: sets the heap to keep freed blocks for reuse
-// (common/memory_policy.h), loads libtorch_cuda unless the subcommand never uses a GPU
+// (common/memory_policy.h), selects OpenBLAS's core where it fell back to generic kernels
+// (common/cpu_blas.h), loads libtorch_cuda unless the subcommand never uses a GPU
 // (train/cuda_library.h), builds the CLI11 app from the registered subcommands and turns
 // library errors into one clear line on stderr and exit code 1. Every model it starts honours
 // model.init_checkpoint (the reader that interop/init_checkpoint.h installs).
@@ -11,6 +12,7 @@
 
 #include "cli/command.h"
 #include "spes/common/build_features.h"
+#include "spes/common/cpu_blas.h"
 #include "spes/common/error.h"
 #include "spes/common/memory_policy.h"
 #include "spes/interop/init_checkpoint.h"
@@ -41,6 +43,7 @@ GpuUse gpu_use_of_command(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   spes::keep_freed_heap_memory();  // before any large allocation (common/memory_policy.h)
+  spes::select_cpu_blas_core();    // before any matrix product (common/cpu_blas.h)
   spes::cli::command_line_args().assign(argv + 1, argv + argc);
   // Before any torch call: libtorch decides once whether it has CUDA.
   try {

@@ -1,12 +1,11 @@
 // Device, precision and thread settings (see device.h).
 #include "spes/train/device.h"
 
-#include <dlfcn.h>
-
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/version.h>
 
+#include "spes/common/cpu_blas.h"
 #include "spes/common/error.h"
 #include "spes/common/sysinfo.h"
 #include "spes/train/cuda_library.h"
@@ -83,28 +82,8 @@ void configure_threads(const Config& cfg) {
   at::set_num_threads(n);
 }
 
-std::string cpu_gemm_library() {
-  // The sgemm_ that the dynamic linker gives libtorch's PLT is the first in the global scope,
-  // which is what dlsym(RTLD_DEFAULT) finds too.
-  void* sym = ::dlsym(RTLD_DEFAULT, "sgemm_");
-  Dl_info info{};
-  if (!sym || !::dladdr(sym, &info) || !info.dli_fname) return "unknown";
-  const std::string lib = info.dli_fname;
-  if (lib.find("openblas") != std::string::npos) {
-    using GetConfig = const char* (*)();
-    if (auto get = reinterpret_cast<GetConfig>(::dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-      std::string cfg = get();  // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64"
-      const size_t first = cfg.find(' '), second = cfg.find(' ', first + 1);
-      return second == std::string::npos ? cfg : cfg.substr(0, second);
-    }
-    return "OpenBLAS";
-  }
-  if (lib.find("libtorch_cpu") != std::string::npos) return "MKL (libtorch's)";
-  return lib;
-}
-
 std::string torch_build_summary() {
-  std::string s = fmt::format("libtorch {}, CPU GEMM {}", TORCH_VERSION, cpu_gemm_library());
+  std::string s = fmt::format("libtorch {}, CPU GEMM {}", TORCH_VERSION, cpu_blas_summary());
   if (!torch_cuda_loaded()) return s + ", CUDA: " + torch_cuda_status();
   // Loaded: its hooks are registered, so the runtime's version is known.
   const long cudart = at::detail::getCUDAHooks().versionCUDART();

@@ -40,14 +40,13 @@ ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
                                const std::vector<std::vector<bool>>& trainable);
 // Sets the intra-op thread count (cfg.threads, or every core when 0).
 void configure_threads(const Config& cfg);
-// "libtorch 2.11.0, CPU GEMM OpenBLAS 0.3.21, CUDA 13.0, GPUs visible: 1" ("CUDA: not loaded:
-// no NVIDIA driver ..." when libtorch_cuda is not loaded, "CUDA: no (...)" for a CPU-only
-// libtorch, train/cuda_library.h's torch_cuda_status()):
+// "libtorch 2.11.0, CPU GEMM OpenBLAS 0.3.21, core Cooperlake (OpenBLAS's choice), CUDA 13.0,
+// GPUs visible: 1" ("CUDA: not loaded: no NVIDIA driver ..." when libtorch_cuda is not loaded,
+// "CUDA: no (...)" for a CPU-only libtorch, train/cuda_library.h's torch_cuda_status()):
 // the version built against, the library serving fp32 CPU matrix products (CMake's
-// SPES_CPU_BLAS), whether CUDA is loaded, and the GPUs this process sees.
+// SPES_CPU_BLAS) and its core (common/cpu_blas.h), whether CUDA is loaded, and the GPUs this
+// process sees.
 std::string torch_build_summary();
-// "OpenBLAS 0.3.21" or "MKL (libtorch's)": the library that ATen's sgemm_ calls reach.
-std::string cpu_gemm_library();
 
 // bf16 autocast on `device`'s type (CUDA or CPU) for the scope's lifetime.
 class AutocastScope {

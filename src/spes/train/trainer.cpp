@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "spes/common/cpu_blas.h"
 #include "spes/common/error.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/run_layout.h"
@@ -27,6 +28,9 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
       device_(opts_.dist ? opts_.dist->device() : select_device(cfg)),
       autocast_(use_bf16_autocast(cfg, device_)) {
   configure_threads(cfg_);
+  // Which BLAS and kernels serve the CPU's matrix products (a generic OpenBLAS core runs them
+  // at a fraction of the machine's rate; common/cpu_blas.h).
+  if (device_.is_cpu()) spdlog::info("CPU matrix products: {}", cpu_blas_summary());
   if (opts_.dist) {
     const int64_t per_rank = cfg_.device_train_microbatch_size * opts_.dist->size();
     SPES_CHECK(cfg_.global_train_batch_size % per_rank == 0, "global_train_batch_size ({}) must "
