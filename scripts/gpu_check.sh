@@ -4,19 +4,29 @@
 #   1. unpacks .gpu/bundle.tar.xz (made by scripts/gpu_bundle.sh on the CPU machine) and runs
 #      the binaries against this machine's torch (LD_LIBRARY_PATH); without a bundle (or when
 #      its binaries do not start) it says so and stops;
-#   2. runs the CUDA tests (spes_tests --gtest_filter='Cuda*': CUDA-vs-CPU parity of each
-#      kernel and of an fp32 training step, a bf16 run whose loss falls, memory statistics);
+#   2. runs the CUDA tests (spes_tests --gtest_filter='Cuda*:...': CUDA-vs-CPU parity of each
+#      kernel and of an fp32 training step, a bf16 run whose loss falls, memory statistics, the
+#      memory meter first thing in a fresh process, no host synchronisation inside a step);
 #   3. measures the bf16 matrix-product peak on the spot (8192^3, PyTorch);
-#   4. benchmarks, against that peak (MFU counts 4 FLOPs per parameter and token for frozen
-#      experts instead of 6): the d_model 512 shape, and a SPES node of the reference 1B-7B
-#      model (d_model 2048, 16 heads, 32 experts top-4, expert hidden 2048, vocabulary 151665,
-#      untied head, sequence 2048) owning 8 of the 32 experts as one of 4 nodes: spes with all
-#      16 layers, and spes, PyTorch eager and torch.compile side by side with REF_COMPARE_LAYERS
-#      layers (4 by default: torch.compile's first steps must fit the time);
+#   4. benchmarks against that peak (MFU counts 4 FLOPs per parameter and token for frozen
+#      experts instead of 6), amp_bf16, SPES nodes that own 1/4 of each layer's experts, each
+#      shape as spes (with a profile of one more step: its CUDA kernel timeline as a chrome trace
+#      and the top kernels with their share of the step; and the host synchronisations counted in
+#      the timed steps, 0 expected), torch.compile and PyTorch eager (both
+#      with grouped experts), most important first:
+#        ref_1b:   the reference 1B model (d_model 768, 12 layers, 12 heads, 16 experts top-2,
+#                  expert hidden 2048, vocabulary 151665, sequence 2048), batch 8;
+#        ref_1b7b: the reference 1B-7B model (d_model 2048, 16 heads, 32 experts top-4, expert
+#                  hidden 2048, vocabulary 151665, sequence 2048), batch 4, REF_COMPARE_LAYERS
+#                  layers (4: torch.compile's first steps must fit the time); then spes alone
+#                  with all 16 layers, batch 4;
+#        d512:     d_model 512, 8 layers, 8 experts, batch 32 x 256 (all trainable);
 #   5. runs a 2-node SPES launch with both nodes on the one GPU.
-# Every step has its own time limit inside the 8 minutes; a step that fails or runs out is
-# recorded as such and the rest still runs. Files under $OUT: gpu_check.json (all figures),
-# gpu_check.log (every command's output), tests.xml (GoogleTest).
+# Every step has its own time limit inside the 8 minutes (GPU_CHECK_BUDGET_S, 465 s of steps); a
+# step that fails or runs out is recorded as such and the rest still runs. Prints the spes /
+# eager / compile ratios and the kernel table of each shape at the end. Files under $OUT:
+# gpu_check.json (all figures), gpu_check.log (every command's output), tests.xml (GoogleTest),
+# traces.tar.gz (the chrome traces of the profiled steps).
 # --cpu: the same steps on this CPU machine with tiny shapes and device cpu (checks the script
 # itself, the bundle and the commands; the figures mean nothing).
 set -uo pipefail
@@ -110,13 +120,13 @@ device=cuda
 
 # --- 2. CUDA tests ----------------------------------------------------------------------------
 filter='Cuda*:GroupedExperts*:ChunkedLmHeadLoss*:ActivationCheckpoint*'
-run tests 150 "$dest/bin/spes_tests" --gtest_filter="$filter" --gtest_output="xml:$out/tests.xml"
+run tests 90 "$dest/bin/spes_tests" --gtest_filter="$filter" --gtest_output="xml:$out/tests.xml"
 record tests_summary "\"$(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$last" | tr '\n' ' ' | tr -d '"')\""
 
 # --- 3. bf16 matrix-product peak ----------------------------------------------------------------
 peak_tflops=0
 if [ "$mode" = gpu ]; then
-  run peak_run 60 "$py" -c '
+  run peak_run 30 "$py" -c '
 import json, time, torch
 n, best = 8192, 0.0
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -138,43 +148,56 @@ fi
 bench=$dest/bin/train_bench
 eager=$root/bench/pytorch_eager_bench.py
 precision=amp_bf16
+traces=$(mktemp -d)
 if [ "$mode" = gpu ]; then
-  d512=(--d-model 512 --layers 8 --heads 8 --experts 8 --top-k 2 --hidden 1024 --vocab 8192 --seq 256 --batch 32)
-  ref_shape=(--d-model 2048 --heads 16 --experts 32 --top-k 4 --hidden 2048 --vocab 151665 --seq 2048 --batch 4)
+  ref_1b=(--d-model 768 --layers 12 --heads 12 --experts 16 --top-k 2 --hidden 2048 --vocab 151665
+          --seq 2048 --batch 8 --frozen-fraction 0.75)
+  ref_1b7b=(--d-model 2048 --heads 16 --experts 32 --top-k 4 --hidden 2048 --vocab 151665
+            --seq 2048 --batch 4 --frozen-fraction 0.75)
+  d512=(--d-model 512 --layers 8 --heads 8 --experts 8 --top-k 2 --hidden 1024 --vocab 8192
+        --seq 256 --batch 32)
   ref_layers=16
   cmp_layers=${REF_COMPARE_LAYERS:-4}
   steps=(--steps 8 --warmup 3)
 else
-  d512=(--d-model 64 --layers 2 --heads 2 --experts 4 --top-k 2 --hidden 64 --vocab 256 --seq 32 --batch 4)
-  ref_shape=(--d-model 64 --heads 4 --experts 8 --top-k 2 --hidden 64 --vocab 512 --seq 64 --batch 2)
+  ref_1b=(--d-model 48 --layers 2 --heads 2 --experts 4 --top-k 2 --hidden 64 --vocab 512
+          --seq 32 --batch 2 --frozen-fraction 0.75)
+  ref_1b7b=(--d-model 64 --heads 4 --experts 8 --top-k 2 --hidden 64 --vocab 512 --seq 64
+            --batch 2 --frozen-fraction 0.75)
+  d512=(--d-model 64 --layers 2 --heads 2 --experts 4 --top-k 2 --hidden 64 --vocab 256 --seq 32
+        --batch 4)
   ref_layers=2
   cmp_layers=1
   steps=(--steps 1 --warmup 1)
 fi
 peak_arg=(--peak-tflops "$peak_tflops")
-spes_bench() {  # KEY LIMIT ARGS...
+spes_bench() {  # KEY LIMIT ARGS...: one spes shape, and a profile of one more step
   local key=$1 lim=$2
   shift 2
   run "${key}_run" "$lim" "$bench" --name "$key" --device "$device" --precision "$precision" \
-    "${peak_arg[@]}" "${steps[@]}" "$@" && record "$key" "$(last_json)"
+    "${peak_arg[@]}" "${steps[@]}" --profile "$traces/$key.json" --sync-check "$@" && \
+    record "$key" "$(last_json)"
 }
 torch_bench() {  # KEY LIMIT ARGS...
   local key=$1 lim=$2
   shift 2
   run "${key}_run" "$lim" "$py" "$eager" --name "$key" --device "$device" --precision "$precision" \
-    --threads "$(nproc)" "${peak_arg[@]}" "${steps[@]}" "$@" && record "$key" "$(last_json)"
+    --threads "$(nproc)" "${peak_arg[@]}" "${steps[@]}" --moe grouped "$@" && \
+    record "$key" "$(last_json)"
 }
-spes_bench d512_spes 60 "${d512[@]}"
-torch_bench d512_pytorch_eager 60 "${d512[@]}"
-torch_bench d512_torch_compile 120 "${d512[@]}" --compile --moe grouped
-# The SPES node of the 1B-7B model: 24 of the 32 experts of every layer frozen (bf16).
-spes_bench ref_spes_node_16_layers 90 "${ref_shape[@]}" --layers "$ref_layers" \
-  --frozen-fraction 0.75 --fast-init
-spes_bench ref_spes_node_cmp 60 "${ref_shape[@]}" --layers "$cmp_layers" --frozen-fraction 0.75 \
-  --fast-init
-torch_bench ref_pytorch_eager 90 "${ref_shape[@]}" --layers "$cmp_layers" --frozen-fraction 0.75
-torch_bench ref_torch_compile 150 "${ref_shape[@]}" --layers "$cmp_layers" --frozen-fraction 0.75 \
-  --compile --moe grouped
+# Limits: about twice what each step is expected to take on the H200 (process start, CUDA
+# initialisation, model init, 11 steps + the profiled one; torch.compile's compilation).
+spes_bench ref_1b_spes 45 "${ref_1b[@]}" --fast-init
+torch_bench ref_1b_torch_compile 150 "${ref_1b[@]}" --compile
+torch_bench ref_1b_pytorch_eager 40 "${ref_1b[@]}"
+spes_bench ref_1b7b_spes 40 "${ref_1b7b[@]}" --layers "$cmp_layers" --fast-init
+torch_bench ref_1b7b_torch_compile 100 "${ref_1b7b[@]}" --layers "$cmp_layers" --compile
+torch_bench ref_1b7b_pytorch_eager 40 "${ref_1b7b[@]}" --layers "$cmp_layers"
+spes_bench ref_1b7b_16_layers_spes 45 "${ref_1b7b[@]}" --layers "$ref_layers" --fast-init
+spes_bench d512_spes 30 "${d512[@]}"
+torch_bench d512_torch_compile 75 "${d512[@]}" --compile
+torch_bench d512_pytorch_eager 30 "${d512[@]}"
+tar -C "$traces" -czf "$out/traces.tar.gz" . && rm -rf "$traces"
 
 # --- 5. a 2-node SPES launch on the one GPU ----------------------------------------------------------
 work=$(mktemp -d)
@@ -204,7 +227,7 @@ device: $device
 precision: $precision
 activation_checkpointing: one_in_two
 EOF
-if run spes_launch_2_nodes 120 "$spes" launch --config "$work/launch.yaml" --nodes 2 \
+if run spes_launch_2_nodes 60 "$spes" launch --config "$work/launch.yaml" --nodes 2 \
      --out "$work/launch"; then
   record spes_launch_summary "$("$py" - "$work/launch" <<'PY'
 import glob, json, os, sys
@@ -233,17 +256,30 @@ def get(k, f):
     v = r.get(k)
     return v.get(f) if isinstance(v, dict) else None
 s = {}
-for shape, spes_key in (("d512", "d512_spes"), ("ref", "ref_spes_node_cmp")):
-    sp = get(spes_key, "tokens_per_s")
+for shape in ("ref_1b", "ref_1b7b", "d512"):
+    sp = get(f"{shape}_spes", "tokens_per_s")
     for other in ("pytorch_eager", "torch_compile"):
         o = get(f"{shape}_{other}", "tokens_per_s")
         if sp and o:
-            s[f"{shape}_spes_over_{other}"] = sp / o
-    s[f"{shape}_spes_mfu"] = get(spes_key, "mfu")
-s["ref_16_layers_mfu"] = get("ref_spes_node_16_layers", "mfu")
-s["ref_16_layers_gpu_peak_allocated_mb"] = get("ref_spes_node_16_layers", "gpu_peak_allocated_mb")
+            s[f"{shape}_spes_over_{other}"] = round(sp / o, 3)
+    for k in ("tokens_per_s", "mfu", "gpu_peak_allocated_mb", "host_syncs_per_step"):
+        s[f"{shape}_spes_{k}"] = get(f"{shape}_spes", k)
+    for other in ("pytorch_eager", "torch_compile"):
+        s[f"{shape}_{other}_gpu_peak_allocated_mb"] = get(f"{shape}_{other}", "gpu_peak_allocated_mb")
+for k in ("tokens_per_s", "mfu", "gpu_peak_allocated_mb"):
+    s[f"ref_1b7b_16_layers_spes_{k}"] = get("ref_1b7b_16_layers_spes", k)
 r["summary"] = s
 json.dump(r, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(s, indent=1))
+# The kernel table of each profiled shape (the spes run's "profile").
+for key, v in r.items():
+    p = v.get("profile") if isinstance(v, dict) else None
+    if not p:
+        continue
+    busy = p.get("device_busy_share")
+    print(f"\n{key}: one step {p['step_s'] * 1e3:.1f} ms, top {p['what']}"
+          + (f", device busy {busy:.0%} of the step" if busy is not None else ""))
+    for row in p["top"]:
+        print(f"  {row['share']:6.1%} {row['ms']:9.2f} ms {row['calls']:5d}x  {row['name'][:110]}")
 PY
 say "done: $json"

@@ -278,3 +278,20 @@ TEST(CudaMemory, MeterAgreesWithTorchPeakStatistics) {
   EXPECT_GE(meter.peak_bytes() - base, int64_t{64} << 22);
   EXPECT_EQ(gpu_memory_stats(kCuda).peak_allocated, meter.peak_bytes());
 }
+
+// A meter made first thing in a process, before any CUDA tensor: train_bench with
+// --peak-tflops made one so, and the caching allocator, not yet initialised, refused ("Invalid
+// device argument"). The death test's "threadsafe" style runs the block in a fresh process (this
+// binary again, only this test, nothing on the GPU before the meter).
+TEST(CudaMemory, MeterWorksFirstThingInAFreshProcess) {
+  SKIP_WITHOUT_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        MemoryMeter meter(kCuda);
+        torch::Tensor a = torch::empty({1 << 20}, torch::TensorOptions().device(kCuda));
+        std::exit(meter.peak_bytes() >= a.nbytes() && gpu_memory_stats(kCuda).allocated > 0
+                      ? 0 : 3);
+      },
+      ::testing::ExitedWithCode(0), "");
+}

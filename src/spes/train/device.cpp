@@ -85,9 +85,15 @@ void configure_threads(const Config& cfg) {
 std::string torch_build_summary() {
   std::string s = fmt::format("libtorch {}, CPU GEMM {}", TORCH_VERSION, cpu_blas_summary());
   if (!torch_cuda_loaded()) return s + ", CUDA: " + torch_cuda_status();
-  // Loaded: its hooks are registered, so the runtime's version is known.
-  const long cudart = at::detail::getCUDAHooks().versionCUDART();
-  s += fmt::format(", CUDA {}.{}", cudart / 1000, (cudart % 1000) / 10);
+  // Loaded: its hooks are registered, so the runtime's version is known, unless libtorch had
+  // asked for them before the load (it keeps its first answer: a process that loaded CUDA
+  // late, as the tests of the loader do on a machine without a driver).
+  try {
+    const long cudart = at::detail::getCUDAHooks().versionCUDART();
+    s += fmt::format(", CUDA {}.{}", cudart / 1000, (cudart % 1000) / 10);
+  } catch (const c10::Error&) {
+    return s + ", CUDA: loaded after libtorch's first CUDA query (not usable in this process)";
+  }
   return s + fmt::format(", GPUs visible: {}", cuda_device_count());
 }
 

@@ -1,6 +1,7 @@
 // Measured tensor memory on CPU and CUDA (see memory_meter.h).
 #include "spes/train/memory_meter.h"
 
+#include <ATen/Context.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
@@ -17,9 +18,13 @@ namespace spes {
 namespace {
 
 // The CUDA caching allocator through c10's device-generic interface: libtorch_cuda registers it
-// when it is loaded (train/cuda_library.h), so nothing here links against CUDA.
+// when it is loaded (train/cuda_library.h), so nothing here links against CUDA. Its per-device
+// state exists only once CUDA is initialised, which the first CUDA tensor does lazily: a meter
+// made before any (train_bench with --peak-tflops) found none ("Invalid device argument"), so
+// CUDA is initialised here first (once per process; a no-op later).
 c10::DeviceAllocator* cuda_allocator() {
   SPES_CHECK(torch::cuda::is_available(), "internal: GPU memory measured without a usable GPU");
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
   return c10::getDeviceAllocator(c10::DeviceType::CUDA);
 }
 
