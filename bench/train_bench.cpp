@@ -1,5 +1,7 @@
 // Training throughput benchmark: for one model shape, times full optimizer steps (forward,
-// backward, clipping, AdamW) on random tokens and reports tokens/s, model FLOPs per token
+// backward, clipping, AdamW) on random tokens, each queued before the previous one's gradient
+// norm is read (as the trainer does: no host synchronisation inside a step; --sync-check counts
+// any on a GPU), and reports tokens/s, model FLOPs per token
 // (6 x active matrix parameters incl. the LM head, excl. the embedding lookup, + 12 x layers x
 // seq x d_model for attention; frozen experts count 4 instead of 6, as they compute no weight
 // gradient, weighted by the share of experts frozen, i.e. assuming balanced routing), the
@@ -7,11 +9,11 @@
 // on a GPU, or --peak-tflops), MFU = achieved / peak, and peak memory (RSS; on a GPU also the
 // caching allocator's peak tensor bytes). --device and --precision choose where and how (the
 // trainer's layouts: grouped experts and bf16 frozen experts under amp_bf16, see
-// train/device.h). Prints one JSON line. Run one shape per process so that peak memory belongs
+// train/device.h). --profile adds a profile of one more step (bench/step_profile.h: chrome trace,
+// top kernels). Prints one JSON line. Run one shape per process so that peak memory belongs
 // to that shape (bench/run_train_bench.sh, scripts/gpu_check.sh).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <sys/resource.h>
@@ -19,18 +21,23 @@
 #include <chrono>
 #include <iostream>
 
+#include "spes/common/cpu_blas.h"
 #include "spes/common/memory_policy.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/model/losses.h"
 #include "spes/model/registry.h"
 #include "spes/train/cuda_library.h"
+#include "spes/train/cuda_sync_check.h"
 #include "spes/train/device.h"
 #include "spes/train/memory_meter.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
+#include "spes/train/step_figures.h"
+#include "step_profile.h"
 
 using Clock = std::chrono::steady_clock;
+using spes::StepFigures;
 
 static double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -101,6 +108,7 @@ static double flops_per_token(const spes::ModelConfig& m, double frozen_share) {
 
 int main(int argc, char** argv) {
   spes::keep_freed_heap_memory();     // as the spes binary does (common/memory_policy.h)
+  spes::select_cpu_blas_core();       // as the spes binary does (common/cpu_blas.h)
   spes::load_torch_cuda_if_driver();  // before any torch call (train/cuda_library.h)
   CLI::App app{"spes training throughput benchmark"};
   spes::Config cfg;
@@ -116,7 +124,7 @@ int main(int argc, char** argv) {
   double frozen_fraction = 0, peak_tflops = 0;
   std::string profile;
   std::string name = "d512";
-  bool fast_init = false;
+  bool fast_init = false, sync_check = false;
   app.add_option("--name", name, "Label of this shape in the output");
   app.add_option("--d-model", cfg.model.d_model);
   app.add_option("--layers", cfg.model.n_layers);
@@ -137,7 +145,9 @@ int main(int argc, char** argv) {
   app.add_option("--frozen-fraction", frozen_fraction,
                  "Fraction of each layer's experts frozen (e.g. 0.75 = a SPES node of 4)");
   app.add_option("--profile", profile,
-                 "Write a chrome trace of one extra step (after the timed ones) to this file");
+                 "Profile one extra step (after the timed ones): its chrome trace to this file "
+                 "(CPU operators, and the CUDA kernel timeline on a GPU) and a table of the top "
+                 "kernels or operators in the output (\"profile\")");
   app.add_option("--device", cfg.device, "auto, cpu, cuda or cuda:N");
   app.add_option("--precision", cfg.precision, "fp32, amp_bf16 or auto (bf16 on a GPU)");
   app.add_option("--activation-checkpointing", cfg.activation_checkpointing,
@@ -147,6 +157,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fast-init", fast_init,
                "Fill weights with N(0, 0.02) on the device instead of the truncated-normal init on "
                "the CPU (large models: the step's speed does not depend on it)");
+  app.add_flag("--sync-check", sync_check,
+               "On a GPU: count the host synchronisations of the timed steps (c10's sync debug "
+               "mode) and report them per step (\"host_syncs_per_step\"; 0 expected)");
   CLI11_PARSE(app, argc, argv);
   cfg.model.set_ffn_hidden_size(hidden);
 
@@ -191,7 +204,16 @@ int main(int argc, char** argv) {
       model, reg.trainable(), spes::MicroBatchWorkers::workers_for(micro_batches, dev));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const int64_t T = cfg.model.max_sequence_length;
-  auto run_step = [&] {  // what Trainer::train_step does, without data loading and logging
+  // A step's figures (the gradient norm) are read after the next step is queued, as the
+  // trainer does (train/trainer.h): on a GPU a step never waits for the device.
+  StepFigures in_flight;
+  int64_t in_flight_step = 0;
+  auto read_figures = [&] {
+    if (in_flight.defined())
+      spes::AdamW::check_norm(in_flight.values()[0].item<double>(), in_flight_step);
+    in_flight = StepFigures();
+  };
+  auto run_step = [&] {  // what Trainer::queue_step does, without data loading and logging
     torch::Tensor tokens = at::randint(cfg.model.vocab_size, {batch, T}, gen, torch::kInt64);
     torch::Tensor targets = torch::roll(tokens, -1, 1);
     if (dev.is_cuda()) {  // as the trainer: from pinned memory, without waiting for the device
@@ -207,22 +229,34 @@ int main(int argc, char** argv) {
       }
       (l.total / static_cast<double>(micro_batches)).backward();
     });
-    opt.step(1e-4, 1.0);  // waits for the device once (the gradient norm)
+    StepFigures figures(opt.step_queued(1e-4, 1.0));
     opt.zero_grad();
+    read_figures();  // the previous step's
+    in_flight = figures;
+    in_flight_step = opt.step_count();
   };
   for (int64_t i = 0; i < warmup; ++i) run_step();
+  read_figures();
   if (dev.is_cuda()) torch::cuda::synchronize();
   auto t0 = Clock::now();
   const double c0 = cpu_seconds();
-  for (int64_t i = 0; i < steps; ++i) run_step();
+  int64_t host_syncs = -1;
+  {
+    // --sync-check: c10 counts every host synchronisation of the timed steps (CUDA only).
+    std::unique_ptr<spes::CudaSyncCounter> syncs;
+    if (sync_check && dev.is_cuda()) syncs = std::make_unique<spes::CudaSyncCounter>();
+    for (int64_t i = 0; i < steps; ++i) run_step();
+    if (syncs) host_syncs = syncs->count();
+  }
+  read_figures();
   if (dev.is_cuda()) torch::cuda::synchronize();
   const double secs = seconds_since(t0) / steps;
   const double cpu_secs = (cpu_seconds() - c0) / steps;
   const double tok_s = batch * T / secs;
-  if (!profile.empty()) {
-    torch::autograd::profiler::RecordProfile guard(profile);
-    run_step();
-  }
+  nlohmann::json profile_summary;
+  if (!profile.empty())
+    profile_summary = spes::bench::profile_step([&] { run_step(), read_figures(); },
+                                                dev.is_cuda(), profile);
   const double fpt = flops_per_token(cfg.model, static_cast<double>(n_frozen) / std::max<int64_t>(1, E));
   int64_t weight_bytes = 0;
   for (const auto& p : model.params()) weight_bytes += p.tensor.nbytes();
@@ -235,7 +269,8 @@ int main(int argc, char** argv) {
       {"tokens_per_step", batch * T}, {"micro_batch", micro_batch},
       {"parallel_micro_batches", workers.workers()}, {"step_s", secs}, {"tokens_per_s", tok_s},
       {"flops_per_token", fpt}, {"achieved_gflops", tok_s * fpt / 1e9},
-      {"gemm_peak_gflops", peak / 1e9}, {"cpu_gemm", spes::cpu_gemm_library()},
+      {"gemm_peak_gflops", peak / 1e9}, {"cpu_gemm", spes::cpu_blas_summary()},
+      {"cpu_blas_core", spes::openblas_core()},
       {"mfu", tok_s * fpt / peak},
       {"peak_source", peak_tflops > 0 ? "given" : dev.is_cuda() ? (bf16 ? "bf16 8192^3" : "fp32 8192^3") : "fp32 1024^3"},
       // The same ratio in CPU time (FLOPs per CPU second of the steps over those of the GEMM
@@ -245,6 +280,8 @@ int main(int argc, char** argv) {
       {"replica_grad_bytes", workers.replica_grad_bytes()}, {"peak_rss_mb", spes::peak_rss_mb()}};
   if (dev.is_cuda())
     out["gpu_peak_allocated_mb"] = spes::gpu_memory_stats(dev).peak_allocated / double(1 << 20);
+  if (!profile_summary.is_null()) out["profile"] = profile_summary;
+  if (host_syncs >= 0) out["host_syncs_per_step"] = static_cast<double>(host_syncs) / steps;
   if (peak_per_cpu_s > 0)
     out["mfu_cpu_time"] = batch * T * fpt / cpu_secs / peak_per_cpu_s;
   std::cout << out.dump() << std::endl;

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "spes/common/error.h"
+#include "spes/train/step_figures.h"
 
 namespace spes {
 
@@ -97,6 +98,12 @@ double sum_squares(const torch::Tensor& g) {
   return g.to(torch::kFloat64).pow(2).sum().item<double>();
 }
 
+// [norm, extra...] as one fp64 vector on the norm's device.
+torch::Tensor with_extra(const torch::Tensor& norm, const torch::Tensor& extra) {
+  if (!extra.defined()) return norm;
+  return torch::cat({norm, extra.detach().reshape({-1}).to(norm.device(), torch::kFloat64)});
+}
+
 }  // namespace
 
 double AdamW::grad_norm() const {
@@ -106,14 +113,25 @@ double AdamW::grad_norm() const {
   return std::sqrt(s);
 }
 
-double AdamW::step(double lr, double max_grad_norm, torch::Tensor* to_host) {
+double AdamW::step(double lr, double max_grad_norm) {
+  const int64_t at = step_ + 1;
+  const double norm = StepFigures(step_queued(lr, max_grad_norm)).values()[0].item<double>();
+  check_norm(norm, at);
+  return norm;
+}
+
+void AdamW::check_norm(double norm, int64_t step) {
+  SPES_CHECK(std::isfinite(norm), "gradient norm is {} at optimizer step {}: the loss diverged "
+             "(lower optimizer.learning_rate or check the data); the update was skipped", norm,
+             step);
+}
+
+torch::Tensor AdamW::step_queued(double lr, double max_grad_norm, const torch::Tensor& extra) {
   if (!params_.empty() && !params_[0].tensor.device().is_cpu())
-    return step_device(lr, max_grad_norm, to_host);
-  if (to_host) *to_host = to_host->to(torch::kCPU);
+    return step_device(lr, max_grad_norm, extra);
   torch::NoGradGuard ng;
   const double norm = grad_norm();
-  SPES_CHECK(std::isfinite(norm), "gradient norm is {} at optimizer step {}: the loss diverged "
-             "(lower optimizer.learning_rate or check the data)", norm, step_ + 1);
+  check_norm(norm, step_ + 1);
   const double clip = (max_grad_norm > 0 && norm > max_grad_norm) ? max_grad_norm / (norm + 1e-6)
                                                                   : 1.0;
   ++step_;
@@ -159,10 +177,10 @@ double AdamW::step(double lr, double max_grad_norm, torch::Tensor* to_host) {
     }
   }
   presence_.clear();
-  return norm;
+  return with_extra(torch::full({1}, norm, torch::kFloat64), extra);
 }
 
-double AdamW::step_device(double lr, double max_grad_norm, torch::Tensor* to_host) {
+torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::Tensor& extra) {
   torch::NoGradGuard ng;
   const torch::Device dev = params_[0].tensor.device();
   if (device_steps_.size() != params_.size()) {  // first step, or moments loaded since
@@ -228,20 +246,7 @@ double AdamW::step_device(double lr, double max_grad_norm, torch::Tensor* to_hos
                       cfg_.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false,
                       grad_scale, found_inf);
   }
-  // The one wait of the step: the norm (and what the caller wants with it) to the host.
-  torch::Tensor host;
-  if (to_host) {
-    host = torch::cat({norm.view({1}).to(torch::kFloat64),
-                       to_host->reshape({-1}).to(dev, torch::kFloat64)})
-               .to(torch::kCPU);
-    *to_host = host.narrow(0, 1, host.size(0) - 1).view(to_host->sizes());
-  } else {
-    host = norm.view({1}).to(torch::kFloat64).to(torch::kCPU);
-  }
-  const double n = host[0].item<double>();
-  SPES_CHECK(std::isfinite(n), "gradient norm is {} at optimizer step {}: the loss diverged "
-             "(lower optimizer.learning_rate or check the data); the update was skipped", n, step_);
-  return n;
+  return with_extra(norm.view({1}).to(torch::kFloat64), extra);
 }
 
 void AdamW::zero_grad() {

@@ -3,8 +3,8 @@
 // from warmup_start x peak, then cosine to alpha_f x peak). On CPU the update is one fused pass
 // over (param, grad, m, v) per tensor. On a GPU the norm, the clipping factor and the update stay
 // on the device: one multi-tensor norm, then torch's fused AdamW kernel (_fused_adamw_, with the
-// clip as its gradient scale and a non-finite norm as its skip flag), so a step waits for the
-// device once, to read the norm. Matches torch.optim.AdamW (decoupled decay: p -= lr*wd*p;
+// clip as its gradient scale and a non-finite norm as its skip flag), so a step never waits for
+// the device (step_queued; the norm is read back later). Matches torch.optim.AdamW (decoupled decay: p -= lr*wd*p;
 // p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)).
 #pragma once
 #include <torch/torch.h>
@@ -28,9 +28,18 @@ class AdamW {
   double grad_norm() const;
   // Clips to max_norm (<= 0: no clipping) and applies one AdamW step with learning rate lr.
   // Returns the pre-clip gradient norm. Tensors without a gradient are skipped (as PyTorch).
-  // `to_host`, when given, is copied to the CPU together with the norm (one transfer on a GPU)
-  // and replaced by that copy. A non-finite norm throws (after skipping the update).
-  double step(double lr, double max_grad_norm, torch::Tensor* to_host = nullptr);
+  // A non-finite norm throws (after skipping the update). On a GPU this waits for the device
+  // (step_queued, then the norm read back).
+  double step(double lr, double max_grad_norm);
+  // The same step without waiting for the device: returns [norm, extra...] (fp64, 1-D, on the
+  // parameters' device; `extra`, when defined, flattened after the norm, so that the caller reads
+  // both in one copy, train/step_figures.h). On a GPU nothing here synchronises: a non-finite
+  // norm makes the fused kernel skip the update, and the reader of the norm throws with
+  // check_norm(). On the CPU the step is done when this returns, and a non-finite norm throws
+  // before any update.
+  torch::Tensor step_queued(double lr, double max_grad_norm, const torch::Tensor& extra = {});
+  // Throws unless `norm` (read back from step_queued of optimizer step `step`) is finite.
+  static void check_norm(double norm, int64_t step);
   // For the next step() only: which tensors have a gradient (by params() index), instead of
   // what this process saw (data-parallel ranks agree on it; train/distributed.h).
   void set_grad_presence(std::vector<bool> present) { presence_ = std::move(present); }
@@ -75,7 +84,7 @@ class AdamW {
   std::vector<torch::Tensor> device_steps_;  // fp32 step counts for _fused_adamw_ (GPU)
   bool stepped(size_t i) const;  // has_grad, or presence_ when given
   void mark_zeroed(size_t i);
-  double step_device(double lr, double max_grad_norm, torch::Tensor* to_host);
+  torch::Tensor step_device(double lr, double max_grad_norm, const torch::Tensor& extra);
 };
 
 }  // namespace spes

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <filesystem>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -94,13 +95,14 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
 
 Trainer::~Trainer() = default;
 
-nlohmann::json Trainer::train_step() {
-  const auto t0 = std::chrono::steady_clock::now();
+QueuedStep Trainer::queue_step() {
+  QueuedStep q;
+  q.start = std::chrono::steady_clock::now();
   const int64_t accum = cfg_.grad_accum_steps();  // micro-batches of the step, all ranks
   const int64_t ranks = opts_.dist ? opts_.dist->size() : 1;
   const int64_t rank = opts_.dist ? opts_.dist->rank() : 0;
   const int64_t local = accum / ranks;  // this rank's: [rank * local, (rank + 1) * local)
-  const double lr = lr_at_step(cfg_, state_.step);
+  q.lr = lr_at_step(cfg_, state_.step);
   std::vector<Batch> batches;  // read in order first: the data position does not depend on threads
   for (int64_t i = 0; i < accum; ++i) {  // (every rank reads all: the same data position)
     Batch b = train_loader_->next(cfg_.device_train_microbatch_size);
@@ -112,7 +114,7 @@ nlohmann::json Trainer::train_step() {
     batches.push_back(std::move(b));
   }
   // Loss terms stay on the device (total, ce, lb, router_z, z per micro-batch) and reach the
-  // host with the gradient norm, in the step's one wait for the device.
+  // host with the gradient norm, in one copy that settle_step() reads.
   std::vector<torch::Tensor> terms(local);
   workers_->run(local, [&](const Transformer& model, int64_t i) {
     LossTerms t;
@@ -128,48 +130,63 @@ nlohmann::json Trainer::train_step() {
   torch::Tensor term_sums = torch::stack(terms).to(device_);  // [local, 5]
   if (reducer_)  // summed over every rank's micro-batches: [1, 5]
     term_sums = reducer_->finish(term_sums.sum(0, true));
-  nlohmann::json memory;
+  q.term_rows = term_sums.size(0);
   if (!memory_logged_) {
     // What this node really holds for training, measured on the tensors (the SPES saving).
     int64_t grad_bytes = 0;
     for (const auto& e : registry_->entries())
       if (e.tensor.grad().defined()) grad_bytes += e.tensor.grad().nbytes();
-    memory = {{"params_numel", model_->num_params()},
-              {"trainable_numel", registry_->trainable_numel()},
-              {"grad_bytes", grad_bytes},
-              // gradient buffers of the threads that run micro-batches in parallel
-              {"worker_grad_bytes", workers_->replica_grad_bytes()}};
-  }
-  const double grad_norm = optimizer_->step(lr, cfg_.max_grad_norm, &term_sums);
-  double loss = 0, ce = 0, lb = 0, rz = 0, z = 0;
-  for (int64_t i = 0; i < term_sums.size(0); ++i) {  // in micro-batch order, as before
-    auto row = term_sums[i];
-    loss += row[0].item<double>() / accum;
-    ce += row[1].item<double>() / accum;
-    lb += row[2].item<double>() / accum;
-    rz += row[3].item<double>() / accum;
-    z += row[4].item<double>() / accum;
-  }
-  if (!memory_logged_) {
-    memory["optimizer_state_bytes"] = optimizer_->state_bytes();
+    q.memory = {{"params_numel", model_->num_params()},
+                {"trainable_numel", registry_->trainable_numel()},
+                {"grad_bytes", grad_bytes},
+                // gradient buffers of the threads that run micro-batches in parallel
+                {"worker_grad_bytes", workers_->replica_grad_bytes()},
+                {"optimizer_state_bytes", optimizer_->state_bytes()}};
     memory_logged_ = true;
   }
+  q.figures = StepFigures(optimizer_->step_queued(q.lr, cfg_.max_grad_norm, term_sums));
   optimizer_->zero_grad();
   state_.step += 1;
   state_.tokens += cfg_.tokens_per_step();
   state_.loader = train_loader_->state();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  nlohmann::json rec = {{"step", state_.step}, {"loss", loss}, {"ce", ce}, {"lb_loss", lb},
-          {"router_z_loss", rz}, {"z_loss", z}, {"lr", lr}, {"grad_norm", grad_norm},
-          {"tokens", state_.tokens},
+  q.step = state_.step;
+  q.tokens = state_.tokens;
+  return q;
+}
+
+nlohmann::json Trainer::settle_step(const QueuedStep& q) {
+  const torch::Tensor host = q.figures.values();  // [grad_norm, then 5 per row]
+  const double* v = host.data_ptr<double>();
+  const double grad_norm = v[0];
+  AdamW::check_norm(grad_norm, q.step);
+  const double accum = static_cast<double>(cfg_.grad_accum_steps());
+  double loss = 0, ce = 0, lb = 0, rz = 0, z = 0;
+  for (int64_t i = 0; i < q.term_rows; ++i) {  // in micro-batch order, as before
+    const double* row = v + 1 + 5 * i;
+    loss += row[0] / accum;
+    ce += row[1] / accum;
+    lb += row[2] / accum;
+    rz += row[3] / accum;
+    z += row[4] / accum;
+  }
+  // The step's time: from its start, or (queued while the previous one ran) from the moment the
+  // previous one was read, so that steps in flight together are not counted twice.
+  const auto now = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(now - std::max(q.start, last_settled_)).count();
+  last_settled_ = now;
+  nlohmann::json rec = {{"step", q.step}, {"loss", loss}, {"ce", ce}, {"lb_loss", lb},
+          {"router_z_loss", rz}, {"z_loss", z}, {"lr", q.lr}, {"grad_norm", grad_norm},
+          {"tokens", q.tokens},
           {"tokens_per_s", static_cast<double>(cfg_.tokens_per_step()) / secs},
           {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()}};
   if (device_.is_cuda())  // tensor bytes at the peak on this GPU, since the process started
     rec["gpu_peak_allocated_mb"] = gpu_memory_stats(device_).peak_allocated / double(1 << 20);
-  if (!memory.is_null()) rec["memory"] = memory;
+  if (!q.memory.is_null()) rec["memory"] = q.memory;
   last_record_ = rec;
   return rec;
 }
+
+nlohmann::json Trainer::train_step() { return settle_step(queue_step()); }
 
 EvalResult Trainer::evaluate(int64_t max_batches) {
   EvalResult r;
@@ -220,16 +237,27 @@ EvalResult Trainer::run() {
                            opts_.progress_prefix);
   EvalResult last;
   bool evaluated_last = false;
-  while (state_.step < total) {
-    nlohmann::json rec = train_step();
+  std::optional<QueuedStep> queued;
+  while (queued || state_.step < total) {
+    if (!queued) queued = queue_step();
+    const int64_t step = queued->step;
+    const bool final_step = step == total;
+    const bool eval_now = (cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0) || final_step;
+    const bool save_now = cfg_.save_interval > 0 && step % cfg_.save_interval == 0 && !final_step;
+    // The next step goes to the device before this one's figures are read, so that the device
+    // never waits for the host between steps, unless something must see this step's weights
+    // first: the observer (a sync round may replace them), an evaluation, a checkpoint.
+    std::optional<QueuedStep> next;
+    if (!opts_.observer && !eval_now && !save_now && !final_step) next = queue_step();
+    nlohmann::json rec = settle_step(*queued);
+    queued = std::move(next);
     if (opts_.observer) {
-      nlohmann::json extra = opts_.observer->after_step(*this, state_.step);
+      nlohmann::json extra = opts_.observer->after_step(*this, step);
       if (extra.is_object()) rec.update(extra);
     }
-    const bool final_step = state_.step == total;
     evaluated_last = false;
     double val = -1;
-    if ((cfg_.eval_interval > 0 && state_.step % cfg_.eval_interval == 0) || final_step) {
+    if (eval_now) {
       last = evaluate(cfg_.eval_batches);
       if (val_loader_) {
         rec["val_loss"] = last.loss;
@@ -240,9 +268,8 @@ EvalResult Trainer::run() {
       evaluated_last = true;
     }
     if (metrics_) metrics_->write(rec);
-    progress.update(state_.step, rec["loss"].get<double>(), rec["tokens_per_s"].get<double>(), val);
-    if (cfg_.save_interval > 0 && state_.step % cfg_.save_interval == 0 && !final_step)
-      save_checkpoint(run_layout::checkpoint(out_dir_));
+    progress.update(step, rec["loss"].get<double>(), rec["tokens_per_s"].get<double>(), val);
+    if (save_now) save_checkpoint(run_layout::checkpoint(out_dir_));
   }
   progress.finish();
   if (!evaluated_last) last = evaluate(cfg_.eval_batches);

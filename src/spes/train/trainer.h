@@ -1,9 +1,13 @@
 // The training loop of one node: model + registry + AdamW + data, gradient accumulation,
-// clipping, LR schedule, validation, checkpoints, metrics.jsonl and progress. A StepObserver
-// (the SPES sync client) runs after each optimizer step and may replace weights.
+// clipping, LR schedule, validation, checkpoints, metrics.jsonl and progress. A step is queued
+// on the device without waiting for it and its figures are read afterwards (on a GPU no host
+// synchronisation inside a step; between steps the next one is queued first where nothing has
+// to see the weights in between). A StepObserver (the SPES sync client) runs after each
+// optimizer step and may replace weights.
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -16,6 +20,7 @@
 #include "spes/train/metrics.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
+#include "spes/train/step_figures.h"
 
 namespace spes {
 
@@ -44,6 +49,18 @@ struct TrainerOptions {
   DistGroup* dist = nullptr;
 };
 
+// One optimizer step queued on the device whose figures (loss terms, gradient norm) have not
+// been read yet (Trainer::queue_step, settle_step).
+struct QueuedStep {
+  int64_t step = 0;    // its number (1-based count of completed steps)
+  int64_t tokens = 0;  // training tokens after it
+  double lr = 0;
+  std::chrono::steady_clock::time_point start;
+  StepFigures figures;     // [grad_norm, then total, ce, lb, router_z, z per row]
+  int64_t term_rows = 0;   // rows of loss terms (micro-batches, or 1 when summed over ranks)
+  nlohmann::json memory;   // the first step of the process: measured memory by part
+};
+
 struct EvalResult {
   double loss = 0;        // mean next-token cross-entropy (nats)
   double perplexity = 0;
@@ -59,7 +76,17 @@ class Trainer {
   // checkpoint is OUT/checkpoint. Returns the final validation result.
   EvalResult run();
   // One optimizer step (accumulated micro-batches); returns its metrics record.
+  // = settle_step(queue_step()).
   nlohmann::json train_step();
+  // Queues one optimizer step on the device and advances the step count, token count and data
+  // position. Never waits for the device: on a GPU (amp_bf16, grouped experts) nothing in it
+  // synchronises with the host (tests/train/cuda_sync_test.cpp); its figures are copied to the
+  // host behind it. run() queues the next step before reading this one's figures wherever
+  // nothing has to see the weights in between.
+  QueuedStep queue_step();
+  // Waits for a queued step's figures (only those: later steps may still run) and returns its
+  // metrics record. Throws when its gradient norm is not finite (the device skipped that update).
+  nlohmann::json settle_step(const QueuedStep& q);
   // The metrics record of the last train_step() (null before the first).
   const nlohmann::json& last_step_record() const { return last_record_; }
   EvalResult evaluate(int64_t max_batches);
@@ -95,6 +122,7 @@ class Trainer {
   void check_ranks_agree() const;
   nlohmann::json last_record_;  // last_step_record()
   bool memory_logged_ = false;  // the first step of this process logs a "memory" record
+  std::chrono::steady_clock::time_point last_settled_;  // when settle_step last read figures
 };
 
 }  // namespace spes
