@@ -150,6 +150,8 @@ int main(int argc, char** argv) {
                  "kernels or operators in the output (\"profile\")");
   app.add_option("--device", cfg.device, "auto, cpu, cuda or cuda:N");
   app.add_option("--precision", cfg.precision, "fp32, amp_bf16 or auto (bf16 on a GPU)");
+  app.add_option("--moment-dtype", cfg.optimizer.moment_dtype,
+                 "AdamW moments: fp32, bf16 or int8 (train/adamw_moments.h)");
   app.add_option("--activation-checkpointing", cfg.activation_checkpointing,
                  "none, whole_layer, one_in_two, ...");
   app.add_option("--peak-tflops", peak_tflops,
@@ -190,7 +192,15 @@ int main(int argc, char** argv) {
     model.init_weights(1);
   }
   spes::ParamRegistry reg(model, cfg, own, 0);
+  int64_t measured_state_bytes = -1;  // the moments as the CPU memory meter sees them
+  std::unique_ptr<spes::MemoryMeter> cpu_meter;
+  if (!dev.is_cuda()) cpu_meter = std::make_unique<spes::MemoryMeter>(dev);
+  const int64_t before_optimizer = cpu_meter ? cpu_meter->current_bytes() : 0;
   spes::AdamW opt(reg.trainable(), cfg.optimizer);
+  if (cpu_meter) {
+    measured_state_bytes = cpu_meter->current_bytes() - before_optimizer;
+    cpu_meter.reset();
+  }
   opt.use_persistent_grads();  // as the trainer does
   if (micro_batch < 0) micro_batch = !dev.is_cuda() && batch % at::get_num_threads() == 0
                                          ? batch / at::get_num_threads() : batch;
@@ -276,11 +286,15 @@ int main(int argc, char** argv) {
       // The same ratio in CPU time (FLOPs per CPU second of the steps over those of the GEMM
       // peak): less sensitive to a loaded machine; spin-waiting threads count as used time.
       {"step_cpu_s", cpu_secs},
+      {"moment_dtype", cfg.optimizer.moment_dtype.name()},
       {"optimizer_state_bytes", opt.state_bytes()},
+      {"optimizer_state_bytes_per_trainable_param",
+       static_cast<double>(opt.state_bytes()) / std::max<int64_t>(1, reg.trainable_numel())},
       {"replica_grad_bytes", workers.replica_grad_bytes()}, {"peak_rss_mb", spes::peak_rss_mb()}};
   if (dev.is_cuda())
     out["gpu_peak_allocated_mb"] = spes::gpu_memory_stats(dev).peak_allocated / double(1 << 20);
   if (!profile_summary.is_null()) out["profile"] = profile_summary;
+  if (measured_state_bytes >= 0) out["optimizer_state_measured_bytes"] = measured_state_bytes;
   if (host_syncs >= 0) out["host_syncs_per_step"] = static_cast<double>(host_syncs) / steps;
   if (peak_per_cpu_s > 0)
     out["mfu_cpu_time"] = batch * T * fpt / cpu_secs / peak_per_cpu_s;

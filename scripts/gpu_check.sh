@@ -19,9 +19,11 @@
 #        ref_1b7b: the reference 1B-7B model (d_model 2048, 16 heads, 32 experts top-4, expert
 #                  hidden 2048, vocabulary 151665, sequence 2048), batch 4, REF_COMPARE_LAYERS
 #                  layers (4: torch.compile's first steps must fit the time); then spes alone
-#                  with all 16 layers, batch 4;
+#                  with all 16 layers, batch 4, and as the reference YAML runs it (micro-batch 2,
+#                  whole-layer checkpointing) with int8 and bf16 AdamW moments (48 GB card);
 #        d512:     d_model 512, 8 layers, 8 experts, batch 32 x 256 (all trainable);
-#   5. runs a 2-node SPES launch with both nodes on the one GPU.
+#   5. runs a 2-node SPES launch with both nodes on the one GPU;
+#   6. with the time left, torch.compile and PyTorch eager on the d512 shape.
 # Every step has its own time limit inside the 8 minutes (GPU_CHECK_BUDGET_S, 465 s of steps); a
 # step that fails or runs out is recorded as such and the rest still runs. Prints the spes /
 # eager / compile ratios and the kernel table of each shape at the end. Files under $OUT:
@@ -194,9 +196,14 @@ spes_bench ref_1b7b_spes 40 "${ref_1b7b[@]}" --layers "$cmp_layers" --fast-init
 torch_bench ref_1b7b_torch_compile 100 "${ref_1b7b[@]}" --layers "$cmp_layers" --compile
 torch_bench ref_1b7b_pytorch_eager 40 "${ref_1b7b[@]}" --layers "$cmp_layers"
 spes_bench ref_1b7b_16_layers_spes 45 "${ref_1b7b[@]}" --layers "$ref_layers" --fast-init
+# The 1B-7B node as the reference YAML runs it (micro-batch 2, whole-layer checkpointing) with
+# 8-bit and bf16 AdamW moments: the 48 GB card (at most 46 GB of tensors) and what the moments'
+# ATen update costs against torch's fused fp32 kernel (the issue's fp32 run: 14,964 tokens/s).
+for md in int8 bf16; do
+  spes_bench "ref_1b7b_16_layers_b2_${md}_spes" 45 "${ref_1b7b[@]}" --layers "$ref_layers" \
+    --batch 2 --activation-checkpointing whole_layer --moment-dtype "$md" --fast-init
+done
 spes_bench d512_spes 30 "${d512[@]}"
-torch_bench d512_torch_compile 75 "${d512[@]}" --compile
-torch_bench d512_pytorch_eager 30 "${d512[@]}"
 tar -C "$traces" -czf "$out/traces.tar.gz" . && rm -rf "$traces"
 
 # --- 5. a 2-node SPES launch on the one GPU ----------------------------------------------------------
@@ -245,6 +252,10 @@ PY
 fi
 rm -rf "$work" "$dest"
 
+# --- 6. what is left of the time: the small shape's PyTorch references ----------------------------------
+torch_bench d512_torch_compile 75 "${d512[@]}" --compile
+torch_bench d512_pytorch_eager 30 "${d512[@]}"
+
 # --- summary ----------------------------------------------------------------------------------------
 record elapsed_s "$((SECONDS - t_start))"
 "$py" - "$results" "$json" <<'PY'
@@ -266,8 +277,10 @@ for shape in ("ref_1b", "ref_1b7b", "d512"):
         s[f"{shape}_spes_{k}"] = get(f"{shape}_spes", k)
     for other in ("pytorch_eager", "torch_compile"):
         s[f"{shape}_{other}_gpu_peak_allocated_mb"] = get(f"{shape}_{other}", "gpu_peak_allocated_mb")
-for k in ("tokens_per_s", "mfu", "gpu_peak_allocated_mb"):
-    s[f"ref_1b7b_16_layers_spes_{k}"] = get("ref_1b7b_16_layers_spes", k)
+for key in ("ref_1b7b_16_layers_spes", "ref_1b7b_16_layers_b2_int8_spes",
+            "ref_1b7b_16_layers_b2_bf16_spes"):
+    for k in ("tokens_per_s", "mfu", "gpu_peak_allocated_mb", "host_syncs_per_step"):
+        s[f"{key}_{k}"] = get(key, k)
 r["summary"] = s
 json.dump(r, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(s, indent=1))

@@ -86,9 +86,10 @@ void print_text(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
     fmt::print("  node {}{}: {}; owns {}\n", i,
                static_cast<int64_t>(i) == me ? " (this config)" : "", count(nodes[i].trainable),
                owned_experts(own, static_cast<int64_t>(i)));
-  fmt::print("memory per node (micro-batch {} x {} tokens, precision {}; activations are an "
-             "estimate, report/memory_formula.h):\n", cfg.device_train_microbatch_size,
-             m.max_sequence_length, cfg.precision);
+  fmt::print("memory per node (micro-batch {} x {} tokens, precision {}, AdamW moments {}; "
+             "activations are an estimate, report/memory_formula.h):\n",
+             cfg.device_train_microbatch_size, m.max_sequence_length, cfg.precision,
+             cfg.optimizer.moment_dtype);
   std::string head = fmt::format("  {:>5}", "node");
   for (const auto& [dtype, bytes] : mems.at(0).weights_by_dtype)
     head += fmt::format("  {:>12}", "weights " + dtype);

@@ -26,6 +26,7 @@ enum class BlockType { Moe, Dense };
 enum class Precision { Auto, Fp32, AmpBf16 };
 enum class OptimizerName { AdamW };
 enum class SchedulerName { CosineWithWarmup, Constant };
+enum class MomentDtype { Fp32, Bf16, Int8 };
 
 template <> struct ChoiceNames<SyncMode> {
   static constexpr std::array<std::pair<SyncMode, std::string_view>, 4> names{
@@ -56,6 +57,10 @@ template <> struct ChoiceNames<Aggregation> {
 template <> struct ChoiceNames<QkNorm> {
   static constexpr std::array<std::pair<QkNorm, std::string_view>, 3> names{
       {{QkNorm::Whole, "whole"}, {QkNorm::PerHead, "per_head"}, {QkNorm::None, "none"}}};
+};
+template <> struct ChoiceNames<MomentDtype> {
+  static constexpr std::array<std::pair<MomentDtype, std::string_view>, 3> names{
+      {{MomentDtype::Fp32, "fp32"}, {MomentDtype::Bf16, "bf16"}, {MomentDtype::Int8, "int8"}}};
 };
 template <> struct ChoiceNames<BlockType> {
   static constexpr std::array<std::pair<BlockType, std::string_view>, 2> names{
@@ -143,9 +148,11 @@ struct OptimizerConfig {
   double weight_decay = 0.1;
   std::vector<double> betas = {0.9, 0.95};
   double eps = 1e-8;
+  // Storage of AdamW's two moments (train/adamw_moments.h): fp32, bf16 or int8 (8-bit block-wise).
+  Choice<MomentDtype> moment_dtype = MomentDtype::Fp32;
   template <class V> void visit(V& v) {
     v("name", name); v("learning_rate", learning_rate); v("weight_decay", weight_decay);
-    v("betas", betas); v("eps", eps);
+    v("betas", betas); v("eps", eps); v("moment_dtype", moment_dtype);
   }
 };
 

@@ -70,7 +70,7 @@ NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
     m.autocast_copies = 2 * (rt.grouped() ? counts.total - counts.experts : counts.total);
   }
   m.gradients = gradient_bytes(counts.trainable);
-  m.adam_moments = adam_moment_bytes(counts.trainable);
+  m.adam_moments = adam_moment_bytes(counts.trainable, cfg.optimizer.moment_dtype);
   m.activations = activation_bytes(activation_shape(cfg));
   const SpesConfig& s = cfg.spes_config;
   if (s.mode != SyncMode::Centralized) {

@@ -6,7 +6,9 @@
 //                stacked bf16 experts (frozen experts live only there when they are stored in
 //                bf16) and the bf16 copies autocast makes of the shared weights for one step;
 //   gradients    fp32, trainable tensors only (4 bytes per trainable value);
-//   AdamW        two fp32 moments, trainable tensors only (8 bytes per trainable value);
+//   AdamW        two moments, trainable tensors only, in optimizer.moment_dtype (8 bytes per
+//                trainable value in fp32, 4 in bf16, 2 + a scale per block of 256 in int8:
+//                train/adamw_moments.h);
 //   activations  what one micro-batch's forward pass keeps for backward
 //                (activation_bytes(), an estimate; its comment lists what it counts);
 //   sync state   a SPES/FedAvg/DiLoCo node's sync client: with spes_config.compression the
@@ -26,12 +28,17 @@
 
 #include "spes/io/config.h"
 #include "spes/report/param_counts.h"
+#include "spes/train/adamw_moments.h"
 
 namespace spes::report {
 
-// Bytes of gradients and of AdamW moments per node: fp32, trainable values only.
+// Bytes of gradients (fp32) and of AdamW moments per node, trainable values only (int8 blocks
+// counted over the node's values at once: a few bytes less than tensor by tensor).
 inline int64_t gradient_bytes(int64_t trainable_values) { return 4 * trainable_values; }
-inline int64_t adam_moment_bytes(int64_t trainable_values) { return 8 * trainable_values; }
+inline int64_t adam_moment_bytes(int64_t trainable_values,
+                                 MomentDtype dtype = MomentDtype::Fp32) {
+  return moment_bytes(trainable_values, dtype);
+}
 
 // The shape one micro-batch's activations depend on.
 struct ActivationShape {

@@ -30,10 +30,7 @@ double lr_at_step(const Config& cfg, int64_t step) {
 
 AdamW::AdamW(std::vector<RegistryEntry> params, const OptimizerConfig& cfg)
     : params_(std::move(params)), cfg_(cfg) {
-  for (const auto& p : params_) {
-    exp_avg_.push_back(torch::zeros_like(p.tensor, torch::MemoryFormat::Contiguous));
-    exp_avg_sq_.push_back(torch::zeros_like(p.tensor, torch::MemoryFormat::Contiguous));
-  }
+  for (const auto& p : params_) moments_.emplace_back(p.tensor, cfg_.moment_dtype);
   tensor_steps_.assign(params_.size(), 0);
 }
 
@@ -98,6 +95,15 @@ double sum_squares(const torch::Tensor& g) {
   return g.to(torch::kFloat64).pow(2).sum().item<double>();
 }
 
+// The stochastic-rounding seed of tensor i's moments at optimizer step `step` (a splitmix64
+// mix): fixed by the step, so a resumed run rounds as the uninterrupted one.
+uint32_t rounding_seed(int64_t step, size_t i) {
+  uint64_t z = static_cast<uint64_t>(step) * 0x9e3779b97f4a7c15ULL + i + 1;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return static_cast<uint32_t>(z ^ (z >> 31));
+}
+
 // [norm, extra...] as one fp64 vector on the norm's device.
 torch::Tensor with_extra(const torch::Tensor& norm, const torch::Tensor& extra) {
   if (!extra.defined()) return norm;
@@ -143,8 +149,13 @@ torch::Tensor AdamW::step_queued(double lr, double max_grad_norm, const torch::T
     const double t = static_cast<double>(++tensor_steps_[i]);
     const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
     const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
-    torch::Tensor& m = exp_avg_[i];
-    torch::Tensor& v = exp_avg_sq_[i];
+    if (moments_[i].dtype() != MomentDtype::Fp32) {
+      moments_[i].update(p, g, torch::scalar_tensor(clip, torch::kFloat32),
+                         {lr, wd, b1, b2, eps, bc1, bc2, rounding_seed(step_, i)}, {});
+      continue;
+    }
+    torch::Tensor& m = moments_[i].exp_avg();
+    torch::Tensor& v = moments_[i].exp_avg_sq();
     if (cpu_fast_path(p, g)) {
       float* pd = p.data_ptr<float>();
       const float* gd = g.data_ptr<float>();
@@ -215,12 +226,23 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
     ++tensor_steps_[i];
     const torch::Tensor& p = params_[i].tensor;
     const torch::Tensor& g = grads[j];
+    if (moments_[i].dtype() != MomentDtype::Fp32) {  // ATen operations over chunks
+      const double t = static_cast<double>(tensor_steps_[i]);
+      moments_[i].update(p, g, clip, {lr, cfg_.weight_decay, cfg_.betas[0], cfg_.betas[1],
+                                      cfg_.eps, 1.0 - std::pow(cfg_.betas[0], t),
+                                      1.0 - std::pow(cfg_.betas[1], t), rounding_seed(step_, i)},
+                         found_inf.view({}) > 0);
+      device_steps_[i].add_(1);
+      continue;
+    }
+    torch::Tensor& exp_avg = moments_[i].exp_avg();
+    torch::Tensor& exp_avg_sq = moments_[i].exp_avg_sq();
     if (p.is_non_overlapping_and_dense() && g.strides() == p.strides() &&
-        exp_avg_[i].strides() == p.strides() && g.scalar_type() == p.scalar_type()) {
+        exp_avg.strides() == p.strides() && g.scalar_type() == p.scalar_type()) {
       fp.push_back(p);
       fg.push_back(g);
-      fm.push_back(exp_avg_[i]);
-      fv.push_back(exp_avg_sq_[i]);
+      fm.push_back(exp_avg);
+      fv.push_back(exp_avg_sq);
       fs.push_back(device_steps_[i]);
       continue;
     }
@@ -230,13 +252,13 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
     const double b1 = cfg_.betas[0], b2 = cfg_.betas[1];
     torch::Tensor keep = found_inf.view({});
     torch::Tensor gc = g * clip;
-    torch::Tensor m = exp_avg_[i] * b1 + gc * (1.0 - b1);
-    torch::Tensor v = exp_avg_sq_[i] * b2 + gc * gc * (1.0 - b2);
+    torch::Tensor m = exp_avg * b1 + gc * (1.0 - b1);
+    torch::Tensor v = exp_avg_sq * b2 + gc * gc * (1.0 - b2);
     torch::Tensor denom = (v.sqrt() / std::sqrt(1.0 - std::pow(b2, t))).add_(cfg_.eps);
     torch::Tensor np = p * (1.0 - lr * cfg_.weight_decay) -
                        m / denom * (lr / (1.0 - std::pow(b1, t)));
-    exp_avg_[i].copy_(torch::where(keep > 0, exp_avg_[i], m));
-    exp_avg_sq_[i].copy_(torch::where(keep > 0, exp_avg_sq_[i], v));
+    exp_avg.copy_(torch::where(keep > 0, exp_avg, m));
+    exp_avg_sq.copy_(torch::where(keep > 0, exp_avg_sq, v));
     device_steps_[i].add_(1);
     params_[i].tensor.copy_(torch::where(keep > 0, p, np));
   }
@@ -271,8 +293,7 @@ void AdamW::zero_grad() {
 NamedTensors AdamW::state_tensors() const {
   NamedTensors out;
   for (size_t i = 0; i < params_.size(); ++i) {
-    out.emplace_back("exp_avg/" + params_[i].name, exp_avg_[i]);
-    out.emplace_back("exp_avg_sq/" + params_[i].name, exp_avg_sq_[i]);
+    moments_[i].append_state(params_[i].name, &out);
     out.emplace_back("step/" + params_[i].name, torch::tensor(tensor_steps_[i], torch::kInt64));
   }
   return out;
@@ -281,23 +302,12 @@ NamedTensors AdamW::state_tensors() const {
 void AdamW::check_state(const NamedTensors& tensors, const std::string& origin) const {
   std::unordered_map<std::string, const torch::Tensor*> by_name;
   for (const auto& [n, t] : tensors) by_name[n] = &t;
-  auto need = [&](const std::string& key) -> const torch::Tensor& {
-    auto it = by_name.find(key);
-    SPES_CHECK(it != by_name.end(), "{}: optimizer state lacks '{}' (was the checkpoint made "
-               "with a different set of trainable tensors?)", origin, key);
-    return *it->second;
-  };
   for (size_t i = 0; i < params_.size(); ++i) {
-    for (const char* prefix : {"exp_avg/", "exp_avg_sq/"}) {
-      const std::string key = prefix + params_[i].name;
-      const torch::Tensor& t = need(key);
-      SPES_CHECK(t.sizes() == exp_avg_[i].sizes(), "{}: optimizer tensor '{}' has shape [{}] but "
-                 "the parameter has [{}]", origin, key, fmt::join(t.sizes(), ", "),
-                 fmt::join(exp_avg_[i].sizes(), ", "));
-      SPES_CHECK(t.is_floating_point() && torch::isfinite(t).all().item<bool>(),
-                 "{}: optimizer tensor '{}' is not finite floating point data", origin, key);
-    }
-    const torch::Tensor& st = need("step/" + params_[i].name);
+    moments_[i].check_state(by_name, params_[i].name, origin);
+    auto it = by_name.find("step/" + params_[i].name);
+    SPES_CHECK(it != by_name.end(), "{}: optimizer state lacks 'step/{}' (was the checkpoint "
+               "made with a different set of trainable tensors?)", origin, params_[i].name);
+    const torch::Tensor& st = *it->second;
     SPES_CHECK(st.numel() == 1 && st.scalar_type() == torch::kInt64 && st.item<int64_t>() >= 0,
                "{}: 'step/{}' must be one non-negative int64", origin, params_[i].name);
   }
@@ -306,12 +316,12 @@ void AdamW::check_state(const NamedTensors& tensors, const std::string& origin) 
 void AdamW::load_state(const NamedTensors& tensors, int64_t step_count,
                        const std::string& origin) {
   check_state(tensors, origin);
-  std::unordered_map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+  std::unordered_map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [n, t] : tensors) by_name[n] = &t;
   torch::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i) {
-    exp_avg_[i].copy_(by_name.at("exp_avg/" + params_[i].name));
-    exp_avg_sq_[i].copy_(by_name.at("exp_avg_sq/" + params_[i].name));
-    tensor_steps_[i] = by_name.at("step/" + params_[i].name).item<int64_t>();
+    moments_[i].load_state(by_name, params_[i].name, rounding_seed(step_count, i));
+    tensor_steps_[i] = by_name.at("step/" + params_[i].name)->item<int64_t>();
   }
   device_steps_.clear();  // rebuilt from tensor_steps_ at the next step
   step_ = step_count;
@@ -319,8 +329,7 @@ void AdamW::load_state(const NamedTensors& tensors, int64_t step_count,
 
 int64_t AdamW::state_bytes() const {
   int64_t n = 0;
-  for (size_t i = 0; i < exp_avg_.size(); ++i)
-    n += (exp_avg_[i].numel() + exp_avg_sq_[i].numel()) * exp_avg_[i].element_size();
+  for (const auto& m : moments_) n += m.bytes();
   return n;
 }
 

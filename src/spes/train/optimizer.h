@@ -4,8 +4,10 @@
 // over (param, grad, m, v) per tensor. On a GPU the norm, the clipping factor and the update stay
 // on the device: one multi-tensor norm, then torch's fused AdamW kernel (_fused_adamw_, with the
 // clip as its gradient scale and a non-finite norm as its skip flag), so a step never waits for
-// the device (step_queued; the norm is read back later). Matches torch.optim.AdamW (decoupled decay: p -= lr*wd*p;
-// p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)).
+// the device (step_queued; the norm is read back later). Matches torch.optim.AdamW (decoupled
+// decay: p -= lr*wd*p; p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)). The moments are fp32, or
+// bf16 / 8-bit block-wise with optimizer.moment_dtype (train/adamw_moments.h: updated with ATen
+// operations over chunks on either device, since the fused CUDA kernel takes fp32 moments only).
 #pragma once
 #include <torch/torch.h>
 
@@ -15,6 +17,7 @@
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
 #include "spes/model/registry.h"
+#include "spes/train/adamw_moments.h"
 
 namespace spes {
 
@@ -59,19 +62,20 @@ class AdamW {
 
   int64_t step_count() const { return step_; }
   // Moments and per-tensor step counts as named tensors ("exp_avg/<name>",
-  // "exp_avg_sq/<name>", "step/<name>") for checkpoints.
+  // "exp_avg_sq/<name>", int8's "*_absmax/<name>", "step/<name>") for checkpoints.
   NamedTensors state_tensors() const;
   // Throws (changing nothing) unless `tensors` hold a complete, well-shaped state.
   void check_state(const NamedTensors& tensors, const std::string& origin) const;
-  // check_state, then replaces the moments and step counts.
+  // check_state, then replaces the moments and step counts (moments of another moment_dtype,
+  // fp32 ones of older checkpoints included, are converted).
   void load_state(const NamedTensors& tensors, int64_t step_count, const std::string& origin);
-  // Bytes held by optimizer moments.
+  // Bytes held by optimizer moments (int8: with their block scales).
   int64_t state_bytes() const;
   const std::vector<RegistryEntry>& params() const { return params_; }
 
  private:
   std::vector<RegistryEntry> params_;
-  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<AdamWMoments> moments_;  // optimizer.moment_dtype (train/adamw_moments.h)
   // Steps each tensor has taken: a tensor without a gradient in a step (an expert that got no
   // tokens) is skipped and keeps its own bias correction, as in torch.optim.AdamW.
   std::vector<int64_t> tensor_steps_;
