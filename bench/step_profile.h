@@ -2,9 +2,10 @@
 // a GPU, the CUDA kernel timeline (CUPTI; libkineto is part of libtorch_cpu, the CUDA side needs
 // libtorch_cuda loaded, train/cuda_library.h). Writes the chrome trace (chrome://tracing,
 // Perfetto) and returns a summary: the step's wall time, and a table of the top kernels (GPU:
-// time on the device per kernel name) or operators (CPU: self time, children excluded) with
-// their share of the step; on a GPU also the device's busy share (all kernels, copies and
-// memsets over the step's wall time: far below 1 means the GPU waits for the host).
+// time on the device per kernel name) or operators (CPU: self time, children excluded, summed
+// over threads, so shares can pass 100% when threads run at once) with their share of the step;
+// on a GPU also the device's busy share (all kernels, copies and memsets over the step's wall
+// time: far below 1 means the GPU waits for the host).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -67,7 +68,7 @@ inline void add_self_times(const std::vector<torch::autograd::profiler::KinetoEv
 
 // Runs `step` once under the profiler (CPU activities, and CUDA ones when `cuda`), waiting for
 // the device at its end; writes the trace to `trace_path` and returns
-// {"trace", "step_s", "what" ("cuda kernels" or "cpu operators, self time"), "top": [{"name",
+// {"trace", "step_s", "what" ("cuda kernels" or "cpu operators, ..."), "top": [{"name",
 // "calls", "ms", "share"}, ...] (the `top` largest), "device_busy_share" (GPU)}.
 inline nlohmann::json profile_step(const std::function<void()>& step, bool cuda,
                                    const std::string& trace_path, int top = 15) {
@@ -111,7 +112,8 @@ inline nlohmann::json profile_step(const std::function<void()>& step, bool cuda,
                      {"calls", a.calls}, {"ms", a.ns / 1e6}, {"share", a.ns / wall_ns}});
   }
   nlohmann::json out = {{"trace", trace_path}, {"step_s", wall_ns / 1e9},
-                        {"what", cuda ? "cuda kernels" : "cpu operators, self time"},
+                        {"what", cuda ? "cuda kernels"
+                                      : "cpu operators, self time summed over threads"},
                         {"distinct", rows.size()}, {"top", table}};
   if (cuda) out["device_busy_share"] = device_ns / wall_ns;
   return out;

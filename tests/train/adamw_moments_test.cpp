@@ -16,8 +16,10 @@
 #include "spes/train/adamw_moments.h"
 #include "spes/train/memory_meter.h"
 #include "spes/train/optimizer.h"
+#include "train/train_test_util.h"
 
 using namespace spes;
+using spes::test::trainable_entry;
 using ::testing::HasSubstr;
 
 namespace {
@@ -60,7 +62,8 @@ TEST(AdamWMoments, Int8CodesAreWithinOneLevelAndUnbiased) {
     std::vector<double> sum(n, 0.0);
     const int seeds = 400;
     for (int s = 0; s < seeds; ++s) {
-      const torch::Tensor bits = moment_rounding_bits(0, n, 1000 + s, torch::kCPU).bitwise_and(0xffff);
+      const torch::Tensor bits =
+          moment_rounding_bits(0, n, 1000 + s, torch::kCPU).bitwise_and(0xffff);
       auto [codes, absmax] = quantize_moment(x, bits, is_signed);
       ASSERT_EQ(codes.scalar_type(), is_signed ? torch::kInt8 : torch::kUInt8);
       const std::vector<double> got = decode(codes, absmax);
@@ -133,14 +136,6 @@ TEST(AdamWMoments, RoundingBitsAreTheSameForAnyChunking) {
   EXPECT_LT(all.max().item<int64_t>(), int64_t{1} << 32);
 }
 
-RegistryEntry entry(const std::string& name, torch::Tensor t) {
-  RegistryEntry e;
-  e.name = name;
-  e.tensor = t.set_requires_grad(true);
-  e.trainable = true;
-  return e;
-}
-
 OptimizerConfig config_of(MomentDtype dtype) {
   OptimizerConfig c;
   c.moment_dtype = dtype;
@@ -151,7 +146,7 @@ OptimizerConfig config_of(MomentDtype dtype) {
 // Two tensors, one of them not a whole number of int8 blocks.
 std::vector<RegistryEntry> make_params(uint64_t seed) {
   torch::manual_seed(seed);
-  return {entry("a", torch::randn({30, 70})), entry("b", torch::randn({5}))};
+  return {trainable_entry("a", torch::randn({30, 70})), trainable_entry("b", torch::randn({5}))};
 }
 
 void set_grads(std::vector<RegistryEntry>& ps, int step) {
@@ -349,7 +344,7 @@ TEST(AdamWMoments, BytesHeldAsMeasuredByTheMemoryMeter) {
     torch::Tensor p = torch::zeros({numel});
     MemoryMeter meter(torch::kCPU);
     const int64_t before = meter.current_bytes();
-    AdamW opt({entry("p", p)}, config_of(dtype));
+    AdamW opt({trainable_entry("p", p)}, config_of(dtype));
     EXPECT_EQ(meter.current_bytes() - before, opt.state_bytes());
     EXPECT_EQ(opt.state_bytes(), moment_bytes(numel, dtype));
   }

@@ -225,6 +225,59 @@ TEST(CudaKernels, FusedAdamWStepMatchesCpu) {
   for (size_t i = 0; i < pc.size(); ++i) EXPECT_LT(maxrel(pg[i].tensor, pc[i].tensor), 1e-6);
 }
 
+// bf16 and int8 moments (train/adamw_moments.h): the same ATen update and the same rounding bits
+// on both devices, so the same parameters and (but for a rare rounding decision that float
+// differences flip) the same stored codes; the skip flag of a non-finite norm keeps everything.
+TEST(CudaKernels, LowPrecisionMomentsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  for (MomentDtype md : {MomentDtype::Bf16, MomentDtype::Int8}) {
+    auto make = [](const torch::Device& d) {
+      std::vector<RegistryEntry> ps;
+      for (int i = 0; i < 2; ++i) {
+        RegistryEntry e;
+        e.name = "p" + std::to_string(i);
+        torch::manual_seed(20 + i);
+        e.tensor = torch::randn({i == 0 ? 300 : 7, 70}).to(d).requires_grad_(true);
+        ps.push_back(e);
+      }
+      return ps;
+    };
+    OptimizerConfig oc;
+    oc.moment_dtype = md;
+    auto pc = make(torch::kCPU), pg = make(kCuda);
+    AdamW cpu(pc, oc), gpu(pg, oc);
+    for (int step = 0; step < 4; ++step) {
+      for (size_t i = 0; i < pc.size(); ++i) {
+        torch::manual_seed(100 * step + i);
+        torch::Tensor g = torch::randn(pc[i].tensor.sizes()) * 3.0;
+        if (step == 3 && i == 1) g[0][0] = NAN;  // a non-finite norm: the GPU skips the update
+        pc[i].tensor.mutable_grad() = g;
+        pg[i].tensor.mutable_grad() = g.to(kCuda);
+      }
+      if (step == 3) {
+        const NamedTensors before = gpu.state_tensors();
+        std::vector<torch::Tensor> params;
+        for (const auto& e : pg) params.push_back(e.tensor.detach().clone());
+        EXPECT_THROW(gpu.step(1e-2, 1.0), Error);
+        const NamedTensors after = gpu.state_tensors();
+        for (size_t i = 0; i < before.size(); ++i)  // the moments (step counts do advance)
+          if (before[i].first.rfind("step/", 0) != 0)
+            EXPECT_TRUE(torch::equal(before[i].second, after[i].second)) << before[i].first;
+        for (size_t i = 0; i < pg.size(); ++i) EXPECT_TRUE(torch::equal(params[i], pg[i].tensor));
+        break;
+      }
+      const double nc = cpu.step(1e-2, 1.0), ng = gpu.step(1e-2, 1.0);
+      EXPECT_NEAR(ng, nc, 1e-5 * nc);
+    }
+    for (size_t i = 0; i < pc.size(); ++i) EXPECT_LT(maxrel(pg[i].tensor, pc[i].tensor), 1e-4);
+    const NamedTensors sc = cpu.state_tensors(), sg = gpu.state_tensors();
+    for (size_t i = 0; i < sc.size(); ++i) {
+      const torch::Tensor same = sc[i].second.eq(sg[i].second.to(torch::kCPU));
+      EXPECT_GT(same.to(torch::kFloat64).mean().item<double>(), 0.99) << sc[i].first;
+    }
+  }
+}
+
 TEST(CudaTraining, Fp32StepsMatchCpu) {
   SKIP_WITHOUT_GPU();
   const fs::path dir = fs::temp_directory_path() / ("spes_cuda_fp32_" + std::to_string(getpid()));

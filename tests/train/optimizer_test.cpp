@@ -9,19 +9,13 @@
 
 #include "spes/common/error.h"
 #include "spes/train/optimizer.h"
+#include "train/train_test_util.h"
 
 using namespace spes;
+using spes::test::trainable_entry;
 using ::testing::HasSubstr;
 
 namespace {
-
-RegistryEntry entry(const std::string& name, torch::Tensor t) {
-  RegistryEntry e;
-  e.name = name;
-  e.tensor = t.set_requires_grad(true);
-  e.trainable = true;
-  return e;
-}
 
 // torch.optim.AdamW for one tensor, in double, with its own step counter (PyTorch keeps the
 // step per parameter and only advances it when the parameter has a gradient).
@@ -78,9 +72,9 @@ OptimizerConfig opt_config() {
 TEST(AdamWNumeric, MatchesTorchFormulaByHand) {
   torch::manual_seed(1);
   OptimizerConfig oc = opt_config();
-  std::vector<RegistryEntry> ps = {entry("a", torch::randn({5, 7})),
-                                   entry("b", torch::randn({11}, torch::kFloat64)),
-                                   entry("c", torch::randn({3, 3}))};
+  std::vector<RegistryEntry> ps = {trainable_entry("a", torch::randn({5, 7})),
+                                   trainable_entry("b", torch::randn({11}, torch::kFloat64)),
+                                   trainable_entry("c", torch::randn({3, 3}))};
   std::vector<HandAdamW> hand;
   for (auto& e : ps) hand.emplace_back(e.tensor);
   AdamW opt(ps, oc);
@@ -141,7 +135,8 @@ TEST(AdamWNumeric, MatchesTorchFormulaByHand) {
 // A tensor without a gradient is left completely alone: no decay, no moment update.
 TEST(AdamWNumeric, TensorWithoutGradientIsSkipped) {
   torch::manual_seed(2);
-  std::vector<RegistryEntry> ps = {entry("a", torch::randn({4})), entry("b", torch::randn({4}))};
+  std::vector<RegistryEntry> ps = {trainable_entry("a", torch::randn({4})),
+                                   trainable_entry("b", torch::randn({4}))};
   AdamW opt(ps, opt_config());
   torch::Tensor b0 = ps[1].tensor.detach().clone();
   ps[0].tensor.mutable_grad() = torch::ones({4});
@@ -175,7 +170,8 @@ TEST(AdamWNumeric, SkippedStepsDoNotAdvanceThatTensorsBiasCorrection) {
   torch::manual_seed(3);
   OptimizerConfig oc = opt_config();
   oc.weight_decay = 0.0;
-  std::vector<RegistryEntry> ps = {entry("a", torch::randn({6})), entry("c", torch::randn({6}))};
+  std::vector<RegistryEntry> ps = {trainable_entry("a", torch::randn({6})),
+                                   trainable_entry("c", torch::randn({6}))};
   HandAdamW hand_c(ps[1].tensor);
   AdamW opt(ps, oc);
   ps[0].tensor.mutable_grad() = torch::randn({6});
@@ -219,7 +215,8 @@ TEST(AdamWState, RoundTripAndErrors) {
   torch::manual_seed(4);
   OptimizerConfig oc = opt_config();
   auto make = [&](const torch::Tensor& a, const torch::Tensor& b) {
-    return std::vector<RegistryEntry>{entry("x.weight", a.clone()), entry("y.weight", b.clone())};
+    return std::vector<RegistryEntry>{trainable_entry("x.weight", a.clone()),
+                                      trainable_entry("y.weight", b.clone())};
   };
   torch::Tensor a0 = torch::randn({3, 4}), b0 = torch::randn({5});
   auto p1 = make(a0, b0);

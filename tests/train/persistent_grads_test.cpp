@@ -8,18 +8,12 @@
 
 #include "spes/model/layers.h"
 #include "spes/train/optimizer.h"
+#include "train/train_test_util.h"
 
 using namespace spes;
+using spes::test::trainable_entry;
 
 namespace {
-
-RegistryEntry entry(const std::string& name, torch::Tensor t) {
-  RegistryEntry e;
-  e.name = name;
-  e.tensor = t.set_requires_grad(true);
-  e.trainable = true;
-  return e;
-}
 
 OptimizerConfig config() {
   OptimizerConfig oc;
@@ -34,8 +28,10 @@ OptimizerConfig config() {
 TEST(PersistentGrads, SameUpdatesAndSkipsTensorsWithoutGradient) {
   torch::manual_seed(5);
   torch::Tensor a0 = torch::randn({6, 4}), b0 = torch::randn({5});
-  std::vector<RegistryEntry> p1 = {entry("a", a0.clone()), entry("b", b0.clone())};
-  std::vector<RegistryEntry> p2 = {entry("a", a0.clone()), entry("b", b0.clone())};
+  std::vector<RegistryEntry> p1 = {trainable_entry("a", a0.clone()),
+                                   trainable_entry("b", b0.clone())};
+  std::vector<RegistryEntry> p2 = {trainable_entry("a", a0.clone()),
+                                   trainable_entry("b", b0.clone())};
   AdamW o1(p1, config()), o2(p2, config());
   o2.use_persistent_grads();
   EXPECT_TRUE(o2.persistent_grads());
@@ -76,7 +72,9 @@ TEST(PersistentGrads, ExpertKernelAccumulatesIntoBuffers) {
   ExpertWeights e{torch::randn({12, 8}), torch::randn({12, 8}), torch::randn({8, 12})};
   ExpertWeights f{e.w1.clone(), e.v1.clone(), e.w2.clone()};
   for (auto* w : {&e.w1, &e.v1, &e.w2, &f.w1, &f.v1, &f.w2}) w->set_requires_grad(true);
-  std::vector<RegistryEntry> ps = {entry("w1", f.w1), entry("v1", f.v1), entry("w2", f.w2)};
+  std::vector<RegistryEntry> ps = {trainable_entry("w1", f.w1),
+                                   trainable_entry("v1", f.v1),
+                                   trainable_entry("w2", f.w2)};
   AdamW opt(ps, config());
   opt.use_persistent_grads();
   torch::Tensor x1 = torch::randn({10, 8}), x2 = torch::randn({7, 8});

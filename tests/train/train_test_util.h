@@ -1,5 +1,6 @@
 // Helpers shared by the training tests: a raw uint32 token shard (the reference format) of a
-// noisy repeating pattern, learnable in a few steps, and reading a run's metrics.jsonl.
+// noisy repeating pattern, learnable in a few steps, reading a run's metrics.jsonl, and a
+// trainable registry entry for the optimizer's tests.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -9,6 +10,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "spes/model/registry.h"
 
 namespace spes::test {
 
@@ -31,6 +34,15 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& dir
   std::string line;
   while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+// A trainable tensor for AdamW, under `name` (requires_grad set).
+inline RegistryEntry trainable_entry(const std::string& name, torch::Tensor t) {
+  RegistryEntry e;
+  e.name = name;
+  e.tensor = t.set_requires_grad(true);
+  e.trainable = true;
+  return e;
 }
 
 }  // namespace spes::test

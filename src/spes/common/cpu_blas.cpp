@@ -107,7 +107,8 @@ OpenBlasCoreChoice choose_openblas_core(const CpuVectorIsa& cpu, const std::stri
   const char* target = can == 3 ? (cpu.avx512_bf16 ? "Cooperlake" : "SkylakeX")
                        : can == 2 ? "Haswell"
                                   : "Sandybridge";
-  const std::string what = have == 0 ? "a generic core" : std::string(level_name(have)) + " kernels";
+  const std::string what =
+      have == 0 ? "a generic core" : std::string(level_name(have)) + " kernels";
   return {target, fmt::format("OpenBLAS chose {}, {}, on a CPU with {}", chosen_core, what,
                               level_name(can))};
 }
@@ -121,7 +122,8 @@ std::string openblas_switch_core(const std::string& core) {
              "at build time", openblas_core());
   std::lock_guard<std::mutex> lk(g_mu);
   const char* before = std::getenv("OPENBLAS_CORETYPE");
-  const std::optional<std::string> saved = before ? std::optional<std::string>(before) : std::nullopt;
+  const std::optional<std::string> saved =
+      before ? std::optional<std::string>(before) : std::nullopt;
   ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
   quit();
   init();  // reads OPENBLAS_CORETYPE; an unknown name falls back to OpenBLAS's own detection
@@ -130,45 +132,55 @@ std::string openblas_switch_core(const std::string& core) {
   return openblas_core();
 }
 
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+// A core that a spes parent process selected and handed down ("Prescott->SkylakeX" in
+// kSelectedVar, OPENBLAS_CORETYPE=SkylakeX): the core OpenBLAS had chosen there, else nullopt.
+std::optional<std::string> inherited_selection(const std::optional<std::string>& coretype) {
+  const std::optional<std::string> marker = env(kSelectedVar);
+  if (!coretype || !marker) return std::nullopt;
+  const size_t arrow = marker->find("->");
+  if (arrow == std::string::npos || marker->substr(arrow + 2) != *coretype) return std::nullopt;
+  return marker->substr(0, arrow);
+}
+
+// Switches to `choice.switch_to`; on success hands the choice down to child processes.
+Selection apply_choice(const std::string& chosen, const OpenBlasCoreChoice& choice) {
+  std::string now = chosen, error;
+  try {
+    now = openblas_switch_core(choice.switch_to);
+  } catch (const Error& e) {
+    error = std::string(": ") + e.what();
+  }
+  if (::strcasecmp(now.c_str(), choice.switch_to.c_str()) != 0)
+    return {Selection::By::OpenBlas,
+            fmt::format("{}; selecting {} failed{}", choice.why, choice.switch_to, error)};
+  ::setenv("OPENBLAS_CORETYPE", choice.switch_to.c_str(), 1);
+  ::setenv(kSelectedVar, (chosen + "->" + choice.switch_to).c_str(), 1);
+  return {Selection::By::Spes, choice.why};
+}
+
+}  // namespace
+
 void select_cpu_blas_core() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (!openblas_handle()) return;
-    const char* user = std::getenv("OPENBLAS_CORETYPE");
-    const char* marker = std::getenv(kSelectedVar);
+    const std::optional<std::string> user = env("OPENBLAS_CORETYPE");
     Selection s;
-    if (user && *user && marker && std::string(marker).find("->") != std::string::npos &&
-        std::string(marker).substr(std::string(marker).find("->") + 2) == user) {
-      // Started by a spes process that selected the core: the same selection, inherited.
-      s = {Selection::By::Spes, fmt::format("inherited: OpenBLAS chose {}",
-                                            std::string(marker).substr(0, std::string(marker).find("->")))};
+    if (const auto from = inherited_selection(user)) {
+      s = {Selection::By::Spes, "inherited: OpenBLAS chose " + *from};
+    } else if (user) {
+      s = {Selection::By::User, *user};
     } else {
       const std::string chosen = openblas_core();
-      const OpenBlasCoreChoice c = choose_openblas_core(
-          this_cpu_isa(), chosen,
-          user && *user ? std::optional<std::string>(user) : std::nullopt);
-      if (user && *user) {
-        s = {Selection::By::User, user};
-      } else if (c.switch_to.empty()) {
-        s = {Selection::By::OpenBlas, ""};
-      } else {
-        std::string now;
-        try {
-          now = openblas_switch_core(c.switch_to);
-        } catch (const Error& e) {
-          now = chosen;
-          s.detail = e.what();
-        }
-        if (::strcasecmp(now.c_str(), c.switch_to.c_str()) == 0) {
-          ::setenv("OPENBLAS_CORETYPE", c.switch_to.c_str(), 1);
-          ::setenv(kSelectedVar, (chosen + "->" + c.switch_to).c_str(), 1);
-          s = {Selection::By::Spes, c.why};
-        } else {
-          s = {Selection::By::OpenBlas,
-               fmt::format("{}; selecting {} failed{}", c.why, c.switch_to,
-                           s.detail.empty() ? "" : ": " + s.detail)};
-        }
-      }
+      const OpenBlasCoreChoice c = choose_openblas_core(this_cpu_isa(), chosen, std::nullopt);
+      s = c.switch_to.empty() ? Selection{Selection::By::OpenBlas, ""} : apply_choice(chosen, c);
     }
     std::lock_guard<std::mutex> lk(g_mu);
     g_selection = s;

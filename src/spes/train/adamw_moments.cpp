@@ -43,7 +43,8 @@ torch::Tensor moment_rounding_bits(int64_t lo, int64_t n, uint32_t seed,
   // A 32-bit integer hash (xor-shift-multiply, two rounds; multipliers below 2^31 so that no
   // product leaves int64) of index ^ seed.
   auto o = torch::TensorOptions().dtype(torch::kInt64).device(device);
-  torch::Tensor x = torch::arange(lo, lo + n, o).bitwise_and_(kMask32).bitwise_xor_(static_cast<int64_t>(seed));
+  torch::Tensor x = torch::arange(lo, lo + n, o).bitwise_and_(kMask32);
+  x.bitwise_xor_(static_cast<int64_t>(seed));
   for (int round = 0; round < 2; ++round) {
     x = x.bitwise_xor(x.bitwise_right_shift(16)).mul_(0x45d9f3b).bitwise_and_(kMask32);
   }
@@ -85,7 +86,8 @@ torch::Tensor dequantize_moment(const torch::Tensor& codes, const torch::Tensor&
   const double top = static_cast<double>(is_signed ? kSignedTop : kUnsignedTop);
   const torch::Tensor c = codes.view({-1, kMomentBlock}).to(torch::kFloat32);
   const torch::Tensor k = c.abs();
-  torch::Tensor v = torch::where(k == 0, torch::zeros_like(k), torch::exp2((k - top) / kLevelsPerOctave));
+  torch::Tensor v =
+      torch::where(k == 0, torch::zeros_like(k), torch::exp2((k - top) / kLevelsPerOctave));
   if (is_signed) v = v * torch::sign(c);
   return (v * absmax.unsqueeze(1)).view({-1});
 }
@@ -280,8 +282,10 @@ void AdamWMoments::load_state(
     v_absmax_.copy_(va);
     return;
   }
-  const torch::Tensor md = dequantize_moment(pad_to_blocks(m.reshape({-1})), ma).narrow(0, 0, numel_);
-  const torch::Tensor vd = dequantize_moment(pad_to_blocks(v.reshape({-1})), va).narrow(0, 0, numel_);
+  auto dense = [&](const torch::Tensor& codes, const torch::Tensor& absmax) {
+    return dequantize_moment(pad_to_blocks(codes.reshape({-1})), absmax).narrow(0, 0, numel_);
+  };
+  const torch::Tensor md = dense(m, ma), vd = dense(v, va);
   set_dense(torch::where(vd == 0, torch::zeros_like(md), md), vd, seed);
 }
 

@@ -16,7 +16,8 @@ StepFigures::StepFigures(const torch::Tensor& values) {
   // Pinned memory: the device copies into it asynchronously (pageable memory would make the
   // copy wait). The event is recorded on the stream that runs the step (c10's device-generic
   // interface: libtorch_cuda is loaded at run time, train/cuda_library.h).
-  host_ = torch::empty(v.sizes(), torch::TensorOptions().dtype(torch::kFloat64).pinned_memory(true));
+  host_ = torch::empty(v.sizes(),
+                       torch::TensorOptions().dtype(torch::kFloat64).pinned_memory(true));
   host_.copy_(v, /*non_blocking=*/true);
   const c10::impl::VirtualGuardImpl guard(v.device().type());
   done_ = std::make_shared<c10::Event>(v.device().type());

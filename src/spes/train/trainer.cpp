@@ -151,10 +151,12 @@ QueuedStep Trainer::queue_step() {
   state_.loader = train_loader_->state();
   q.step = state_.step;
   q.tokens = state_.tokens;
+  q.queue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - q.start).count();
   return q;
 }
 
 nlohmann::json Trainer::settle_step(const QueuedStep& q) {
+  const auto wait_start = std::chrono::steady_clock::now();
   const torch::Tensor host = q.figures.values();  // [grad_norm, then 5 per row]
   const double* v = host.data_ptr<double>();
   const double grad_norm = v[0];
@@ -169,11 +171,11 @@ nlohmann::json Trainer::settle_step(const QueuedStep& q) {
     rz += row[3] / accum;
     z += row[4] / accum;
   }
-  // The step's time: from its start, or (queued while the previous one ran) from the moment the
-  // previous one was read, so that steps in flight together are not counted twice.
-  const auto now = std::chrono::steady_clock::now();
-  const double secs = std::chrono::duration<double>(now - std::max(q.start, last_settled_)).count();
-  last_settled_ = now;
+  // The step's time: queueing it (on CPU: all of its work) and waiting for its figures (on a
+  // GPU: for the device to finish it). With steps queued ahead this adds up to the period.
+  const double secs =
+      q.queue_s +
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   nlohmann::json rec = {{"step", q.step}, {"loss", loss}, {"ce", ce}, {"lb_loss", lb},
           {"router_z_loss", rz}, {"z_loss", z}, {"lr", q.lr}, {"grad_norm", grad_norm},
           {"tokens", q.tokens},

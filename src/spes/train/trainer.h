@@ -56,6 +56,7 @@ struct QueuedStep {
   int64_t tokens = 0;  // training tokens after it
   double lr = 0;
   std::chrono::steady_clock::time_point start;
+  double queue_s = 0;      // how long queue_step took
   StepFigures figures;     // [grad_norm, then total, ce, lb, router_z, z per row]
   int64_t term_rows = 0;   // rows of loss terms (micro-batches, or 1 when summed over ranks)
   nlohmann::json memory;   // the first step of the process: measured memory by part
@@ -122,7 +123,6 @@ class Trainer {
   void check_ranks_agree() const;
   nlohmann::json last_record_;  // last_step_record()
   bool memory_logged_ = false;  // the first step of this process logs a "memory" record
-  std::chrono::steady_clock::time_point last_settled_;  // when settle_step last read figures
 };
 
 }  // namespace spes
