@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -28,6 +29,9 @@ namespace spes {
 namespace fs = std::filesystem;
 
 namespace {
+using Clock = std::chrono::steady_clock;
+using Env = std::vector<std::pair<std::string, std::string>>;
+
 std::atomic<bool> g_interrupted{false};
 void on_signal(int) { g_interrupted = true; }
 
@@ -38,6 +42,11 @@ struct Part {
   std::vector<std::string> tail;  // last lines, shown when the part fails
   bool done = false;
   int code = 0;
+};
+
+// Where the server listens, and its status page (empty without a dashboard).
+struct ServerAddress {
+  std::string address, dashboard;
 };
 
 void pump(Part& p) {
@@ -58,10 +67,9 @@ void pump(Part& p) {
 void stop_all(std::vector<Part>& parts) {
   for (auto& p : parts)
     if (p.proc && p.proc->running()) p.proc->kill(SIGTERM);
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   for (auto& p : parts) {
-    while (p.proc && !p.proc->poll_exit(nullptr) &&
-           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    while (p.proc && !p.proc->poll_exit(nullptr) && Clock::now() - t0 < std::chrono::seconds(5)) {
       pump(p);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -70,20 +78,27 @@ void stop_all(std::vector<Part>& parts) {
     pump(p);
   }
 }
-}  // namespace
 
-int launch_cluster(const LaunchOptions& o) {
-  const Config base = config_load(o.config, o.sets);
-  const int64_t N = o.nodes > 0 ? o.nodes
-                                : (base.spes_config.num_peers > 1 ? base.spes_config.num_peers : 4);
+// The number of nodes: --nodes, else spes_config.num_peers when it names several, else 4.
+int64_t cluster_size(const LaunchOptions& o, const Config& base) {
+  if (o.nodes > 0) return o.nodes;
+  return base.spes_config.num_peers > 1 ? base.spes_config.num_peers : 4;
+}
+
+// The config every part runs: the user's, for N nodes, in spes mode when it said centralized,
+// and with the cores shared among the nodes when it leaves the thread count open.
+Config cluster_config(const LaunchOptions& o, const Config& base, int64_t N) {
   std::vector<std::string> sets = o.sets;
   sets.push_back("spes_config.num_peers=" + std::to_string(N));
   if (base.spes_config.mode == SyncMode::Centralized) sets.push_back("spes_config.mode=spes");
   if (base.threads == 0)  // share the cores instead of oversubscribing them N times
     sets.push_back("threads=" + std::to_string(std::max(1, cpu_cores() / static_cast<int>(N))));
-  const Config cfg = config_load(o.config, sets);
+  return config_load(o.config, sets);
+}
 
-  // Output directory: refuse to mix with an earlier run unless asked to replace it.
+// OUT ready for a new run: an earlier run there (server/, node<i>/) is refused unless
+// --overwrite, and then removed.
+void clear_out_dir(const LaunchOptions& o) {
   fs::create_directories(o.out);
   const bool earlier = fs::exists(run_layout::cluster_server(o.out)) ||
                        fs::exists(run_layout::cluster_node(o.out, 0));
@@ -96,79 +111,76 @@ int launch_cluster(const LaunchOptions& o) {
         n.find_first_not_of("0123456789", 4) == std::string::npos)
       fs::remove_all(e.path());
   }
-  const std::string cfg_path = run_layout::cluster_config(o.out);
-  file_write_atomic(cfg_path, config_to_yaml(cfg));
-  const std::string exe = o.executable.empty() ? executable_path() : o.executable;
+}
 
+void stop_on_interrupt() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+}
 
-  std::vector<Part> parts(N + 1);
-  auto start = [&](Part& p, const std::string& name, const std::string& dir,
-                   std::vector<std::string> argv,
-                   std::vector<std::pair<std::string, std::string>> env = {}) {
-    fs::create_directories(dir);
-    p.name = name;
-    p.log.open(dir + "/log.txt");
-    p.proc = std::make_unique<Subprocess>(argv, env);
-  };
-  // With node tokens configured, each node gets its own through the environment.
-  const std::vector<std::string> tokens =
-      cfg.spes_config.transport.auth_tokens_file.empty()
-          ? std::vector<std::string>()
-          : sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, N);
-  std::vector<std::string> serve = {exe, "serve", "--config", cfg_path, "--out",
-                                    run_layout::cluster_server(o.out), "--listen",
-                                    "127.0.0.1:0", "--overwrite"};
-  if (o.keep_uploads) serve.push_back("--keep-uploads");
-  start(parts[0], "server", run_layout::cluster_server(o.out), serve);
-  fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}\n", N,
-             cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out);
-  std::fflush(stdout);
+// Starts argv as `p`, its output kept in DIR/log.txt.
+void start_part(Part& p, const std::string& name, const std::string& dir,
+                const std::vector<std::string>& argv, const Env& env = {}) {
+  fs::create_directories(dir);
+  p.name = name;
+  p.log.open(dir + "/log.txt");
+  p.proc = std::make_unique<Subprocess>(argv, env);
+}
 
-  // Wait for the server to say where it listens (and where its status page is).
-  std::string address, dashboard;
-  const auto t0 = std::chrono::steady_clock::now();
-  while (address.empty()) {
-    pump(parts[0]);
-    if (parts[0].proc->poll_exit(&parts[0].code) || g_interrupted ||
-        std::chrono::steady_clock::now() - t0 > std::chrono::seconds(120)) {
-      stop_all(parts);
-      fmt::print(stderr, "launch: the sync server did not start (exit code {})\n",
-                 parts[0].code);
-      return 1;
-    }
-    const std::string sj = run_layout::server_info(run_layout::cluster_server(o.out));
+void start_server(Part& server, const LaunchOptions& o, const std::string& exe,
+                  const std::string& cfg_path) {
+  std::vector<std::string> argv = {exe, "serve", "--config", cfg_path, "--out",
+                                   run_layout::cluster_server(o.out), "--listen",
+                                   "127.0.0.1:0", "--overwrite"};
+  if (o.keep_uploads) argv.push_back("--keep-uploads");
+  start_part(server, "server", run_layout::cluster_server(o.out), argv);
+}
+
+// The server's address once it has written server.json; nothing when it exits, the launch is
+// interrupted or two minutes pass first.
+std::optional<ServerAddress> wait_for_server(Part& server, const std::string& server_dir) {
+  const auto t0 = Clock::now();
+  for (;;) {
+    pump(server);
+    if (server.proc->poll_exit(&server.code) || g_interrupted ||
+        Clock::now() - t0 > std::chrono::seconds(120))
+      return std::nullopt;
+    const std::string sj = run_layout::server_info(server_dir);
     if (fs::exists(sj)) {
       try {
         const nlohmann::json info = nlohmann::json::parse(file_read(sj));
-        address = info.at("address").get<std::string>();
-        dashboard = info.value("dashboard", "");
+        ServerAddress a{info.at("address").get<std::string>(), info.value("dashboard", "")};
+        if (!a.address.empty()) return a;
       } catch (const std::exception&) {
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (!dashboard.empty()) fmt::print("dashboard: {}\n", dashboard);
-  std::fflush(stdout);
-  for (int64_t i = 0; i < N; ++i) {
-    std::vector<std::string> argv = {exe, "node", "--config", cfg_path, "--node-id",
-                                     std::to_string(i), "--server", address, "--out",
-                                     run_layout::cluster_node(o.out, i), "--progress", "lines",
-                                     "--resume", "none"};
-    if (o.nproc_per_node > 1)
-      argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
-    start(parts[i + 1], fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
-          tokens.empty() ? std::vector<std::pair<std::string, std::string>>()
-                         : std::vector<std::pair<std::string, std::string>>{
-                               {"SPES_NODE_TOKEN", tokens[i]}});
-  }
+}
 
-  // Combined view; the first failure stops everything.
+// Node i against the server at `address`; with node tokens configured, each node gets its own
+// through the environment.
+void start_node(Part& node, int64_t i, const LaunchOptions& o, const std::string& exe,
+                const std::string& cfg_path, const std::string& address,
+                const std::vector<std::string>& tokens) {
+  std::vector<std::string> argv = {exe, "node", "--config", cfg_path, "--node-id",
+                                   std::to_string(i), "--server", address, "--out",
+                                   run_layout::cluster_node(o.out, i), "--progress", "lines",
+                                   "--resume", "none"};
+  if (o.nproc_per_node > 1)
+    argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
+  start_part(node, fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
+             tokens.empty() ? Env() : Env{{"SPES_NODE_TOKEN", tokens[static_cast<size_t>(i)]}});
+}
+
+// The combined view until every node has exited; returns the first failure ("" when none): a
+// part exiting with an error, the server gone for 30 s while nodes still run (they lost it),
+// or an interrupt.
+std::string watch_nodes(std::vector<Part>& parts) {
   std::string failure;
-  std::chrono::steady_clock::time_point server_exit;
+  Clock::time_point server_exit;
   for (;;) {
     std::vector<pollfd> fds;
     for (auto& p : parts)
@@ -183,51 +195,95 @@ int launch_cluster(const LaunchOptions& o) {
         p.done = true;
         if (p.code != 0 && failure.empty())
           failure = fmt::format("{} exited with code {}", p.name, p.code);
-        if (k == 0) server_exit = std::chrono::steady_clock::now();
+        if (k == 0) server_exit = Clock::now();
       }
       if (k > 0 && !p.done) nodes_done = false;
     }
-    // The server exits once every node has left; the nodes exit right after. A server gone
-    // for long while nodes still run means they lost it.
     if (parts[0].done && !nodes_done && failure.empty() &&
-        std::chrono::steady_clock::now() - server_exit > std::chrono::seconds(30))
+        Clock::now() - server_exit > std::chrono::seconds(30))
       failure = "the sync server exited while nodes were still running";
     if (g_interrupted && failure.empty()) failure = "interrupted";
-    if (!failure.empty() || nodes_done) break;
+    if (!failure.empty() || nodes_done) return failure;
   }
-  if (failure.empty()) {
-    // Every node left: the server exits by itself.
-    const auto t1 = std::chrono::steady_clock::now();
-    while (!parts[0].done && std::chrono::steady_clock::now() - t1 < std::chrono::seconds(60)) {
-      pump(parts[0]);
-      if (parts[0].proc->poll_exit(&parts[0].code)) parts[0].done = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    if (!parts[0].done) failure = "the sync server did not exit after every node left";
-    else if (parts[0].code != 0) failure = fmt::format("server exited with code {}", parts[0].code);
-  }
-  if (!failure.empty()) {
-    stop_all(parts);
-    fmt::print(stderr, "launch: FAILED: {}\n", failure);
-    for (const auto& p : parts)
-      if (p.done && p.code != 0) {
-        fmt::print(stderr, "--- last lines of {} ---\n", p.name);
-        for (const auto& l : p.tail) fmt::print(stderr, "{}\n", l);
-      }
-    return g_interrupted ? 130 : 1;
-  }
-  for (auto& p : parts) pump(p);
+}
 
+// Every node left: the server exits by itself within a minute, with code 0 ("" when it did).
+std::string wait_for_server_exit(Part& server) {
+  const auto t0 = Clock::now();
+  while (!server.done && Clock::now() - t0 < std::chrono::seconds(60)) {
+    pump(server);
+    if (server.proc->poll_exit(&server.code)) server.done = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!server.done) return "the sync server did not exit after every node left";
+  if (server.code != 0) return fmt::format("server exited with code {}", server.code);
+  return "";
+}
+
+// Stops every part and prints the failure with the last lines of each part that failed;
+// returns the exit code.
+int fail_launch(std::vector<Part>& parts, const std::string& failure) {
+  stop_all(parts);
+  fmt::print(stderr, "launch: FAILED: {}\n", failure);
+  for (const auto& p : parts)
+    if (p.done && p.code != 0) {
+      fmt::print(stderr, "--- last lines of {} ---\n", p.name);
+      for (const auto& l : p.tail) fmt::print(stderr, "{}\n", l);
+    }
+  return g_interrupted ? 130 : 1;
+}
+
+// Writes and prints the end-of-run summary (run_report.h); returns the exit code: 0 when every
+// consistency check passed.
+int summarise(const LaunchOptions& o, const Config& cfg, int64_t N) {
   nlohmann::json rep = cluster_report(o.out, N);
   if (o.keep_uploads) rep["verify"] = verify_kept_rounds(cfg, run_layout::cluster_server(o.out));
   file_write_atomic(run_layout::cluster_summary(o.out), rep.dump(2) + "\n");
   fmt::print("\n=== summary ({}) ===\n{}", o.out, format_cluster_report(rep));
   std::fflush(stdout);
   bool ok = rep["all_nodes_same_model_after_every_sync"].get<bool>();
-  if (rep.contains("verify"))
-    ok = ok && rep["verify"]["equal"] == rep["verify"]["checked"];
+  if (rep.contains("verify")) ok = ok && rep["verify"]["equal"] == rep["verify"]["checked"];
   if (!ok) fmt::print(stderr, "launch: FAILED: a consistency check did not pass (see above)\n");
   return ok ? 0 : 1;
+}
+}  // namespace
+
+int launch_cluster(const LaunchOptions& o) {
+  const Config base = config_load(o.config, o.sets);
+  const int64_t N = cluster_size(o, base);
+  const Config cfg = cluster_config(o, base, N);
+  clear_out_dir(o);
+  const std::string cfg_path = run_layout::cluster_config(o.out);
+  file_write_atomic(cfg_path, config_to_yaml(cfg));
+  const std::string exe = o.executable.empty() ? executable_path() : o.executable;
+  stop_on_interrupt();
+
+  std::vector<Part> parts(N + 1);  // the server, then node i at i + 1
+  const std::vector<std::string> tokens =
+      cfg.spes_config.transport.auth_tokens_file.empty()
+          ? std::vector<std::string>()
+          : sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, N);
+  start_server(parts[0], o, exe, cfg_path);
+  fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}\n", N,
+             cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out);
+  std::fflush(stdout);
+  const std::optional<ServerAddress> server =
+      wait_for_server(parts[0], run_layout::cluster_server(o.out));
+  if (!server) {
+    stop_all(parts);
+    fmt::print(stderr, "launch: the sync server did not start (exit code {})\n", parts[0].code);
+    return 1;
+  }
+  if (!server->dashboard.empty()) fmt::print("dashboard: {}\n", server->dashboard);
+  std::fflush(stdout);
+  for (int64_t i = 0; i < N; ++i)
+    start_node(parts[static_cast<size_t>(i) + 1], i, o, exe, cfg_path, server->address, tokens);
+
+  std::string failure = watch_nodes(parts);
+  if (failure.empty()) failure = wait_for_server_exit(parts[0]);
+  if (!failure.empty()) return fail_launch(parts, failure);
+  for (auto& p : parts) pump(p);
+  return summarise(o, cfg, N);
 }
 
 }  // namespace spes
