@@ -21,6 +21,7 @@
 
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
+#include "spes/common/timing.h"
 #include "spes/data/sentencepiece_tokenizer.h"
 #include "spes/data/tokenizer.h"
 #include "spes/io/files.h"
@@ -36,6 +37,9 @@ bool is_jsonl(const std::string& path) {
 }
 
 bool is_blank(const std::string& line) { return line.find_first_not_of(" \t\r\f\v") == std::string::npos; }
+
+// Bytes per stored token id: uint16 when the vocabulary fits, else uint32.
+int token_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
 // Writes ids as uint16/uint32 into DIR/tokens-NNNNN.bin, starting a new file at the cap.
 class ShardWriter {
@@ -167,11 +171,11 @@ void corpus_read_documents(const std::string& path, const PrepareOptions& opt,
   emit();
 }
 
-PrepareSummary corpus_prepare(const PrepareOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto seconds_since = [](auto t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
+namespace {
+
+// The output directory, normalised, once the options are checked: inputs that exist, one way
+// to get a tokenizer, and an output that is new, empty or an earlier prepared directory.
+std::string checked_out_dir(const PrepareOptions& opt) {
   SPES_CHECK(!opt.inputs.empty(), "prepare: no input files given");
   for (const auto& in : opt.inputs)
     SPES_CHECK(fs::is_regular_file(in), "prepare: input '{}' does not exist or is not a file", in);
@@ -184,75 +188,106 @@ PrepareSummary corpus_prepare(const PrepareOptions& opt) {
   SPES_CHECK(!fs::exists(out) || fs::is_empty(out) || fs::exists(out + "/manifest.json"),
              "prepare: '{}' exists and is not a prepared token directory; refusing to replace "
              "it (choose a new or empty directory)", out);
+  return out;
+}
+
+// The given tokenizer, its file copied into `dir` (readable by all, like the shards).
+std::unique_ptr<Tokenizer> copy_tokenizer(const PrepareOptions& opt, const std::string& dir,
+                                          PrepareSummary& sum) {
+  std::unique_ptr<Tokenizer> tok = tokenizer_load(opt.tokenizer);
+  sum.tokenizer_file = tok->kind() == "hf-bpe" ? "tokenizer.json" : "tokenizer.model";
+  const std::string dst = dir + "/" + sum.tokenizer_file;
+  fs::copy_file(opt.tokenizer, dst);
+  fs::permissions(dst, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                           fs::perms::others_read);
+  return tok;
+}
+
+// A SentencePiece tokenizer of opt.vocab_size trained on a sample of the inputs' lines, into
+// `dir`.
+std::unique_ptr<Tokenizer> train_tokenizer(const PrepareOptions& opt, const std::string& dir,
+                                           PrepareSummary& sum) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SentenceSampler sampler;
+  for (const auto& in : opt.inputs)
+    corpus_read_documents(in, opt, [&](std::string&& d) { sampler.add_lines(d); });
+  sentencepiece_train_sentences(sampler.take(), opt.vocab_size, dir + "/tokenizer",
+                                opt.tokenizer_type);
+  sum.tokenizer_file = "tokenizer.model";
+  std::unique_ptr<Tokenizer> tok = tokenizer_load(dir + "/tokenizer.model");
+  sum.tokenizer_seconds = seconds_since(t0);
+  return tok;
+}
+
+// Every document of the inputs tokenized (in batches of up to 16 MiB or 16384 documents, on
+// `threads` cores) with EOS after each, into shards in `dir`; returns the shard files (name,
+// tokens, sha256) and counts documents and tokens into `sum`.
+json write_token_shards(const PrepareOptions& opt, const Tokenizer& tok, const std::string& dir,
+                        int64_t threads, PrepareSummary& sum) {
+  ShardWriter writer(dir, token_bytes(sum.vocab_size), opt.shard_tokens);
+  std::vector<std::string> batch;
+  std::vector<std::vector<int64_t>> ids;
+  size_t batch_bytes = 0;
+  const int64_t eos = sum.eos_id;
+  auto flush = [&] {
+    encode_batch(tok, batch, ids, threads);
+    for (const auto& v : ids) {
+      writer.append(v.data(), v.size());
+      writer.append(&eos, 1);
+      sum.tokens += static_cast<int64_t>(v.size()) + 1;
+    }
+    sum.documents += static_cast<int64_t>(batch.size());
+    batch.clear();
+    batch_bytes = 0;
+  };
+  for (const auto& in : opt.inputs) {
+    corpus_read_documents(in, opt, [&](std::string&& d) {
+      batch_bytes += d.size();
+      batch.push_back(std::move(d));
+      if (batch_bytes >= (size_t(16) << 20) || batch.size() >= 16384) flush();
+    });
+  }
+  flush();
+  writer.finish();
+  for (const auto& f : writer.files()) sum.files.push_back(f["name"].get<std::string>());
+  return writer.files();
+}
+
+// DIR/manifest.json ("spes-tokens-v1"): what the shards hold and how they were made.
+void write_manifest(const PrepareOptions& opt, const Tokenizer& tok, const json& files,
+                    const PrepareSummary& sum, const std::string& dir) {
+  json inputs = json::array();
+  for (const auto& in : opt.inputs) inputs.push_back(fs::path(in).filename().string());
+  const json manifest = {{"format", "spes-tokens-v1"}, {"dtype", sum.dtype},
+                         {"vocab_size", sum.vocab_size}, {"eos_token_id", sum.eos_id},
+                         {"tokenizer", sum.tokenizer_file}, {"tokenizer_kind", tok.kind()},
+                         {"documents", sum.documents}, {"tokens", sum.tokens},
+                         {"files", files}, {"inputs", inputs},
+                         {"created_by", "spes prepare"}};
+  file_write_atomic(dir + "/manifest.json", manifest.dump(2) + "\n");
+}
+
+}  // namespace
+
+PrepareSummary corpus_prepare(const PrepareOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string out = checked_out_dir(opt);
   const int64_t threads =
       opt.threads > 0 ? opt.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
-
+  // Assembled under a temporary name, renamed into place once complete.
   const std::string tmp = fmt::format("{}.tmp-{}", out, ::getpid());
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   PrepareSummary sum;
   try {
-    std::unique_ptr<Tokenizer> tok;
-    if (!opt.tokenizer.empty()) {
-      tok = tokenizer_load(opt.tokenizer);
-      sum.tokenizer_file = tok->kind() == "hf-bpe" ? "tokenizer.json" : "tokenizer.model";
-      const std::string dst = tmp + "/" + sum.tokenizer_file;
-      fs::copy_file(opt.tokenizer, dst);
-      fs::permissions(dst, fs::perms::owner_read | fs::perms::owner_write |
-                               fs::perms::group_read | fs::perms::others_read);
-    } else {
-      const auto tt = std::chrono::steady_clock::now();
-      SentenceSampler sampler;
-      for (const auto& in : opt.inputs)
-        corpus_read_documents(in, opt, [&](std::string&& d) { sampler.add_lines(d); });
-      sentencepiece_train_sentences(sampler.take(), opt.vocab_size, tmp + "/tokenizer",
-                                    opt.tokenizer_type);
-      sum.tokenizer_file = "tokenizer.model";
-      tok = tokenizer_load(tmp + "/tokenizer.model");
-      sum.tokenizer_seconds = seconds_since(tt);
-    }
+    const std::unique_ptr<Tokenizer> tok =
+        opt.tokenizer.empty() ? train_tokenizer(opt, tmp, sum) : copy_tokenizer(opt, tmp, sum);
     sum.vocab_size = tok->vocab_size();
     sum.eos_id = tok->eos_id();
-    const int elem = sum.vocab_size <= 65536 ? 2 : 4;
-    sum.dtype = elem == 2 ? "uint16" : "uint32";
-
-    ShardWriter writer(tmp, elem, opt.shard_tokens);
-    std::vector<std::string> batch;
-    std::vector<std::vector<int64_t>> ids;
-    size_t batch_bytes = 0;
-    const int64_t eos = sum.eos_id;
-    auto flush = [&] {
-      encode_batch(*tok, batch, ids, threads);
-      for (const auto& v : ids) {
-        writer.append(v.data(), v.size());
-        writer.append(&eos, 1);
-        sum.tokens += static_cast<int64_t>(v.size()) + 1;
-      }
-      sum.documents += static_cast<int64_t>(batch.size());
-      batch.clear();
-      batch_bytes = 0;
-    };
-    for (const auto& in : opt.inputs) {
-      corpus_read_documents(in, opt, [&](std::string&& d) {
-        batch_bytes += d.size();
-        batch.push_back(std::move(d));
-        if (batch_bytes >= (size_t(16) << 20) || batch.size() >= 16384) flush();
-      });
-    }
-    flush();
-    writer.finish();
+    sum.dtype = token_bytes(sum.vocab_size) == 2 ? "uint16" : "uint32";
+    const json files = write_token_shards(opt, *tok, tmp, threads, sum);
     SPES_CHECK(sum.documents > 0, "prepare: the inputs hold no text");
-
-    json inputs = json::array();
-    for (const auto& in : opt.inputs) inputs.push_back(fs::path(in).filename().string());
-    json manifest = {{"format", "spes-tokens-v1"}, {"dtype", sum.dtype},
-                     {"vocab_size", sum.vocab_size}, {"eos_token_id", sum.eos_id},
-                     {"tokenizer", sum.tokenizer_file}, {"tokenizer_kind", tok->kind()},
-                     {"documents", sum.documents}, {"tokens", sum.tokens},
-                     {"files", writer.files()}, {"inputs", inputs},
-                     {"created_by", "spes prepare"}};
-    for (const auto& f : writer.files()) sum.files.push_back(f["name"].get<std::string>());
-    file_write_atomic(tmp + "/manifest.json", manifest.dump(2) + "\n");
+    write_manifest(opt, *tok, files, sum, tmp);
     dir_fsync(tmp);
     dir_commit(tmp, out);
   } catch (...) {
