@@ -64,6 +64,10 @@ struct HfBpeTokenizer::Impl {
 
   void load(const json& j);
   void load_model(const json& m, const std::string& where);
+  void check_byte_level(const json& decoder) const;
+  std::vector<HfAddedToken> load_added_tokens(const json& added);
+  void load_byte_decoding();
+  int64_t find_eos(const std::vector<HfAddedToken>& added) const;
   void load_normalizer(const json& n, const std::string& where);
   void load_pre_tokenizer(const json& p, const std::string& where);
   void bpe(const std::string& word, std::vector<int64_t>& out) const;
@@ -76,22 +80,33 @@ void HfBpeTokenizer::Impl::load(const json& j) {
   load_model(field(j, "model", origin), origin + ": model");
   load_normalizer(j.value("normalizer", json()), origin + ": normalizer");
   load_pre_tokenizer(j.value("pre_tokenizer", json()), origin + ": pre_tokenizer");
+  check_byte_level(j.value("decoder", json()));
+  const std::vector<HfAddedToken> added =
+      load_added_tokens(j.value("added_tokens", json::array()));
+  load_byte_decoding();
+  eos = find_eos(added);
+}
+
+// Only byte-level BPE: a ByteLevel pre-tokenizer step, and a ByteLevel decoder or none.
+void HfBpeTokenizer::Impl::check_byte_level(const json& decoder) const {
   bool byte_level = false;
   for (const auto& s : steps) byte_level |= s.byte_level;
   SPES_CHECK(byte_level, "{}: pre_tokenizer has no ByteLevel step; only byte-level BPE is "
              "supported", origin);
-  const json dec = j.value("decoder", json());
-  if (!dec.is_null()) {
-    std::string t = type_of(dec, origin + ": decoder");
+  if (!decoder.is_null()) {
+    std::string t = type_of(decoder, origin + ": decoder");
     SPES_CHECK(t == "ByteLevel", "{}: decoder type '{}' is not supported (expected ByteLevel)",
                origin, t);
   }
+}
 
-  // Added tokens: ids override the model vocabulary; normalized ones are matched after NFC.
+// Added tokens: ids override the model vocabulary; normalized ones are matched after NFC.
+// Returns them all (normalized contents after NFC).
+std::vector<HfAddedToken> HfBpeTokenizer::Impl::load_added_tokens(const json& added) {
   std::vector<HfAddedToken> raw, norm;
   int64_t max_id = static_cast<int64_t>(id_to_token.size()) - 1;
   std::vector<HfAddedToken> all;
-  for (const auto& a : j.value("added_tokens", json::array())) {
+  for (const auto& a : added) {
     const std::string where = origin + ": added_tokens";
     HfAddedToken t;
     t.content = field(a, "content", where).get<std::string>();
@@ -117,9 +132,12 @@ void HfBpeTokenizer::Impl::load(const json& j) {
   }
   raw_added = AddedTokenMatcher(std::move(raw));
   normalized_added = AddedTokenMatcher(std::move(norm));
+  return all;
+}
 
-  // ByteLevel decoding of every id: a token whose chars are not all byte-level chars (e.g. an
-  // added token with a plain space) decodes to its own UTF-8 bytes, as in the reference.
+// ByteLevel decoding of every id: a token whose chars are not all byte-level chars (e.g. an
+// added token with a plain space) decodes to its own UTF-8 bytes, as in the reference.
+void HfBpeTokenizer::Impl::load_byte_decoding() {
   std::unordered_map<uint32_t, unsigned char> char_byte;
   for (int b = 0; b < 256; ++b) {
     size_t k = 0;
@@ -137,22 +155,22 @@ void HfBpeTokenizer::Impl::load(const json& j) {
     }
     id_to_bytes[id] = ok ? bytes : t;
   }
+}
 
+// The end-of-document token: the first of the usual names found among the added tokens, else
+// in the model's vocabulary.
+int64_t HfBpeTokenizer::Impl::find_eos(const std::vector<HfAddedToken>& added) const {
   static const char* const kEosNames[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>",
                                           "<|eos|>", "<|im_end|>", "<|eot_id|>"};
+  for (const char* name : kEosNames)
+    for (const auto& t : added)
+      if (t.content == name) return t.id;
   for (const char* name : kEosNames) {
-    for (const auto& t : all)
-      if (t.content == name) { eos = t.id; break; }
-    if (eos >= 0) break;
-  }
-  for (const char* name : kEosNames) {
-    if (eos >= 0) break;
     auto it = vocab.find(name);
-    if (it != vocab.end()) eos = it->second;
+    if (it != vocab.end()) return it->second;
   }
-  SPES_CHECK(eos >= 0, "{}: no end-of-document token found (looked for <|endoftext|>, "
-             "<|end_of_text|>, </s>, <eos>, <|eos|>, <|im_end|>, <|eot_id|> in added_tokens and "
-             "model.vocab)", origin);
+  fail("{}: no end-of-document token found (looked for <|endoftext|>, <|end_of_text|>, </s>, "
+       "<eos>, <|eos|>, <|im_end|>, <|eot_id|> in added_tokens and model.vocab)", origin);
 }
 
 void HfBpeTokenizer::Impl::load_model(const json& m, const std::string& where) {

@@ -142,28 +142,27 @@ double read_rope_theta(const Reader& r) {
   return theta;
 }
 
-}  // namespace
-
-HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
-                                    int64_t max_seq_len) {
-  SPES_CHECK(j.is_object(), "{}: config.json must hold a JSON object", origin);
-  const Reader r{j, origin};
-  HfImportedConfig out;
+// model_type, refusing the families whose blocks spes cannot compute.
+std::string read_model_type(const Reader& r) {
   const std::string type = r.string("model_type", "");
-  out.model_type = type;
   SPES_CHECK(type != "qwen2" && type != "qwen2_moe",
              "{}: 'model_type' is \"{}\"; its attention has biases on q_proj/k_proj/v_proj "
-             "(Qwen2Attention always uses bias=True) and spes models have no biases", origin,
+             "(Qwen2Attention always uses bias=True) and spes models have no biases", r.origin,
              type);
   SPES_CHECK(type != "olmo2", "{}: 'model_type' is \"olmo2\"; OLMo-2 normalises the outputs of "
              "attention and MLP (post_attention_layernorm / post_feedforward_layernorm after each "
-             "sub-layer) while spes blocks are pre-norm (RMSNorm before each sub-layer)", origin);
+             "sub-layer) while spes blocks are pre-norm (RMSNorm before each sub-layer)",
+             r.origin);
   SPES_CHECK(type == "olmoe" || type == "qwen3_moe" || type == "llama" || type == "qwen3",
              "{}: 'model_type' is \"{}\"; import-hf reads olmoe, qwen3_moe, llama and qwen3 "
-             "(qwen2 and olmo2 are refused: attention biases, post-norm blocks)", origin, type);
-  const bool moe = type == "olmoe" || type == "qwen3_moe";
+             "(qwen2 and olmo2 are refused: attention biases, post-norm blocks)", r.origin, type);
+  return type;
+}
 
-  ModelConfig& m = out.model;
+// The block type and QK-norm of the family, and the sizes: layers, width, heads, vocabulary,
+// the expert (or MLP) hidden size and, for MoE families, the experts and their routing.
+void read_shape(const Reader& r, const std::string& type, ModelConfig& m) {
+  const bool moe = type == "olmoe" || type == "qwen3_moe";
   m.block_type = moe ? BlockType::Moe : BlockType::Dense;
   m.qk_norm = type == "olmoe" ? QkNorm::Whole : (type == "llama" ? QkNorm::None : QkNorm::PerHead);
   m.d_model = r.integer("hidden_size");
@@ -172,47 +171,48 @@ HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
   m.vocab_size = r.integer("vocab_size");
   SPES_CHECK(m.d_model > 0 && m.n_layers > 0 && m.n_heads > 0 && m.vocab_size > 0,
              "{}: hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be "
-             "positive", origin);
+             "positive", r.origin);
   const int64_t kv = r.integer("num_key_value_heads", m.n_heads);
   m.n_kv_heads = kv == m.n_heads ? 0 : kv;
   SPES_CHECK(m.d_model % m.n_heads == 0, "{}: hidden_size {} is not divisible by "
-             "num_attention_heads {}", origin, m.d_model, m.n_heads);
+             "num_attention_heads {}", r.origin, m.d_model, m.n_heads);
   if (r.has("head_dim"))
     SPES_CHECK(r.integer("head_dim") == m.d_model / m.n_heads,
                "{}: 'head_dim' is {} but hidden_size / num_attention_heads is {}; spes derives "
                "the head size from d_model / n_heads (q_proj must be hidden_size x hidden_size)",
-               origin, r.integer("head_dim"), m.d_model / m.n_heads);
+               r.origin, r.integer("head_dim"), m.d_model / m.n_heads);
   // transformers' intermediate_size is F; OLMo's mlp_hidden_size is the SwiGLU width 2F.
   m.set_ffn_hidden_size(r.integer(type == "qwen3_moe" ? "moe_intermediate_size"
                                                       : "intermediate_size"));
-  if (moe) {
-    // transformers 5 writes Qwen3-MoE's expert count as num_local_experts, 4.x as num_experts.
-    const char* experts_key =
-        !r.has("num_experts") && r.has("num_local_experts") ? "num_local_experts" : "num_experts";
-    m.moe_num_experts = r.integer(experts_key);
-    m.moe_top_k = r.integer("num_experts_per_tok");
-    SPES_CHECK(m.moe_num_experts > 0, "{}: '{}' must be positive", origin, experts_key);
-    m.moe_norm_topk_prob = r.boolean("norm_topk_prob", false);
-    m.moe_loss_weight = r.number("router_aux_loss_coef", type == "olmoe" ? 0.01 : 0.001);
-  }
-  m.rope_theta = read_rope_theta(r);
-  m.layer_norm_eps = r.number("rms_norm_eps", type == "olmoe" ? 1e-5 : 1e-6);
-  m.init_std = r.number("initializer_range", 0.02);
-  const int64_t max_pos = r.integer("max_position_embeddings", 2048);
-  m.max_sequence_length = max_seq_len > 0 ? max_seq_len : max_pos;
+  if (!moe) return;
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts, 4.x as num_experts.
+  const char* experts_key =
+      !r.has("num_experts") && r.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  m.moe_num_experts = r.integer(experts_key);
+  m.moe_top_k = r.integer("num_experts_per_tok");
+  SPES_CHECK(m.moe_num_experts > 0, "{}: '{}' must be positive", r.origin, experts_key);
+  m.moe_norm_topk_prob = r.boolean("norm_topk_prob", false);
+  m.moe_loss_weight = r.number("router_aux_loss_coef", type == "olmoe" ? 0.01 : 0.001);
+}
 
-  if (r.has("eos_token_id")) {
-    const json& e = j.at("eos_token_id");
-    SPES_CHECK(e.is_number_integer() || (e.is_array() && !e.empty() &&
-                                         e.at(0).is_number_integer()),
-               "{}: 'eos_token_id' must be an integer or a list of integers, found {}", origin,
+// The EOS token (the first of a list) and the padding token; true when config.json names an
+// EOS token.
+bool read_token_ids(const Reader& r, ModelConfig& m) {
+  const bool has_eos = r.has("eos_token_id");
+  if (has_eos) {
+    const json& e = r.j.at("eos_token_id");
+    SPES_CHECK(e.is_number_integer() ||
+                   (e.is_array() && !e.empty() && e.at(0).is_number_integer()),
+               "{}: 'eos_token_id' must be an integer or a list of integers, found {}", r.origin,
                e.dump());
     m.eos_token_id = e.is_array() ? e.at(0).get<int64_t>() : e.get<int64_t>();
-    out.has_eos = true;
   }
   m.pad_token_id = r.integer("pad_token_id", -1);
+  return has_eos;
+}
 
-  // Everything our model cannot represent, refused by name.
+// Everything our model cannot represent, refused by name.
+void refuse_unrepresentable(const Reader& r, const std::string& type) {
   const std::string act = r.string("hidden_act", "silu");
   r.refuse_if(act != "silu" && act != "swish", "hidden_act",
               "spes experts are SwiGLU (silu) MLPs");
@@ -225,17 +225,36 @@ HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
   r.refuse_if(r.number("partial_rotary_factor", 1.0) != 1.0, "partial_rotary_factor",
               "spes rotates the full head dimension");
   if (r.has("layer_types")) {
-    SPES_CHECK(j.at("layer_types").is_array(), "{}: 'layer_types' must be a list", origin);
-    for (const auto& t : j.at("layer_types"))
+    SPES_CHECK(r.j.at("layer_types").is_array(), "{}: 'layer_types' must be a list", r.origin);
+    for (const auto& t : r.j.at("layer_types"))
       r.refuse_if(t != "full_attention", "layer_types",
                   "spes attention is full causal attention in every layer");
   }
   if (type == "qwen3_moe") {
     r.refuse_if(r.integer("decoder_sparse_step", 1) != 1, "decoder_sparse_step",
                 "spes makes every layer an MoE layer (decoder_sparse_step 1)");
-    r.refuse_if(r.has("mlp_only_layers") && !j.at("mlp_only_layers").empty(), "mlp_only_layers",
-                "spes makes every layer an MoE layer (mlp_only_layers [])");
+    r.refuse_if(r.has("mlp_only_layers") && !r.j.at("mlp_only_layers").empty(),
+                "mlp_only_layers", "spes makes every layer an MoE layer (mlp_only_layers [])");
   }
+}
+
+}  // namespace
+
+HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
+                                    int64_t max_seq_len) {
+  SPES_CHECK(j.is_object(), "{}: config.json must hold a JSON object", origin);
+  const Reader r{j, origin};
+  HfImportedConfig out;
+  out.model_type = read_model_type(r);
+  ModelConfig& m = out.model;
+  read_shape(r, out.model_type, m);
+  m.rope_theta = read_rope_theta(r);
+  m.layer_norm_eps = r.number("rms_norm_eps", out.model_type == "olmoe" ? 1e-5 : 1e-6);
+  m.init_std = r.number("initializer_range", 0.02);
+  const int64_t max_pos = r.integer("max_position_embeddings", 2048);
+  m.max_sequence_length = max_seq_len > 0 ? max_seq_len : max_pos;
+  out.has_eos = read_token_ids(r, m);
+  refuse_unrepresentable(r, out.model_type);
   out.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   return out;
 }

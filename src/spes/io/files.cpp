@@ -124,6 +124,124 @@ bool write_all(const detail::WriteCall& write_call, int fd, const char* data, si
   }
   return true;
 }
+
+// The file file_write_direct writes: opened with O_DIRECT where the file system allows it.
+// O_DIRECT takes whole blocks from an aligned buffer at aligned offsets: the pieces are
+// gathered in `block_` and written a whole number of blocks at a time; the tail is padded
+// with zeros and the file cut back to its size at the end. Closed on every way out (the
+// caller's callbacks may throw).
+class DirectFile {
+ public:
+  DirectFile(const std::string& path, const detail::WriteCall& write_call)
+      : path_(path), write_call_(write_call) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+    direct_ = fd_ >= 0;
+    if (!direct_) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    SPES_CHECK(fd_ >= 0, "cannot create '{}': {}", path, std::strerror(errno));
+  }
+  ~DirectFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  DirectFile(const DirectFile&) = delete;
+  DirectFile& operator=(const DirectFile&) = delete;
+
+  // Appends the piece: gathered into blocks (direct), or written as it is.
+  void append(const std::string& piece) {
+    total_ += piece.size();
+    if (!direct_) {
+      if (!write_all(write_call_, fd_, piece.data(), piece.size())) failed("write");
+      return;
+    }
+    reserve(held_ + piece.size());
+    std::memcpy(block_.get() + held_, piece.data(), piece.size());
+    held_ += piece.size();
+    if (!flush_blocks(false)) fall_back();
+  }
+
+  // Writes what is still gathered (direct: padded to a whole block).
+  void flush_tail() {
+    if (direct_ && !flush_blocks(true)) fall_back();
+  }
+
+  // Writes `head` again at offset 0 (direct: as one aligned block; past the end of a file
+  // shorter than a block, the padding is cut off by commit()).
+  void rewrite_head(const std::string& head) {
+    const char* src = head.data();
+    size_t len = head.size();
+    if (direct_) {
+      std::memcpy(block_.get(), head.data(), head.size());
+      std::memset(block_.get() + head.size(), 0, kDirectAlign - head.size());
+      src = block_.get();
+      len = kDirectAlign;
+    }
+    for (size_t done = 0; done < len;) {
+      const ssize_t w = ::pwrite(fd_, src + done, len - done, static_cast<off_t>(done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) failed("write");
+      done += static_cast<size_t>(w);
+    }
+  }
+
+  // Cuts the file to the bytes appended, syncs and closes it.
+  void commit() {
+    if (::ftruncate(fd_, static_cast<off_t>(total_)) != 0) failed("write");
+    if (::fsync(fd_) != 0) failed("sync");
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail("cannot write '{}': {} (disk full?)", path_, std::strerror(errno));
+  }
+
+ private:
+  [[noreturn]] void failed(const char* what) const {
+    const int e = errno;
+    fail("cannot {} '{}': {} (disk full? free space there and retry)", what, path_,
+         std::strerror(e));
+  }
+
+  // Room in `block_` for `bytes` and a block more, keeping what it holds.
+  void reserve(size_t bytes) {
+    if (bytes + kDirectAlign <= capacity_) return;
+    capacity_ = (bytes + 2 * kDirectAlign) / kDirectAlign * kDirectAlign;
+    std::unique_ptr<char, decltype(&std::free)> bigger(
+        static_cast<char*>(std::aligned_alloc(kDirectAlign, capacity_)), &std::free);
+    SPES_CHECK(bigger, "out of memory writing '{}'", path_);
+    if (held_) std::memcpy(bigger.get(), block_.get(), held_);
+    block_ = std::move(bigger);
+  }
+
+  // Writes the whole blocks of `block_` (all of it, padded, when `last`), keeping the rest;
+  // false (errno set, nothing kept changed) when the write fails.
+  bool flush_blocks(bool last) {
+    const size_t whole = last ? (held_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign
+                              : held_ / kDirectAlign * kDirectAlign;
+    if (whole == 0) return true;
+    std::memset(block_.get() + held_, 0, whole - std::min(whole, held_));
+    if (!write_all(write_call_, fd_, block_.get(), whole)) return false;
+    held_ -= std::min(whole, held_);
+    std::memmove(block_.get(), block_.get() + whole, held_);
+    return true;
+  }
+
+  // After a failed direct write: EINVAL before anything was written means this file system
+  // wants another alignment; go on through the page cache from the start (`block_` holds
+  // everything so far). Any other failure is an error.
+  void fall_back() {
+    if (errno != EINVAL || held_ != total_) failed("write");
+    direct_ = false;
+    if (::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_DIRECT) != 0 ||
+        ::lseek(fd_, 0, SEEK_SET) != 0 || !write_all(write_call_, fd_, block_.get(), held_))
+      failed("write");
+    held_ = 0;
+  }
+
+  std::string path_;
+  const detail::WriteCall& write_call_;
+  int fd_ = -1;
+  bool direct_ = false;
+  std::unique_ptr<char, decltype(&std::free)> block_{nullptr, &std::free};
+  size_t capacity_ = 0, held_ = 0;
+  uint64_t total_ = 0;  // bytes appended
+};
 }  // namespace
 
 void file_write_direct(const std::string& path,
@@ -138,102 +256,25 @@ void detail::file_write_direct_with(const std::string& path,
                                     const std::function<void(std::string* buf)>& next,
                                     const std::function<void(std::string* head)>& amend_head,
                                     const WriteCall& write_call) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
-  bool direct = fd >= 0;
-  if (!direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  SPES_CHECK(fd >= 0, "cannot create '{}': {}", path, std::strerror(errno));
-  struct Closer {  // closes the file on every way out (next() and amend_head may throw)
-    int& fd;
-    ~Closer() {
-      if (fd >= 0) ::close(fd);
-    }
-  } closer{fd};
-  // O_DIRECT takes whole blocks from an aligned buffer at aligned offsets: the pieces are
-  // gathered in `block` and written a whole number of blocks at a time; the tail is padded
-  // with zeros and the file cut back to its size at the end.
-  std::unique_ptr<char, decltype(&std::free)> block(nullptr, &std::free);
-  size_t capacity = 0, held = 0;
-  auto failed = [&](const char* what) {
-    const int e = errno;
-    fail("cannot {} '{}': {} (disk full? free space there and retry)", what, path,
-         std::strerror(e));
-  };
-  // Writes the whole blocks of `block` (all of it, padded, when `last`), keeping the rest;
-  // false (errno set, nothing kept changed) when the write fails.
-  auto flush_blocks = [&](bool last) {
-    const size_t whole = last ? (held + kDirectAlign - 1) / kDirectAlign * kDirectAlign
-                              : held / kDirectAlign * kDirectAlign;
-    if (whole == 0) return true;
-    std::memset(block.get() + held, 0, whole - std::min(whole, held));
-    if (!write_all(write_call, fd, block.get(), whole)) return false;
-    held -= std::min(whole, held);
-    std::memmove(block.get(), block.get() + whole, held);
-    return true;
-  };
-  std::string piece, head;
-  uint64_t total = 0;
-  // After a failed direct write: EINVAL before anything was written means this file system
-  // wants another alignment; go on through the page cache from the start (`block` holds
-  // everything so far). Any other failure is an error.
-  auto fall_back = [&] {
-    if (errno != EINVAL || held != total) failed("write");
-    direct = false;
-    if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT) != 0 ||
-        ::lseek(fd, 0, SEEK_SET) != 0 || !write_all(write_call, fd, block.get(), held))
-      failed("write");
-    held = 0;
-  };
+  DirectFile file(path, write_call);
+  std::string piece, head;  // head: the file's first bytes (up to a block), for amend_head
   for (;;) {
     piece.clear();
     next(&piece);
     if (piece.empty()) break;
     if (amend_head && head.size() < kDirectAlign)
       head.append(piece, 0, std::min(piece.size(), kDirectAlign - head.size()));
-    total += piece.size();
-    if (direct) {
-      if (held + piece.size() + kDirectAlign > capacity) {
-        capacity = (held + piece.size() + 2 * kDirectAlign) / kDirectAlign * kDirectAlign;
-        std::unique_ptr<char, decltype(&std::free)> bigger(
-            static_cast<char*>(std::aligned_alloc(kDirectAlign, capacity)), &std::free);
-        SPES_CHECK(bigger, "out of memory writing '{}'", path);
-        if (held) std::memcpy(bigger.get(), block.get(), held);
-        block = std::move(bigger);
-      }
-      std::memcpy(block.get() + held, piece.data(), piece.size());
-      held += piece.size();
-      if (!flush_blocks(false)) fall_back();
-      continue;
-    }
-    if (!write_all(write_call, fd, piece.data(), piece.size())) failed("write");
+    file.append(piece);
   }
-  if (direct && !flush_blocks(true)) fall_back();
+  file.flush_tail();
   if (amend_head && !head.empty()) {
     const size_t n = head.size();
     amend_head(&head);
     SPES_CHECK(head.size() == n, "'{}': the amended head changed length ({} -> {} bytes)", path,
                n, head.size());
-    // Direct: one aligned block at offset 0 (past the end of a file shorter than a block,
-    // the padding is cut off below).
-    const char* src = head.data();
-    size_t len = n;
-    if (direct) {
-      std::memcpy(block.get(), head.data(), n);
-      std::memset(block.get() + n, 0, kDirectAlign - n);
-      src = block.get();
-      len = kDirectAlign;
-    }
-    for (size_t done = 0; done < len;) {
-      const ssize_t w = ::pwrite(fd, src + done, len - done, static_cast<off_t>(done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) failed("write");
-      done += static_cast<size_t>(w);
-    }
+    file.rewrite_head(head);
   }
-  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) failed("write");
-  if (::fsync(fd) != 0) failed("sync");
-  const int done = fd;
-  fd = -1;
-  if (::close(done) != 0) fail("cannot write '{}': {} (disk full?)", path, std::strerror(errno));
+  file.commit();
 }
 
 bool file_replace(const std::string& from, const std::string& to, const std::string& replaced) {

@@ -34,6 +34,155 @@ bool usable(double x, double y, bool log_y) {
   return std::isfinite(x) && std::isfinite(y) && (!log_y || y > 0);
 }
 
+
+// Where values land on the page: the data's ranges (y on the log scale when asked) and the
+// plot area inside the margins.
+struct Axes {
+  bool log_y = false;
+  double x0 = 0, x1 = 0;    // x range
+  double y0 = 0, y1 = 0;    // y range of the data
+  double ly0 = 0, ly1 = 0;  // y range drawn: padded, log10 on a log scale
+  int left = 78, right = 190, top = 42, bottom = 56;  // margins (px)
+  double pw = 0, ph = 0;    // plot area (px)
+
+  double fy(double y) const { return log_y ? std::log10(y) : y; }
+  double px(double x) const { return left + (x - x0) / (x1 - x0) * pw; }
+  double py(double y) const { return top + (1 - (fy(y) - ly0) / (ly1 - ly0)) * ph; }
+};
+
+// The axes that hold every usable point of every series, the y range padded by 4% (or by 0.5
+// around a single value).
+Axes axes_for(const std::vector<Series>& series, const ChartOptions& o) {
+  Axes a;
+  a.log_y = o.log_y;
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const auto& s : series) {
+    SPES_CHECK(s.x.size() == s.y.size(), "chart series '{}': {} x values but {} y values",
+               s.label, s.x.size(), s.y.size());
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!usable(s.x[i], s.y[i], o.log_y)) continue;
+      x0 = std::min(x0, s.x[i]);
+      x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, s.y[i]);
+      y1 = std::max(y1, s.y[i]);
+    }
+  }
+  SPES_CHECK(std::isfinite(x0), "chart '{}': no series has a finite point to draw", o.title);
+  a.x0 = x0;
+  a.x1 = x1 <= x0 ? x0 + 1 : x1;
+  a.y0 = y0;
+  a.y1 = y1;
+  a.ly0 = a.fy(y0);
+  a.ly1 = a.fy(y1);
+  if (a.ly1 <= a.ly0) {
+    a.ly0 -= 0.5;
+    a.ly1 += 0.5;
+  } else {
+    const double pad = 0.04 * (a.ly1 - a.ly0);
+    a.ly0 -= pad;
+    a.ly1 += pad;
+  }
+  a.pw = o.width - a.left - a.right;
+  a.ph = o.height - a.top - a.bottom;
+  return a;
+}
+
+// The SVG element with a white background and the title.
+std::string chart_header(const ChartOptions& o, const Axes& a) {
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
+      "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{3}</text>\n",
+      o.width, o.height, a.left, xml_escape(o.title));
+}
+
+// Vertical grid lines with their tick labels below the plot.
+std::string x_grid(const Axes& a) {
+  std::string svg;
+  for (double t : nice_ticks(a.x0, a.x1, 8)) {
+    if (t < a.x0 || t > a.x1) continue;
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
+                       "stroke=\"#e5e5e5\"/>\n<text x=\"{0:.1f}\" y=\"{3:.1f}\" "
+                       "text-anchor=\"middle\">{4}</text>\n",
+                       a.px(t), a.top, a.top + a.ph, a.top + a.ph + 16, tick_label(t));
+  }
+  return svg;
+}
+
+// The y ticks: on a log scale 1, 2 and 5 x 10^k inside the range (nice linear ticks when
+// fewer than two fit), else nice linear ticks.
+std::vector<double> y_ticks(const Axes& a) {
+  if (!a.log_y) return nice_ticks(a.ly0, a.ly1, 7);
+  std::vector<double> yt;
+  for (double e = std::floor(a.ly0); e <= std::ceil(a.ly1); e += 1)
+    for (double m : {1.0, 2.0, 5.0}) {
+      const double v = m * std::pow(10.0, e);
+      if (a.fy(v) >= a.ly0 && a.fy(v) <= a.ly1) yt.push_back(v);
+    }
+  if (yt.size() < 2) yt = nice_ticks(a.y0, a.y1, 6);
+  return yt;
+}
+
+// Horizontal grid lines with their tick labels left of the plot.
+std::string y_grid(const Axes& a) {
+  std::string svg;
+  for (double t : y_ticks(a)) {
+    if (a.log_y && t <= 0) continue;
+    const double y = a.py(t);
+    if (y < a.top - 0.5 || y > a.top + a.ph + 0.5) continue;
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
+                       "stroke=\"#e5e5e5\"/>\n<text x=\"{3}\" y=\"{4:.1f}\" "
+                       "text-anchor=\"end\">{5}</text>\n",
+                       a.left, y, a.left + a.pw, a.left - 6, y + 4, tick_label(t));
+  }
+  return svg;
+}
+
+// The plot's frame and the axis labels.
+std::string frame_and_labels(const ChartOptions& o, const Axes& a) {
+  std::string svg = fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+                                "fill=\"none\" stroke=\"#444\"/>\n",
+                                a.left, a.top, a.pw, a.ph);
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                     a.left + a.pw / 2, o.height - 12, xml_escape(o.x_label));
+  svg += fmt::format("<text transform=\"translate(18,{:.1f}) rotate(-90)\" "
+                     "text-anchor=\"middle\">{}</text>\n",
+                     a.top + a.ph / 2, xml_escape(o.y_label + (o.log_y ? " (log scale)" : "")));
+  return svg;
+}
+
+// Each series with a usable point as a line (dots at its points when asked), in palette
+// order, and its entry in the legend right of the plot.
+std::string series_and_legend(const std::vector<Series>& series, const Axes& a) {
+  std::string svg;
+  int legend_row = 0;
+  for (size_t k = 0; k < series.size(); ++k) {
+    const auto& s = series[k];
+    const char* color = kPalette[k % (sizeof(kPalette) / sizeof(kPalette[0]))];
+    std::string points;
+    std::string dots;
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!usable(s.x[i], s.y[i], a.log_y)) continue;
+      points += fmt::format("{:.1f},{:.1f} ", a.px(s.x[i]), a.py(s.y[i]));
+      if (s.markers)
+        dots += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.8\" fill=\"{}\"/>\n",
+                            a.px(s.x[i]), a.py(s.y[i]), color);
+    }
+    if (points.empty()) continue;
+    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
+                       "points=\"{}\"/>\n{}",
+                       color, points, dots);
+    const double ly = a.top + 10 + 18 * legend_row++;
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
+                       "stroke=\"{3}\" stroke-width=\"3\"/>\n<text x=\"{4:.1f}\" y=\"{5:.1f}\">"
+                       "{6}</text>\n",
+                       a.left + a.pw + 12, ly, a.left + a.pw + 32, color, a.left + a.pw + 38,
+                       ly + 4, xml_escape(s.label));
+  }
+  return svg;
+}
+
 }  // namespace
 
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
@@ -71,107 +220,9 @@ std::string tick_label(double v) {
 }
 
 std::string render_line_chart(const std::vector<Series>& series, const ChartOptions& o) {
-  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
-  for (const auto& s : series) {
-    SPES_CHECK(s.x.size() == s.y.size(), "chart series '{}': {} x values but {} y values",
-               s.label, s.x.size(), s.y.size());
-    for (size_t i = 0; i < s.x.size(); ++i) {
-      if (!usable(s.x[i], s.y[i], o.log_y)) continue;
-      x0 = std::min(x0, s.x[i]);
-      x1 = std::max(x1, s.x[i]);
-      y0 = std::min(y0, s.y[i]);
-      y1 = std::max(y1, s.y[i]);
-    }
-  }
-  SPES_CHECK(std::isfinite(x0), "chart '{}': no series has a finite point to draw", o.title);
-  auto fy = [&](double y) { return o.log_y ? std::log10(y) : y; };
-  double ly0 = fy(y0), ly1 = fy(y1);
-  if (x1 <= x0) x1 = x0 + 1;
-  if (ly1 <= ly0) {
-    ly0 -= 0.5;
-    ly1 += 0.5;
-  } else {
-    const double pad = 0.04 * (ly1 - ly0);
-    ly0 -= pad;
-    ly1 += pad;
-  }
-  const int left = 78, right = 190, top = 42, bottom = 56;
-  const double pw = o.width - left - right, ph = o.height - top - bottom;
-  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
-  auto py = [&](double y) { return top + (1 - (fy(y) - ly0) / (ly1 - ly0)) * ph; };
-
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
-      "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{2}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{3}</text>\n",
-      o.width, o.height, left, xml_escape(o.title));
-  // Grid and ticks.
-  for (double t : nice_ticks(x0, x1, 8)) {
-    if (t < x0 || t > x1) continue;
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
-                       "stroke=\"#e5e5e5\"/>\n<text x=\"{0:.1f}\" y=\"{3:.1f}\" "
-                       "text-anchor=\"middle\">{4}</text>\n",
-                       px(t), top, top + ph, top + ph + 16, tick_label(t));
-  }
-  std::vector<double> yt;
-  if (o.log_y) {
-    for (double e = std::floor(ly0); e <= std::ceil(ly1); e += 1)
-      for (double m : {1.0, 2.0, 5.0}) {
-        const double v = m * std::pow(10.0, e);
-        if (fy(v) >= ly0 && fy(v) <= ly1) yt.push_back(v);
-      }
-    if (yt.size() < 2) {
-      yt.clear();
-      for (double t : nice_ticks(y0, y1, 6)) yt.push_back(t);
-    }
-  } else {
-    yt = nice_ticks(ly0, ly1, 7);
-  }
-  for (double t : yt) {
-    if (o.log_y && t <= 0) continue;
-    const double y = py(t);
-    if (y < top - 0.5 || y > top + ph + 0.5) continue;
-    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
-                       "stroke=\"#e5e5e5\"/>\n<text x=\"{3}\" y=\"{4:.1f}\" "
-                       "text-anchor=\"end\">{5}</text>\n",
-                       left, y, left + pw, left - 6, y + 4, tick_label(t));
-  }
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
-                     "stroke=\"#444\"/>\n",
-                     left, top, pw, ph);
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                     left + pw / 2, o.height - 12, xml_escape(o.x_label));
-  svg += fmt::format("<text transform=\"translate(18,{:.1f}) rotate(-90)\" "
-                     "text-anchor=\"middle\">{}</text>\n",
-                     top + ph / 2, xml_escape(o.y_label + (o.log_y ? " (log scale)" : "")));
-  // Series and legend.
-  int legend_row = 0;
-  for (size_t k = 0; k < series.size(); ++k) {
-    const auto& s = series[k];
-    const char* color = kPalette[k % (sizeof(kPalette) / sizeof(kPalette[0]))];
-    std::string points;
-    std::string dots;
-    for (size_t i = 0; i < s.x.size(); ++i) {
-      if (!usable(s.x[i], s.y[i], o.log_y)) continue;
-      points += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(s.y[i]));
-      if (s.markers)
-        dots += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.8\" fill=\"{}\"/>\n",
-                            px(s.x[i]), py(s.y[i]), color);
-    }
-    if (points.empty()) continue;
-    svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
-                       "points=\"{}\"/>\n{}",
-                       color, points, dots);
-    const double ly = top + 10 + 18 * legend_row++;
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
-                       "stroke=\"{3}\" stroke-width=\"3\"/>\n<text x=\"{4:.1f}\" y=\"{5:.1f}\">"
-                       "{6}</text>\n",
-                       left + pw + 12, ly, left + pw + 32, color, left + pw + 38, ly + 4,
-                       xml_escape(s.label));
-  }
-  svg += "</svg>\n";
-  return svg;
+  const Axes a = axes_for(series, o);
+  return chart_header(o, a) + x_grid(a) + y_grid(a) + frame_and_labels(o, a) +
+         series_and_legend(series, a) + "</svg>\n";
 }
 
 }  // namespace spes::report
