@@ -13,7 +13,7 @@
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
 #include "spes/io/safetensors.h"
-#include "spes/sync/node/sync_record.h"
+#include "spes/io/sync_record.h"
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/round_clock.h"
 
@@ -72,8 +72,8 @@ nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
       if (l.contains("sync")) {
         const auto& s = l["sync"];
         node_sha[s.at("round").get<int64_t>()][i] = s.value("model_sha256", "");
-        up.push_back(sync::sync_record_bytes_up(s));
-        down.push_back(sync::sync_record_bytes_down(s));
+        up.push_back(sync_record_bytes_up(s));
+        down.push_back(sync_record_bytes_down(s));
         sync_s.push_back(s.value("blocked_s", s.value("seconds", 0.0)));
       }
     }

@@ -11,7 +11,7 @@
 #include "spes/common/error.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
-#include "spes/sync/node/sync_record.h"
+#include "spes/io/sync_record.h"
 
 namespace spes::report {
 namespace fs = std::filesystem;
@@ -145,13 +145,13 @@ RunSummary summarize(const RunData& run) {
     const auto& s = l["sync"];
     // The time training stood still for the round (with overlap: only the wait to apply it).
     r.seconds += s.value("blocked_s", s.value("seconds", 0.0));
-    up += sync::sync_record_bytes_up(s);
+    up += sync_record_bytes_up(s);
     ++n_up;
     if (s.value("alpha", 0.0) > 0) {
-      merge += sync::sync_record_bytes_down(s);
+      merge += sync_record_bytes_down(s);
       ++n_merge;
     } else {
-      plain += sync::sync_record_bytes_down(s);
+      plain += sync_record_bytes_down(s);
       ++n_plain;
     }
   }

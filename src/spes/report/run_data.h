@@ -41,7 +41,7 @@ struct RunSummary {
   int64_t trainable_numel = 0;         // node 0 (from the "memory" record)
   int64_t grad_bytes = 0;              // node 0, measured on the tensors after backward
   int64_t optimizer_state_bytes = 0;   // node 0
-  double bytes_up = 0;                 // node 0, mean per round (on the wire: sync_record.h)
+  double bytes_up = 0;                 // node 0, mean per round (on the wire: io/sync_record.h)
   double bytes_down_plain = 0;         // node 0, mean over rounds without merging
   double bytes_down_merge = 0;         // node 0, mean over merge rounds (0 when none)
   double seconds = 0;                  // node 0: training step times + sync times
