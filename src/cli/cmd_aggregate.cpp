@@ -7,6 +7,7 @@
 
 #include "cli/common_options.h"
 #include "cli/command.h"
+#include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/round/round_clock.h"
@@ -23,7 +24,7 @@ struct AggregateArgs {
 void run_aggregate(const AggregateArgs& a) {
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);
-  spes::sync::SyncModel model(cfg);
+  spes::sync::SyncModel model(cfg, spes::init_checkpoint_weights(cfg.model));
   if (a.previous.empty()) {
     spdlog::info("no --previous: starting from the initial model of seed {} (right for round 1)",
                  cfg.seed);

@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "cli/node_round_hooks.h"
+#include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
 #include "spes/sync/node/node.h"
 #include "spes/sync/wire/auth.h"
@@ -57,7 +58,9 @@ void run_node(const NodeArgs& a) {
     opts.observer = ranks.get();
   }
   const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
-  spes::Trainer trainer(cfg, out, opts);
+  // From the same initial weights as the server's, a fresh node holds its published model
+  // already and joins without downloading it.
+  spes::Trainer trainer(cfg, out, opts, spes::init_checkpoint_weights(cfg.model));
   if (!trainer.is_rank0()) {
     trainer.run();
     return;

@@ -12,6 +12,7 @@
 
 #include "cli/common_options.h"
 #include "cli/command.h"
+#include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
 #include "spes/io/run_layout.h"
 #include "spes/sync/server/server.h"
@@ -73,7 +74,7 @@ void run_serve(const ServeArgs& a) {
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-  spes::sync::SyncServer server(cfg, o);
+  spes::sync::SyncServer server(cfg, o, spes::init_checkpoint_weights(cfg.model));
   server.run(&g_stop);
   if (g_stop) spdlog::info("sync server stopped by signal");
 }

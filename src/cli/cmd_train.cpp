@@ -7,6 +7,7 @@
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "cli/run_summary.h"
+#include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
 #include "spes/train/trainer.h"
 
@@ -32,7 +33,7 @@ void run_train(const TrainArgs& a) {
   opts.resume_from = a.resume == "none" ? "" : a.resume;
   opts.progress = spes::progress_mode_from_string(a.progress);
   opts.dist = dist.get();
-  spes::Trainer trainer(cfg, a.out, opts);
+  spes::Trainer trainer(cfg, a.out, opts, spes::init_checkpoint_weights(cfg.model));
   if (!trainer.is_rank0()) {  // the other ranks train silently
     trainer.run();
     return;

@@ -2,8 +2,7 @@
 // (common/memory_policy.h), selects OpenBLAS's core where it fell back to generic kernels
 // (common/cpu_blas.h), loads libtorch_cuda unless the subcommand never uses a GPU
 // (train/cuda_library.h), builds the CLI11 app from the registered subcommands and turns
-// library errors into one clear line on stderr and exit code 1. Every model it starts honours
-// model.init_checkpoint (the reader that interop/init_checkpoint.h installs).
+// library errors into one clear line on stderr and exit code 1.
 #include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
@@ -15,7 +14,6 @@
 #include "spes/common/cpu_blas.h"
 #include "spes/common/error.h"
 #include "spes/common/memory_policy.h"
-#include "spes/interop/init_checkpoint.h"
 #include "spes/train/cuda_library.h"
 #include "spes/train/device.h"
 

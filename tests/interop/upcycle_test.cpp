@@ -313,13 +313,15 @@ TEST_F(InteropUpcycledRun, CheckpointHasTheMoeConfigAndComputesTheDenseModel) {
 TEST_F(InteropUpcycledRun, InitCheckpointKeyStartsAFreshModelAndTheSyncServerFromIt) {
   Config c = up_.config;
   c.model.init_checkpoint = d_.file("up");
+  const std::optional<InitialWeights> initial = init_checkpoint_weights(c.model);
+  ASSERT_TRUE(initial.has_value());
   Transformer fresh(c.model, torch::kCPU);
-  fresh.init_weights(123);
+  fresh.init_weights(123, &*initial);
   interop_test::expect_same_weights(fresh, *up_.model);
   // The sync server's initial model (what every SPES node downloads when it joins).
   c.spes_config.mode = "spes";
   c.spes_config.num_peers = 2;
-  sync::SyncModel server(c);
+  sync::SyncModel server(c, init_checkpoint_weights(c.model));
   const NamedTensors published = server.named();
   ASSERT_EQ(published.size(), up_.model->params().size());
   for (size_t i = 0; i < published.size(); ++i)
@@ -329,8 +331,25 @@ TEST_F(InteropUpcycledRun, InitCheckpointKeyStartsAFreshModelAndTheSyncServerFro
   Config dc = interop_test::config_of(dense_config());
   dc.model.init_checkpoint = d_.file("dense_hf");
   Transformer fresh_dense(dc.model, torch::kCPU);
-  fresh_dense.init_weights(1);
+  const std::optional<InitialWeights> dense_initial = init_checkpoint_weights(dc.model);
+  fresh_dense.init_weights(1, &*dense_initial);
   interop_test::expect_same_weights(fresh_dense, *dense_);
+  // Without a key there is nothing to read (the seeded random init).
+  dc.model.init_checkpoint.clear();
+  EXPECT_FALSE(init_checkpoint_weights(dc.model).has_value());
+}
+
+TEST_F(InteropUpcycledRun, AModelNamingAnInitCheckpointNeedsItsWeightsHandedDown) {
+  // A program that builds the model from such a config without reading the directory (the
+  // command's step) is refused rather than silently starting from random weights.
+  Config c = up_.config;
+  c.model.init_checkpoint = d_.file("up");
+  Transformer t(c.model, torch::kCPU);
+  EXPECT_THAT(error_of([&] { t.init_weights(1); }),
+              HasSubstr("model.init_checkpoint is '" + d_.file("up") +
+                        "' but this model was given no initial weights"));
+  EXPECT_THAT(error_of([&] { sync::SyncModel server(c); }),
+              HasSubstr("given no initial weights"));
 }
 
 TEST_F(InteropUpcycledRun, InitCheckpointRefusesAnotherArchitecture) {
@@ -338,12 +357,13 @@ TEST_F(InteropUpcycledRun, InitCheckpointRefusesAnotherArchitecture) {
   c.model.init_checkpoint = d_.file("up");
   c.model.moe_top_k = 1;
   Transformer t(c.model, torch::kCPU);
-  EXPECT_THAT(error_of([&] { t.init_weights(1); }),
+  const std::optional<InitialWeights> initial = init_checkpoint_weights(c.model);
+  EXPECT_THAT(error_of([&] { t.init_weights(1, &*initial); }),
               HasSubstr("model.moe_top_k is 1 in this run's config but 2 in the initial weights"));
   c.model.moe_top_k = 2;
   c.model.init_checkpoint = d_.file("missing");
-  Transformer t2(c.model, torch::kCPU);
-  EXPECT_THAT(error_of([&] { t2.init_weights(1); }), HasSubstr("is not a directory"));
+  EXPECT_THAT(error_of([&] { init_checkpoint_weights(c.model); }),
+              HasSubstr("is not a directory"));
 }
 
 TEST_F(InteropUpcycledRun, TrainingResumesFromItAndStartsFromItWithInitCheckpoint) {
@@ -369,7 +389,7 @@ TEST_F(InteropUpcycledRun, TrainingResumesFromItAndStartsFromItWithInitCheckpoin
   c.model.init_checkpoint = d_.file("up");
   TrainerOptions o;
   o.progress = ProgressMode::None;
-  Trainer t(c, d_.file("run_init"), o);
+  Trainer t(c, d_.file("run_init"), o, init_checkpoint_weights(c.model));
   interop_test::expect_same_weights(t.model(), *up_.model);
 }
 

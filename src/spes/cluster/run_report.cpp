@@ -10,6 +10,7 @@
 
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
+#include "spes/interop/init_checkpoint.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
 #include "spes/io/safetensors.h"
@@ -135,7 +136,7 @@ std::string format_cluster_report(const nlohmann::json& rep) {
 
 nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_dir) {
   nlohmann::json out = {{"checked", 0}, {"equal", 0}, {"mismatched", nlohmann::json::array()}};
-  sync::SyncModel model(cfg);
+  sync::SyncModel model(cfg, init_checkpoint_weights(cfg.model));
   const bool outer = cfg.spes_config.uses_outer_step();
   const sync::RoundClock clock(cfg);
   for (int64_t r = 1;; ++r) {

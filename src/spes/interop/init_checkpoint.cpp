@@ -14,9 +14,9 @@ InitialWeights init_checkpoint_read(const std::string& dir) {
   return w;
 }
 
-bool install_init_checkpoint_reader() {
-  install_initial_weights_reader(init_checkpoint_read);
-  return true;
+std::optional<InitialWeights> init_checkpoint_weights(const ModelConfig& model) {
+  if (model.init_checkpoint.empty()) return std::nullopt;
+  return init_checkpoint_read(model.init_checkpoint);
 }
 
 }  // namespace spes

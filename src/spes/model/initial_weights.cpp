@@ -4,23 +4,6 @@
 #include "spes/common/error.h"
 
 namespace spes {
-namespace {
-InitialWeightsReader& installed_reader() {
-  static InitialWeightsReader reader;
-  return reader;
-}
-}  // namespace
-
-void install_initial_weights_reader(InitialWeightsReader reader) {
-  installed_reader() = std::move(reader);
-}
-
-InitialWeights read_initial_weights(const std::string& dir) {
-  SPES_CHECK(installed_reader(), "model.init_checkpoint is '{}' but this program has no reader "
-             "of model directories: include spes/interop/init_checkpoint.h (it installs one)",
-             dir);
-  return installed_reader()(dir);
-}
 
 void check_same_architecture(const ModelConfig& run, const ModelConfig& src,
                              const std::string& origin) {

@@ -103,12 +103,16 @@ Transformer::Transformer(const ModelConfig& cfg, torch::Device device, ModelRunt
       rope_tables(cfg.max_sequence_length, cfg.head_dim(), cfg.rope_theta, device);
 }
 
-void Transformer::init_weights(uint64_t seed) {
-  if (!cfg_.init_checkpoint.empty()) {  // start from given weights (model/initial_weights.h)
-    load_initial_weights(read_initial_weights(cfg_.init_checkpoint));
-    spdlog::info("model initialised from {} ({} tensors)", cfg_.init_checkpoint, params_.size());
+void Transformer::init_weights(uint64_t seed, const InitialWeights* initial) {
+  if (initial) {  // start from given weights (model/initial_weights.h)
+    load_initial_weights(*initial);
+    spdlog::info("model initialised from {} ({} tensors)", initial->origin, params_.size());
     return;
   }
+  SPES_CHECK(cfg_.init_checkpoint.empty(), "model.init_checkpoint is '{}' but this model was "
+             "given no initial weights: the program that builds it must read them "
+             "(interop/init_checkpoint.h, init_checkpoint_weights) and hand them down",
+             cfg_.init_checkpoint);
   torch::NoGradGuard ng;
   // A private CPU generator makes the init independent of the device and of global RNG use.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);

@@ -79,10 +79,11 @@ class Transformer {
   Transformer(const ModelConfig& cfg, torch::Device device = torch::kCPU,
               ModelRuntime runtime = {});
 
-  // Truncated-normal init (std, cut at +-cutoff*std) of every matrix; norm weights 1. With
-  // model.init_checkpoint set, copies that checkpoint's weights instead (seed unused; read by
-  // the reader installed in model/initial_weights.h).
-  void init_weights(uint64_t seed);
+  // Truncated-normal init (std, cut at +-cutoff*std) of every matrix; norm weights 1. Given
+  // `initial` (model.init_checkpoint, read by the command that builds the model and handed
+  // down), copies those weights in instead (seed unused). A model section that names
+  // model.init_checkpoint needs them: without, this throws rather than start from random weights.
+  void init_weights(uint64_t seed, const InitialWeights* initial = nullptr);
   // Copies given starting weights in: same architecture, same names and shapes (checked).
   void load_initial_weights(const InitialWeights& weights);
   // Final hidden states for token ids [B, T] (no LM head: the loss applies it in chunks).

@@ -24,7 +24,8 @@ int64_t data_nodes(const Config& cfg) {
 }
 }  // namespace
 
-Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions opts)
+Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions opts,
+                 std::optional<InitialWeights> initial)
     : cfg_(cfg), out_dir_(out_dir), opts_(std::move(opts)),
       device_(opts_.dist ? opts_.dist->device() : select_device(cfg)),
       autocast_(use_bf16_autocast(cfg, device_)) {
@@ -62,7 +63,8 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
                         trainable_expert_table(cfg_, *ownership_, opts_.node_id)));
   // Nodes may use different seeds for data; the init seed is the run seed (a SPES node
   // replaces these weights with the server's initial model anyway).
-  model_->init_weights(static_cast<uint64_t>(cfg_.seed));
+  model_->init_weights(static_cast<uint64_t>(cfg_.seed), initial ? &*initial : nullptr);
+  initial.reset();  // the model holds its own copy
   registry_ = std::make_unique<ParamRegistry>(*model_, cfg_, *ownership_, opts_.node_id);
   optimizer_ = std::make_unique<AdamW>(registry_->trainable(), cfg_.optimizer);
   // One gradient buffer per trainable tensor for the whole run: peak memory is weights +

@@ -9,9 +9,11 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "spes/data/loader.h"
+#include "spes/model/initial_weights.h"
 #include "spes/model/registry.h"
 #include "spes/model/transformer.h"
 #include "spes/train/checkpoint.h"
@@ -70,7 +72,10 @@ struct EvalResult {
 
 class Trainer {
  public:
-  Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions opts = {});
+  // `initial`: the starting weights when the run names model.init_checkpoint (read by the
+  // command, interop/init_checkpoint.h; released once copied into the model).
+  Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions opts = {},
+          std::optional<InitialWeights> initial = std::nullopt);
   ~Trainer();
 
   // Trains until total_steps, evaluating and checkpointing as configured; the final

@@ -93,9 +93,10 @@ void copy_owner_sections(const RoundPlan& plan, int64_t node, const std::string&
 }
 }  // namespace
 
-SyncModel::SyncModel(const Config& cfg) : cfg_(cfg) {
+SyncModel::SyncModel(const Config& cfg, std::optional<InitialWeights> initial) : cfg_(cfg) {
   model_ = std::make_unique<Transformer>(cfg_.model, torch::kCPU);
-  model_->init_weights(static_cast<uint64_t>(cfg_.seed));
+  model_->init_weights(static_cast<uint64_t>(cfg_.seed), initial ? &*initial : nullptr);
+  initial.reset();  // the model holds its own copy
   const Ownership ownership = Ownership::from_config(cfg_);
   ownership_fingerprint_ = ownership.fingerprint();
   registry_ = std::make_unique<ParamRegistry>(*model_, cfg_, ownership, /*node_id=*/-1);

@@ -19,11 +19,13 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
+#include "spes/model/initial_weights.h"
 #include "spes/model/registry.h"
 #include "spes/model/transformer.h"
 #include "spes/sync/round/merge.h"
@@ -31,10 +33,11 @@
 
 namespace spes::sync {
 
-// The server's model: layout, published weights (initialised from cfg.seed), diloco momentum.
+// The server's model: layout, published weights (initialised from cfg.seed, or the initial
+// weights of model.init_checkpoint handed down by the command), diloco momentum.
 class SyncModel {
  public:
-  explicit SyncModel(const Config& cfg);
+  explicit SyncModel(const Config& cfg, std::optional<InitialWeights> initial = std::nullopt);
   ~SyncModel();
 
   const Config& config() const { return cfg_; }

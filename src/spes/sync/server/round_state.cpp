@@ -27,11 +27,12 @@ uint64_t random_u64() {
 }
 }  // namespace
 
-RoundState::RoundState(const Config& cfg, ServeOptions opts)
+RoundState::RoundState(const Config& cfg, ServeOptions opts,
+                       std::optional<InitialWeights> initial)
     : cfg_(cfg),
       opts_(std::move(opts)),
       incarnation_(random_u64()),
-      model_(std::make_unique<SyncModel>(cfg_)),
+      model_(std::make_unique<SyncModel>(cfg_, std::move(initial))),
       members_(cfg_, *model_),
       store_(cfg_, opts_.out_dir, opts_.keep_uploads, *model_, incarnation_),
       bounds_(cfg_, model_->plan(), model_->tensors()),

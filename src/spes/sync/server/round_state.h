@@ -26,12 +26,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "spes/io/config.h"
+#include "spes/model/initial_weights.h"
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/server/download_session.h"
 #include "spes/sync/server/loss_history.h"
@@ -54,9 +56,11 @@ struct ServeOptions {
 
 class RoundState {
  public:
-  // Builds the model from cfg (initial weights from cfg.seed) and persists round 0 in DIR, or,
-  // with opts.resume and a valid DIR/state.json, continues from DIR's last published round.
-  RoundState(const Config& cfg, ServeOptions opts);
+  // Builds the model from cfg (initial weights from cfg.seed, or `initial`: those of
+  // model.init_checkpoint) and persists round 0 in DIR, or, with opts.resume and a valid
+  // DIR/state.json, continues from DIR's last published round.
+  RoundState(const Config& cfg, ServeOptions opts,
+             std::optional<InitialWeights> initial = std::nullopt);
   ~RoundState();
 
   JoinResult join(const JoinInfo& info);

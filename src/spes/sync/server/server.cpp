@@ -369,14 +369,16 @@ void SyncServer::Impl::write_server_info() const {
   file_write_atomic(run_layout::server_info(opts.state.out_dir), info.dump() + "\n");
 }
 
-SyncServer::SyncServer(const Config& cfg, ServerOptions opts) : impl_(std::make_unique<Impl>()) {
+SyncServer::SyncServer(const Config& cfg, ServerOptions opts,
+                       std::optional<InitialWeights> initial)
+    : impl_(std::make_unique<Impl>()) {
   impl_->opts = std::move(opts);
   impl_->cfg = cfg;
   impl_->check_listen_security();
   impl_->make_call_auth();
   impl_->limits = std::make_unique<StreamLimits>(impl_->opts.first_message_timeout_s,
                                                  impl_->opts.stream_idle_timeout_s);
-  impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state);
+  impl_->state = std::make_unique<RoundState>(cfg, impl_->opts.state, std::move(initial));
   impl_->start_dashboard();
   impl_->start_grpc();
   impl_->write_server_info();

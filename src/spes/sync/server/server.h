@@ -11,6 +11,7 @@
 #pragma once
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "spes/io/config.h"
@@ -34,7 +35,9 @@ struct ServerOptions {
 
 class SyncServer {
  public:
-  SyncServer(const Config& cfg, ServerOptions opts);
+  // `initial`: the initial model's weights when the run names model.init_checkpoint.
+  SyncServer(const Config& cfg, ServerOptions opts,
+             std::optional<InitialWeights> initial = std::nullopt);
   ~SyncServer();
   int port() const;
   std::string address() const;  // "host:port" actually bound
