@@ -2,7 +2,7 @@
 // reference OLMo/SPES training YAML), prints it resolved into this project's keys, and the
 // counts a run of it would have: total parameters, active parameters per token, what each node
 // trains, and each node's memory by part (JSON: the config's node, spes_config.peer_id)
-// (report/param_counts.h, report/memory_formula.h). The model is built on the meta device, so
+// (model/param_counts.h, model/memory_estimate.h). Both are closed-form: no model is built, so
 // even the 9B reference config allocates no weights.
 #include <fmt/core.h>
 #include <fmt/ranges.h>
@@ -17,14 +17,14 @@
 #include "cli/command.h"
 #include "spes/common/strings.h"
 #include "spes/io/config.h"
-#include "spes/report/memory_formula.h"
-#include "spes/report/param_counts.h"
+#include "spes/model/memory_estimate.h"
 #include "spes/model/ownership.h"
+#include "spes/model/param_counts.h"
 
 namespace {
 
-using spes::report::NodeMemory;
-using spes::report::ParamCounts;
+using spes::NodeMemory;
+using spes::ParamCounts;
 
 struct ConfigArgs {
   std::string config;
@@ -87,7 +87,7 @@ void print_text(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
                static_cast<int64_t>(i) == me ? " (this config)" : "", count(nodes[i].trainable),
                owned_experts(own, static_cast<int64_t>(i)));
   fmt::print("memory per node (micro-batch {} x {} tokens, precision {}, AdamW moments {}; "
-             "activations are an estimate, report/memory_formula.h):\n",
+             "activations are an estimate, model/memory_estimate.h):\n",
              cfg.device_train_microbatch_size, m.max_sequence_length, cfg.precision,
              cfg.optimizer.moment_dtype);
   std::string head = fmt::format("  {:>5}", "node");
@@ -149,8 +149,8 @@ void run_config(const ConfigArgs& a) {
   std::vector<ParamCounts> nodes;
   std::vector<NodeMemory> mems;
   for (int64_t i = 0; i < cfg.spes_config.num_peers; ++i) {
-    nodes.push_back(spes::report::param_counts(cfg, i));
-    mems.push_back(spes::report::node_memory(cfg, nodes.back()));
+    nodes.push_back(spes::param_counts(cfg, i));
+    mems.push_back(spes::node_memory(cfg, nodes.back()));
   }
   if (a.json)
     fmt::print("{}\n", to_json(cfg, nodes, mems, ignored).dump(2));

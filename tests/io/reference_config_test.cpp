@@ -14,9 +14,9 @@
 #include "python_reference.h"
 #include "spes/common/error.h"
 #include "spes/io/config.h"
-#include "spes/model/transformer.h"
-#include "spes/report/param_counts.h"
 #include "spes/model/ownership.h"
+#include "spes/model/param_counts.h"
+#include "spes/model/transformer.h"
 
 using namespace spes;
 using ::testing::HasSubstr;
@@ -70,7 +70,7 @@ TEST(ReferenceConfig, CountsMatchOlmoFormulas) {
     EXPECT_EQ(cfg.model.embedding_rows(), olmo["embedding_rows"].get<int64_t>());
     ASSERT_EQ(cfg.spes_config.num_peers, static_cast<int64_t>(want.trainable.size()));
     for (int64_t node = 0; node < cfg.spes_config.num_peers; ++node) {
-      const report::ParamCounts c = report::param_counts(cfg, node);
+      const ParamCounts c = param_counts(cfg, node);
       EXPECT_EQ(c.total, want.total) << "node " << node;
       EXPECT_EQ(c.active_per_token, want.active) << "node " << node;
       EXPECT_EQ(c.trainable, want.trainable[node]) << "node " << node;
@@ -312,7 +312,7 @@ TEST(ReferenceConfig, TranslatedKeysTakeOlmosMeaning) {
                               {"using_dilico=true", "spes_config.num_train_experts_per_node=16"});
   EXPECT_EQ(dilico.spes_config.mode, "fedavg");
   for (int64_t node = 0; node < 4; ++node) {
-    const report::ParamCounts c = report::param_counts(dilico, node);
+    const ParamCounts c = param_counts(dilico, node);
     EXPECT_EQ(c.trainable, c.total) << node;
   }
 }

@@ -1,4 +1,5 @@
-// The tiny model shape shared by the model tests (fast enough for finite differences).
+// The tiny model shape shared by the model tests (fast enough for finite differences), and a
+// SPES run of it.
 #pragma once
 #include "spes/io/config.h"
 
@@ -16,6 +17,15 @@ inline ModelConfig tiny_model_config() {
   c.max_sequence_length = 8;
   c.rope_theta = 10000.0;
   return c;
+}
+
+// The tiny model (d 16, 2 layers, 4 experts top-2, F 12, V 32) as a SPES run of 2 nodes.
+inline Config tiny_spes_config() {
+  Config cfg;
+  cfg.model = tiny_model_config();
+  cfg.spes_config.mode = "spes";
+  cfg.spes_config.num_peers = 2;
+  return cfg;
 }
 
 }  // namespace spes::testing

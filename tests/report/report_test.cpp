@@ -1,6 +1,6 @@
-// Reports and plots: tick choice and chart geometry by hand, the SPES.md formulas, parameter
-// counts and node memory against counts worked out from the model's dimensions, and run-directory
-// readers against small hand-written metrics files.
+// Reports and plots: tick choice and chart geometry by hand, the SPES.md formulas against
+// counts worked out from the model's dimensions, and run-directory readers against small
+// hand-written metrics files.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -8,8 +8,6 @@
 #include "../data/data_test_util.h"
 #include "../model/tiny_model_config.h"
 #include "spes/common/error.h"
-#include "spes/report/memory_formula.h"
-#include "spes/report/param_counts.h"
 #include "spes/report/run_compare.h"
 #include "spes/report/run_data.h"
 #include "spes/report/svg_chart.h"
@@ -48,17 +46,8 @@ TEST(SvgChart, RefusesAChartWithNothingToDraw) {
   EXPECT_THROW(render_line_chart({bad}, ChartOptions{}), Error);
 }
 
-// The tiny model (d 16, 2 layers, 4 experts top-2, F 12, V 32) as a SPES run of 2 nodes.
-Config tiny_spes_config() {
-  Config cfg;
-  cfg.model = spes::testing::tiny_model_config();
-  cfg.spes_config.mode = "spes";
-  cfg.spes_config.num_peers = 2;
-  return cfg;
-}
-
 TEST(TransferFormula, MatchesCountsFromTheDimensions) {
-  Config cfg = tiny_spes_config();
+  Config cfg = spes::testing::tiny_spes_config();
   const int64_t d = 16, L = 2, E = 4, F = 12, V = 32;
   const int64_t expert = 3 * d * F;                         // gate, up, down
   const int64_t X = L * E * expert;
@@ -83,7 +72,7 @@ TEST(TransferFormula, MatchesCountsFromTheDimensions) {
 }
 
 TEST(TransferFormula, CompressedUploadsAndDownloadsCountTheirEncoding) {
-  Config cfg = tiny_spes_config();
+  Config cfg = spes::testing::tiny_spes_config();
   const int64_t n = transfer_formula(cfg, 0).trainable_numel();
   const int64_t down = transfer_formula(cfg, 0).download_bytes() / 4;  // values (fp32)
   const int64_t all = transfer_formula(cfg, 0).total_numel();
@@ -95,97 +84,6 @@ TEST(TransferFormula, CompressedUploadsAndDownloadsCountTheirEncoding) {
   cfg.spes_config.transfer.compression = "bf16";
   EXPECT_EQ(transfer_formula(cfg, 0).upload_bytes(), 2 * n);
   EXPECT_EQ(transfer_formula(cfg, 0).download_bytes(), 2 * down);
-}
-
-TEST(ParamCounts, MatchCountsFromTheDimensions) {
-  Config cfg = tiny_spes_config();
-  const int64_t d = 16, L = 2, E = 4, F = 12, V = 32;
-  const int64_t expert = 3 * d * F, X = L * E * expert;
-  const int64_t S = 2 * V * d + d + L * (4 * d * d + 2 * d + 2 * d + E * d);
-  const ParamCounts c = param_counts(cfg, 1);
-  EXPECT_EQ(c.total, S + X);
-  EXPECT_EQ(c.shared, S);
-  EXPECT_EQ(c.experts, X);
-  EXPECT_EQ(c.own_experts, L * 2 * expert);
-  EXPECT_EQ(c.trainable, S + L * 2 * expert);
-  EXPECT_EQ(c.active_per_token, S + L * 2 * expert);  // top-2 of 4
-  cfg.frozen_experts = {"*:2"};  // frozen on every node: neither trained nor owned-and-trained
-  EXPECT_EQ(param_counts(cfg, 1).trainable, S + L * expert);
-  cfg.model.embedding_size = 40;  // padded rows in the embedding and the head
-  EXPECT_EQ(param_counts(cfg, 1).total, S + X + 2 * 8 * d);
-}
-
-TEST(MemoryFormula, FrozenExpertsHaveNoGradientsOrMoments) {
-  Config cfg = tiny_spes_config();
-  cfg.precision = "fp32";
-  const ParamCounts node = param_counts(cfg, 0);
-  NodeMemory m = node_memory(cfg, node);
-  EXPECT_EQ(m.weights_by_dtype.size(), 1u);
-  EXPECT_EQ(m.weights_by_dtype.at("fp32"), 4 * node.total);
-  EXPECT_EQ(m.gradients, 4 * node.trainable);
-  EXPECT_EQ(m.adam_moments, 8 * node.trainable);
-  EXPECT_LT(node.trainable, node.total);
-  EXPECT_EQ(m.total(), m.weights() + m.gradients + m.adam_moments + m.activations);
-  EXPECT_EQ(m.sync_state, 0);  // fp32 blocking rounds keep nothing between them
-  // Compressed deltas: the upload base and residual, fp32 per trainable value; overlap adds a
-  // copy of every weight and of the trainable ones.
-  Config sync = cfg;
-  sync.spes_config.transfer.compression = "int8";
-  EXPECT_EQ(node_memory(sync, node).sync_state, 8 * node.trainable);
-  sync.spes_config.timing.overlap = true;
-  const NodeMemory o = node_memory(sync, node);
-  EXPECT_EQ(o.sync_state, 8 * node.trainable + 4 * node.total + 4 * node.trainable);
-  EXPECT_EQ(o.total(), m.total() + o.sync_state);
-  // Centralized: everything trains; the weights stay, gradients and moments grow by 12 bytes
-  // for each value the SPES node froze.
-  cfg.spes_config.mode = "centralized";
-  const NodeMemory all = node_memory(cfg, param_counts(cfg, 0));
-  EXPECT_EQ(all.weights(), m.weights());
-  EXPECT_EQ(all.gradients + all.adam_moments - m.gradients - m.adam_moments,
-            12 * (node.total - node.trainable));
-  // bf16 autocast adds the bf16 copies of the weights and halves the activation values.
-  cfg.precision = "amp_bf16";
-  const NodeMemory bf = node_memory(cfg, param_counts(cfg, 0));
-  EXPECT_EQ(bf.weights_by_dtype.at("bf16"), 2 * node.total);
-  EXPECT_LT(bf.activations, all.activations);
-}
-
-TEST(MemoryFormula, ActivationsFollowTheDocumentedTerms) {
-  ActivationShape s;
-  s.micro_batch = 2, s.seq = 8, s.d_model = 16, s.layers = 2, s.heads = 4, s.kv_heads = 2;
-  s.experts = 4, s.top_k = 2, s.ffn_hidden = 12, s.vocab = 32, s.value_bytes = 4;
-  // Per token and layer: attention 5*16 + 3*8 + 4 + 1 = 109; MoE 2*16 + 1 + 2*4 +
-  // 2*(2*16 + 3*12) = 177; head 2*16 + 1 = 33; logits 2 x 32 fp32 values per token.
-  const int64_t per_token = 2 * (109 + 177) + 33;
-  EXPECT_EQ(activation_bytes(s), 16 * (per_token * 4 + 2 * 32 * 4));
-  ActivationShape twice = s;
-  twice.micro_batch = 4;
-  EXPECT_EQ(activation_bytes(twice), 2 * activation_bytes(s));  // linear in the tokens
-  // Checkpointing every block: each keeps its input (16 values), one is recomputed in full.
-  ActivationShape ckpt = s;
-  ckpt.checkpoint_every = 1;
-  EXPECT_EQ(activation_bytes(ckpt), 16 * ((2 * 16 + (109 + 177) + 33) * 4 + 2 * 32 * 4));
-  ckpt.checkpoint_every = 2;  // block 0 only
-  EXPECT_EQ(activation_bytes(ckpt), 16 * ((16 + 2 * (109 + 177) + 33) * 4 + 2 * 32 * 4));
-  // The chunked head holds one chunk of rows of logits.
-  ActivationShape chunked = s;
-  chunked.logits_chunk_rows = 4;
-  EXPECT_EQ(activation_bytes(chunked), 16 * per_token * 4 + 4 * 2 * 32 * 4);
-  // A dense block: one slot, no router.
-  ActivationShape dense = s;
-  dense.experts = 0, dense.top_k = 1;
-  EXPECT_EQ(activation_bytes(dense),
-            16 * ((2 * (109 + 2 * 16 + 1 + (2 * 16 + 3 * 12)) + 33) * 4 + 2 * 32 * 4));
-  // From a config: the micro-batch, the sequence and the model's shape.
-  Config cfg;
-  cfg.model = spes::testing::tiny_model_config();
-  cfg.device_train_microbatch_size = 2;
-  const ActivationShape from = activation_shape(cfg);
-  EXPECT_EQ(from.micro_batch, 2);
-  EXPECT_EQ(from.seq, 8);
-  EXPECT_EQ(from.ffn_hidden, 12);
-  EXPECT_EQ(from.vocab, 32);
-  EXPECT_EQ(from.experts, 4);
 }
 
 void write_lines(const std::filesystem::path& p, const std::vector<std::string>& lines) {

@@ -39,7 +39,7 @@ struct LmHeadLoss {
   torch::Tensor total, ce, z;
 };
 // Rows per chunk when chunk_rows is 0: about 256 MB of fp32 logits for a vocabulary of `vocab`
-// (report/memory_formula counts the same).
+// (model/memory_estimate counts the same).
 int64_t lm_head_default_chunk_rows(int64_t vocab);
 LmHeadLoss lm_head_losses_chunked(const torch::Tensor& h, const torch::Tensor& lm_head,
                                   const torch::Tensor& targets, double z_weight,

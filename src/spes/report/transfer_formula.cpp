@@ -1,8 +1,8 @@
 // SPES memory and communication formulas (see transfer_formula.h).
 #include "spes/report/transfer_formula.h"
 
-#include "spes/report/memory_formula.h"
-#include "spes/report/param_counts.h"
+#include "spes/model/memory_estimate.h"
+#include "spes/model/param_counts.h"
 
 namespace spes::report {
 

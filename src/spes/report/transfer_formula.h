@@ -1,7 +1,7 @@
 // The memory and communication formulas of SPES.md section 4 for one node of a run, computed
-// from the registry of the run's config (report/param_counts.h: which tensors are shared, which
-// experts the node owns): gradient + AdamW bytes = 12 x trainable values (fp32 gradient, first
-// and second moment; report/memory_formula.h has the whole node's memory);
+// from the parameter counts of the run's config (model/param_counts.h: which tensors are
+// shared, which experts the node owns): gradient + AdamW bytes = 12 x trainable values (fp32
+// gradient, first and second moment; model/memory_estimate.h has the whole node's memory);
 // per round, SPES uploads S + X_i values and downloads P - X_i (P in merge rounds, when its own
 // experts changed too); FedAvg and DiLoCo move P each way; centralized training moves nothing.
 // With spes_config.compression both directions carry compressed deltas (a node holding the

@@ -29,15 +29,6 @@ torch::Tensor pad_to_blocks(const torch::Tensor& x) {
 
 }  // namespace
 
-int64_t moment_bytes(int64_t numel, MomentDtype dtype) {
-  switch (dtype) {
-    case MomentDtype::Fp32: return 8 * numel;
-    case MomentDtype::Bf16: return 4 * numel;
-    case MomentDtype::Int8: return 2 * numel + 2 * 4 * blocks_of(numel);
-  }
-  return 8 * numel;
-}
-
 torch::Tensor moment_rounding_bits(int64_t lo, int64_t n, uint32_t seed,
                                    const torch::Device& device) {
   // A 32-bit integer hash (xor-shift-multiply, two rounds; multipliers below 2^31 so that no

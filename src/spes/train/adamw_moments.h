@@ -33,14 +33,11 @@
 
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
+#include "spes/model/memory_estimate.h"  // kMomentBlock, moment_bytes: the formats' sizes
 
 namespace spes {
 
-constexpr int64_t kMomentBlock = 256;        // values per int8 block (one fp32 absmax each)
 constexpr int64_t kMomentChunk = int64_t{1} << 22;  // values per update pass (blocks aligned)
-
-// Bytes of both moments of `numel` values.
-int64_t moment_bytes(int64_t numel, MomentDtype dtype);
 
 // The int8 codes (documented above) of fp32 values `x` (1-D, numel a multiple of kMomentBlock)
 // with one absmax per block: signed (first moment) or unsigned (second; x >= 0). `bits` holds

@@ -1,15 +1,15 @@
 // Device and precision selection: "auto" picks CUDA when libtorch sees a GPU, else CPU; on
 // CUDA the default precision is bf16 autocast over fp32 master weights (amp_bf16 also runs on
-// CPU, slowly, which tests use). model_runtime_for() turns precision, activation checkpointing
-// and what the node trains into the model's storage layout. AutocastScope turns autocast on for
-// one forward pass. torch_build_summary() says which libtorch this is.
+// CPU, slowly, which tests use); the model's storage layout for them is model_runtime_for()
+// (model/runtime_layout.h, included here). AutocastScope turns autocast on for one forward
+// pass. torch_build_summary() says which libtorch this is.
 #pragma once
 #include <torch/torch.h>
 
 #include <vector>
 
 #include "spes/io/config.h"
-#include "spes/model/transformer.h"
+#include "spes/model/runtime_layout.h"
 
 namespace spes {
 
@@ -24,20 +24,6 @@ int64_t cuda_device_count();
 torch::Device device_from_setting(const DeviceSetting& device);
 // The same for a --device flag's text (refused with the allowed forms).
 torch::Device device_from_name(const std::string& name);
-// True when the config asks for (or "auto" implies) bf16 autocast on this device.
-bool use_bf16_autocast(const Config& cfg, const torch::Device& device);
-// The model's layout for training on `device` (trainable: [layer][expert] for this node, see
-// trainable_expert_table in train/registry.h):
-// - grouped experts (expert_stack.h) on CUDA, or under amp_bf16: bf16 stacks under amp_bf16,
-//   fp32 ones otherwise; the fp32 CPU path keeps one tensor per expert (fused CPU kernels);
-// - frozen experts in bf16 under amp_bf16, except on a SPES/FedAvg/DiLoCo node with
-//   spes_config.transfer_dtype fp32 (it must reproduce the published fp32 weights bit for bit,
-//   which the sync round checks; with transfer_dtype bf16 they are bf16 values anyway);
-// - activation checkpointing from cfg.activation_checkpointing.
-// Grouped GEMMs need d_model and the expert hidden size to be multiples of 8; other shapes keep
-// one tensor per expert (and fp32 frozen experts).
-ModelRuntime model_runtime_for(const Config& cfg, const torch::Device& device,
-                               const std::vector<std::vector<bool>>& trainable);
 // Sets the intra-op thread count (cfg.threads, or every core when 0).
 void configure_threads(const Config& cfg);
 // "libtorch 2.11.0, CPU GEMM OpenBLAS 0.3.21, core Cooperlake (OpenBLAS's choice), CUDA 13.0,

@@ -1,6 +1,6 @@
 // The memory one node needs to train, by part (SPES.md section 4: frozen experts are used in
 // the forward pass but have no gradient and no optimizer state):
-//   weights      in the layout the trainer uses (train/device.h, model_runtime_for): fp32
+//   weights      in the layout the trainer uses (model/runtime_layout.h): fp32
 //                master copies of every trainable tensor and, in fp32 runs, of every frozen
 //                one; with precision amp_bf16 also 2 bytes per value of every weight: the
 //                stacked bf16 experts (frozen experts live only there when they are stored in
@@ -8,7 +8,7 @@
 //   gradients    fp32, trainable tensors only (4 bytes per trainable value);
 //   AdamW        two moments, trainable tensors only, in optimizer.moment_dtype (8 bytes per
 //                trainable value in fp32, 4 in bf16, 2 + a scale per block of 256 in int8:
-//                train/adamw_moments.h);
+//                moment_bytes() below, the sizes of train/adamw_moments.h's formats);
 //   activations  what one micro-batch's forward pass keeps for backward
 //                (activation_bytes(), an estimate; its comment lists what it counts);
 //   sync state   a SPES/FedAvg/DiLoCo node's sync client: with spes_config.compression the
@@ -19,18 +19,26 @@
 // Left out: allocator caching and fragmentation, the CUDA context, temporary buffers of
 // single kernels, the data loader, the RoPE tables, and several micro-batches in flight at once
 // (CPU threads). This is the one place these figures are computed (`spes config`, `spes
-// compare`); tests/report/memory_measured_test.cpp checks the resident parts against the
-// tensors of a real step.
+// compare`); tests/model/memory_measured_test.cpp checks the resident parts against the
+// tensors of a real step. A closed-form estimate from the config and the parameter counts
+// (model/param_counts.h, closed-form too): nothing is built or allocated, so it lives below
+// train/ and sync/ for every layer that must size a node before it builds one.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <string>
 
 #include "spes/io/config.h"
-#include "spes/report/param_counts.h"
-#include "spes/train/adamw_moments.h"
+#include "spes/model/param_counts.h"
 
-namespace spes::report {
+namespace spes {
+
+// Values per block of int8 AdamW moments, each block with one fp32 absmax (the format is
+// train/adamw_moments.h's; its sizes are here so that the estimate needs nothing above the
+// model).
+constexpr int64_t kMomentBlock = 256;
+// Bytes of both AdamW moments of `numel` values stored as `dtype`.
+int64_t moment_bytes(int64_t numel, MomentDtype dtype);
 
 // Bytes of gradients (fp32) and of AdamW moments per node, trainable values only (int8 blocks
 // counted over the node's values at once: a few bytes less than tensor by tensor).
@@ -90,4 +98,4 @@ struct NodeMemory {
 // Memory of the node `counts` were made for (param_counts(cfg, node)).
 NodeMemory node_memory(const Config& cfg, const ParamCounts& counts);
 
-}  // namespace spes::report
+}  // namespace spes

@@ -1,12 +1,21 @@
-// Node memory by part (see memory_formula.h).
-#include "spes/report/memory_formula.h"
+// Node memory by part (see memory_estimate.h).
+#include "spes/model/memory_estimate.h"
 
 #include <algorithm>
 
 #include "spes/model/losses.h"
-#include "spes/train/device.h"
+#include "spes/model/runtime_layout.h"
 
-namespace spes::report {
+namespace spes {
+
+int64_t moment_bytes(int64_t numel, MomentDtype dtype) {
+  switch (dtype) {
+    case MomentDtype::Fp32: return 8 * numel;
+    case MomentDtype::Bf16: return 4 * numel;
+    case MomentDtype::Int8: return 2 * numel + 2 * 4 * ((numel + kMomentBlock - 1) / kMomentBlock);
+  }
+  return 8 * numel;
+}
 
 ActivationShape activation_shape(const Config& cfg) {
   const ModelConfig& m = cfg.model;
@@ -82,4 +91,4 @@ NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
   return m;
 }
 
-}  // namespace spes::report
+}  // namespace spes

@@ -1,14 +1,16 @@
-// Parameter counts of a run's model, for one node: read off the model the trainer builds (made
-// on the meta device, so shapes only and no memory, whatever the size) and the parameter
-// registry (which tensors are shared, which experts the node owns, what it trains). The same
-// registry decides freezing, the optimizer's list and uploads, so these counts are what a run
-// does, not a separate formula.
+// Parameter counts of a run's model, for one node, in closed form: the model's tensor shapes
+// (model/transformer.h) summed from the config, and which experts the node owns and trains
+// from the ownership map and the trainable-expert table, the same ones the parameter registry
+// uses (model/registry.h: shared tensors always train; experts as the table says). No tensor
+// is made, so a model of any size is counted at once, before anything is allocated.
+// tests/model/param_counts_test.cpp checks every count against the registry of the model the
+// trainer builds.
 #pragma once
 #include <cstdint>
 
 #include "spes/io/config.h"
 
-namespace spes::report {
+namespace spes {
 
 struct ParamCounts {
   int64_t total = 0;             // P: every tensor
@@ -23,4 +25,4 @@ struct ParamCounts {
 // decide `trainable`: shared + own experts in spes mode, everything in the other modes).
 ParamCounts param_counts(const Config& cfg, int64_t node);
 
-}  // namespace spes::report
+}  // namespace spes

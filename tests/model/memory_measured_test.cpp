@@ -1,24 +1,24 @@
-// The memory formula (report/memory_formula.h) against the tensors of a real training step,
+// The memory estimate (model/memory_estimate.h) against the tensors of a real training step,
 // measured with MemoryMeter's counting CPU allocator: the weights the model holds, in the
 // layout the trainer picks (fp32; under amp_bf16 fp32 masters of what trains, the bf16 expert
 // stacks and frozen experts in bf16 only), then the gradients and AdamW moments a step adds
 // (trainable tensors only). Activations are an estimate and are not compared here.
 #include <gtest/gtest.h>
 
-#include "../model/tiny_model_config.h"
+#include "tiny_model_config.h"
 #include "spes/model/losses.h"
+#include "spes/model/memory_estimate.h"
 #include "spes/model/ownership.h"
+#include "spes/model/param_counts.h"
 #include "spes/model/registry.h"
+#include "spes/model/runtime_layout.h"
 #include "spes/model/transformer.h"
-#include "spes/report/memory_formula.h"
-#include "spes/report/param_counts.h"
 #include "spes/train/device.h"
 #include "spes/train/memory_meter.h"
 #include "spes/train/optimizer.h"
 
 namespace {
 using namespace spes;
-using namespace spes::report;
 
 // A SPES node of 2 (2 of 4 experts trained), shapes that allow the grouped expert layout.
 Config measured_config(const std::string& precision) {
@@ -75,7 +75,7 @@ Measured measure(const Config& cfg) {
   return m;
 }
 
-void expect_formula_matches(const std::string& precision) {
+void expect_estimate_matches(const std::string& precision) {
   SCOPED_TRACE(precision);
   const Config cfg = measured_config(precision);
   const ParamCounts counts = param_counts(cfg, 0);
@@ -96,10 +96,10 @@ void expect_formula_matches(const std::string& precision) {
   }
 }
 
-TEST(MemoryFormula, ResidentBytesMatchAMeasuredStepInFp32) { expect_formula_matches("fp32"); }
+TEST(MemoryEstimate, ResidentBytesMatchAMeasuredStepInFp32) { expect_estimate_matches("fp32"); }
 
-TEST(MemoryFormula, ResidentBytesMatchAMeasuredStepInBf16WithFrozenExpertsInBf16) {
-  expect_formula_matches("amp_bf16");
+TEST(MemoryEstimate, ResidentBytesMatchAMeasuredStepInBf16WithFrozenExpertsInBf16) {
+  expect_estimate_matches("amp_bf16");
 }
 
 }  // namespace
