@@ -23,6 +23,10 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
   sub.add_flag("--overwrite", a->overwrite, "Replace an earlier run in --out");
   sub.add_option("--nproc-per-node", a->nproc_per_node,
                  "Processes per node (data parallel: one per GPU, or sharing the cores)");
+  sub.add_option("--stop-timeout", a->stop_timeout_s,
+                 "Seconds the nodes and the server get to write their checkpoints after Ctrl-C "
+                 "or SIGTERM (or a failed part) before they are killed")
+      ->check(CLI::PositiveNumber);
   sub.add_flag("--no-summary", *no_summary,
                "Skip the final model's baseline comparison and sample");
   sub.callback([a, no_summary] {

@@ -11,6 +11,8 @@
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "cli/node_round_hooks.h"
+#include "cli/stopped_run.h"
+#include "spes/common/stop_signal.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
 #include "spes/sync/node/node.h"
@@ -34,6 +36,7 @@ void run_node(const NodeArgs& a) {
   const int64_t id = a.node_id >= 0 ? a.node_id : cfg.spes_config.peer_id;
   SPES_CHECK(id < cfg.spes_config.num_peers, "--node-id {} is outside [0, num_peers={})", id,
              cfg.spes_config.num_peers);
+  spes::install_stop_handlers();  // Ctrl-C / SIGTERM: checkpoint at the next step, then exit
   if (spes::cli::run_node_ranks(cfg, a.nproc)) return;  // started the ranks, which are done
   std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();
   std::unique_ptr<spes::sync::SyncNode> node;  // rank 0 (or the only process) talks to the server
@@ -63,12 +66,20 @@ void run_node(const NodeArgs& a) {
   spes::Trainer trainer(cfg, out, opts, spes::init_checkpoint_weights(cfg.model));
   if (!trainer.is_rank0()) {
     trainer.run();
+    spes::cli::end_if_stopped(trainer);
     return;
   }
   spdlog::info("node {}: {:.2f}M parameters, {:.2f}M trainable here ({} mode), {} steps, out {}",
                id, trainer.model().num_params() / 1e6, trainer.registry().trainable_numel() / 1e6,
                cfg.spes_config.mode, cfg.total_steps(), out);
-  const spes::EvalResult r = trainer.run();
+  spes::EvalResult r;
+  try {
+    r = trainer.run();
+  } catch (const spes::sync::NodeStopped& e) {  // before the first step: nothing to save
+    spdlog::warn("{}; to continue run:\n  {}", e.what(), spes::cli::continue_command());
+    spes::cli::exit_with(spes::stop_exit_code(spes::stop_signal()));
+  }
+  spes::cli::end_if_stopped(trainer);
   spdlog::info("node {}: done; final validation loss {:.4f} (perplexity {:.2f})", id, r.loss,
                r.perplexity);
 }

@@ -8,6 +8,7 @@
 // uploads about a quarter of fp32, and a final loss close to the uncompressed run's. With
 // spes_config.overlap: rounds applied while training, inside their window, with the same
 // digests, and bit-reproducible with a fixed delay.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -54,6 +55,46 @@ int run_child(const std::vector<std::string>& argv, std::string* output, double 
   }
   for (const auto& l : lines) *output += l + "\n";
   return code;
+}
+
+// Relays `p`'s output into *lines until DIR/metrics.jsonl holds `steps` lines; false when `p`
+// exits first or five minutes pass.
+bool wait_for_steps(Subprocess& p, const std::string& run_dir, size_t steps,
+                    std::vector<std::string>* lines) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::minutes(5)) {
+    p.read_lines(lines);
+    if (p.poll_exit(nullptr)) return false;
+    if (fs::exists(run_dir + "/metrics.jsonl") &&
+        read_jsonl(run_dir + "/metrics.jsonl").size() >= steps)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// Relays `p`'s output into *lines until it exits (SIGKILL after timeout_s); its exit code.
+int finish_child(Subprocess& p, std::vector<std::string>* lines, double timeout_s = 300) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int code = -1;
+  while (!p.poll_exit(&code)) {
+    p.read_lines(lines);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(timeout_s)) {
+      p.kill(SIGKILL);
+      lines->push_back("(killed after timeout)");
+      return p.wait();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  while (p.read_lines(lines)) {
+  }
+  return code;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
 }
 
 std::string read_file_or_empty(const std::string& path) {
@@ -399,6 +440,28 @@ TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
                              "4", "--out", g_dir + "/launch_bad"},
                             &out2);
   EXPECT_NE(bad, 0) << out2;  // 6 experts cannot be split over 4 nodes
+}
+
+TEST_F(SyncEndToEnd, CtrlCStopsTheLaunchInOrderAndEveryNodeCheckpoints) {
+  const std::string dir = g_dir + "/launch_stop";
+  Subprocess launch({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "2",
+                     "--out", dir, "--no-summary", "--set", "max_duration=100000", "--set",
+                     "spes_config.merge_interval=0"});
+  std::vector<std::string> lines;
+  ASSERT_TRUE(wait_for_steps(launch, dir + "/node0", 12, &lines)) << joined(lines);
+  launch.kill(SIGINT);  // the launcher only: its parts have their own process groups
+  EXPECT_EQ(finish_child(launch, &lines), 130) << joined(lines);
+  const std::string out = joined(lines);
+  EXPECT_THAT(out, ::testing::HasSubstr("launch: stopped by SIGINT"));
+  for (int i = 0; i < 2; ++i) {
+    const std::string node = dir + "/node" + std::to_string(i);
+    EXPECT_THAT(out, ::testing::HasSubstr(fmt::format("launch: node {} exited with code 130", i)));
+    // Each node stopped after a whole step and checkpointed exactly there.
+    const auto metrics = read_jsonl(node + "/metrics.jsonl");
+    ASSERT_FALSE(metrics.empty());
+    const auto state = nlohmann::json::parse(file_read(node + "/checkpoint/state.json"));
+    EXPECT_EQ(state["step"], metrics.back()["step"]) << "node " << i;
+  }
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include "spes/cluster/run_report.h"
 #include "spes/cluster/subprocess.h"
 #include "spes/common/error.h"
+#include "spes/common/stop_signal.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/io/files.h"
@@ -31,9 +31,6 @@ namespace fs = std::filesystem;
 namespace {
 using Clock = std::chrono::steady_clock;
 using Env = std::vector<std::pair<std::string, std::string>>;
-
-std::atomic<bool> g_interrupted{false};
-void on_signal(int) { g_interrupted = true; }
 
 struct Part {
   std::string name;  // "server", "node 3"
@@ -64,17 +61,40 @@ void pump(Part& p) {
   }
 }
 
-void stop_all(std::vector<Part>& parts) {
-  for (auto& p : parts)
-    if (p.proc && p.proc->running()) p.proc->kill(SIGTERM);
-  const auto t0 = Clock::now();
-  for (auto& p : parts) {
-    while (p.proc && !p.proc->poll_exit(nullptr) && Clock::now() - t0 < std::chrono::seconds(5)) {
-      pump(p);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+// Relays every part's output until the parts [from, to) have exited or the deadline passed.
+void wait_parts(std::vector<Part>& parts, size_t from, size_t to, Clock::time_point deadline) {
+  for (;;) {
+    bool running = false;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (!parts[k].proc) continue;
+      pump(parts[k]);
+      if (k >= from && k < to && !parts[k].proc->poll_exit(nullptr)) running = true;
     }
-    if (p.proc && p.proc->running()) p.proc->kill(SIGKILL);
-    if (p.proc) p.proc->wait();
+    if (!running || Clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Passes `sig` (an orderly stop: SIGINT or SIGTERM, common/stop_signal.h) to the nodes, which
+// write their checkpoints, then to the server, and waits up to `timeout_s` in all before
+// killing what still runs.
+void stop_all(std::vector<Part>& parts, int sig, double timeout_s) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(timeout_s));
+  for (size_t k = 1; k < parts.size(); ++k)
+    if (parts[k].proc && parts[k].proc->running()) parts[k].proc->kill(sig);
+  wait_parts(parts, 1, parts.size(), deadline);
+  if (parts[0].proc && parts[0].proc->running()) parts[0].proc->kill(sig);
+  wait_parts(parts, 0, 1, deadline);
+  for (auto& p : parts) {
+    if (!p.proc) continue;
+    if (p.proc->running() && !p.proc->poll_exit(nullptr)) {
+      fmt::print(stderr, "launch: {} did not stop within {:.0f} s (--stop-timeout); killing it\n",
+                 p.name, timeout_s);
+      p.proc->kill(SIGKILL);
+    }
+    p.proc->wait();
     pump(p);
   }
 }
@@ -113,20 +133,14 @@ void clear_out_dir(const LaunchOptions& o) {
   }
 }
 
-void stop_on_interrupt() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
 // Starts argv as `p`, its output kept in DIR/log.txt.
 void start_part(Part& p, const std::string& name, const std::string& dir,
                 const std::vector<std::string>& argv, const Env& env = {}) {
   fs::create_directories(dir);
   p.name = name;
   p.log.open(dir + "/log.txt");
-  p.proc = std::make_unique<Subprocess>(argv, env);
+  // Its own process group: a Ctrl-C reaches only the launcher, which passes one stop on.
+  p.proc = std::make_unique<Subprocess>(argv, env, /*own_process_group=*/true);
 }
 
 void start_server(Part& server, const LaunchOptions& o, const std::string& exe,
@@ -144,7 +158,7 @@ std::optional<ServerAddress> wait_for_server(Part& server, const std::string& se
   const auto t0 = Clock::now();
   for (;;) {
     pump(server);
-    if (server.proc->poll_exit(&server.code) || g_interrupted ||
+    if (server.proc->poll_exit(&server.code) || stop_signal() != 0 ||
         Clock::now() - t0 > std::chrono::seconds(120))
       return std::nullopt;
     const std::string sj = run_layout::server_info(server_dir);
@@ -202,7 +216,7 @@ std::string watch_nodes(std::vector<Part>& parts) {
     if (parts[0].done && !nodes_done && failure.empty() &&
         Clock::now() - server_exit > std::chrono::seconds(30))
       failure = "the sync server exited while nodes were still running";
-    if (g_interrupted && failure.empty()) failure = "interrupted";
+    if (stop_signal() != 0 && failure.empty()) failure = "stopped by " + signal_name(stop_signal());
     if (!failure.empty() || nodes_done) return failure;
   }
 }
@@ -222,15 +236,30 @@ std::string wait_for_server_exit(Part& server) {
 
 // Stops every part and prints the failure with the last lines of each part that failed;
 // returns the exit code.
-int fail_launch(std::vector<Part>& parts, const std::string& failure) {
-  stop_all(parts);
+int fail_launch(std::vector<Part>& parts, const std::string& failure, double stop_timeout_s) {
+  stop_all(parts, SIGTERM, stop_timeout_s);
   fmt::print(stderr, "launch: FAILED: {}\n", failure);
   for (const auto& p : parts)
     if (p.done && p.code != 0) {
       fmt::print(stderr, "--- last lines of {} ---\n", p.name);
       for (const auto& l : p.tail) fmt::print(stderr, "{}\n", l);
     }
-  return g_interrupted ? 130 : 1;
+  return 1;
+}
+
+// A stop requested by a signal: passed on to every part (each writes its checkpoint), then
+// the exit code 128 + signal.
+int stop_launch(std::vector<Part>& parts, const LaunchOptions& o) {
+  const int sig = stop_signal();
+  fmt::print(stderr, "launch: stopped by {}: passing it to the nodes, then the server (they "
+             "write their checkpoints; waiting up to {:.0f} s, --stop-timeout; a second {} "
+             "ends everything at once)\n", signal_name(sig), o.stop_timeout_s,
+             signal_name(sig));
+  std::fflush(stderr);
+  stop_all(parts, sig, o.stop_timeout_s);
+  for (const auto& p : parts)
+    if (p.proc) fmt::print(stderr, "launch: {} exited with code {}\n", p.name, p.proc->wait());
+  return stop_exit_code(sig);
 }
 
 // Writes and prints the end-of-run summary (run_report.h); returns the exit code: 0 when every
@@ -256,7 +285,7 @@ int launch_cluster(const LaunchOptions& o) {
   const std::string cfg_path = run_layout::cluster_config(o.out);
   file_write_atomic(cfg_path, config_to_yaml(cfg));
   const std::string exe = o.executable.empty() ? executable_path() : o.executable;
-  stop_on_interrupt();
+  install_stop_handlers();
 
   std::vector<Part> parts(N + 1);  // the server, then node i at i + 1
   const std::vector<std::string> tokens =
@@ -269,8 +298,9 @@ int launch_cluster(const LaunchOptions& o) {
   std::fflush(stdout);
   const std::optional<ServerAddress> server =
       wait_for_server(parts[0], run_layout::cluster_server(o.out));
+  if (!server && stop_signal() != 0) return stop_launch(parts, o);
   if (!server) {
-    stop_all(parts);
+    stop_all(parts, SIGTERM, o.stop_timeout_s);
     fmt::print(stderr, "launch: the sync server did not start (exit code {})\n", parts[0].code);
     return 1;
   }
@@ -280,8 +310,9 @@ int launch_cluster(const LaunchOptions& o) {
     start_node(parts[static_cast<size_t>(i) + 1], i, o, exe, cfg_path, server->address, tokens);
 
   std::string failure = watch_nodes(parts);
+  if (stop_signal() != 0) return stop_launch(parts, o);
   if (failure.empty()) failure = wait_for_server_exit(parts[0]);
-  if (!failure.empty()) return fail_launch(parts, failure);
+  if (!failure.empty()) return fail_launch(parts, failure, o.stop_timeout_s);
   for (auto& p : parts) pump(p);
   return summarise(o, cfg, N);
 }

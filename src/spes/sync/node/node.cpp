@@ -106,6 +106,10 @@ void SyncNode::on_start(Trainer& t) {
   const bool keep = keeps_checkpoint(t, jr);
   const HeldModel held = keep ? keep_checkpoint(t, jr) : take_published_model(t, jr);
   mark_synced(t, /*reset_residual=*/true);
+  // A kept checkpoint lies after the published round: its next upload counts the tokens since
+  // that round, as it would have without the restart.
+  if (keep)
+    tokens_at_sync_ -= (t.state().step - jr.published_step) * t.config().tokens_per_step();
   join_record_ = join_record(t, jr, keep, held, since(t0));
   spdlog::info("node {}: joined at round {} (step {}), loaded {} ({}), model sha256 {}",
                client_->id().node_id, jr.published_round, t.state().step,
@@ -113,6 +117,21 @@ void SyncNode::on_start(Trainer& t) {
                wire_dtype_name(wire_dtype_of(t.config().spes_config.transfer.dtype)),
                held.sha256.substr(0, 16));
   start_heartbeats();
+  if (keep && round_pending(t)) join_record_["pending_round"] = pending_round(t);
+}
+
+bool SyncNode::round_pending(const Trainer& t) const {
+  const RoundClock clock(t.config());
+  return clock.is_sync_step(t.state().step) &&
+         t.state().sync_round < clock.round_at(t.state().step);
+}
+
+nlohmann::json SyncNode::pending_round(Trainer& t) {
+  const int64_t step = t.state().step;
+  spdlog::info("node {}: its checkpoint was written at sync step {} before round {} was "
+               "published: doing that round first", client_->id().node_id, step,
+               RoundClock(t.config()).round_at(step));
+  return sync_round(t, step);
 }
 
 void SyncNode::connect(Trainer& t) {
@@ -144,8 +163,11 @@ JoinResult SyncNode::join_server() {
 bool SyncNode::keeps_checkpoint(Trainer& t, const JoinResult& jr) const {
   // Keep the checkpoint's weights only when they continue the latest published round;
   // otherwise take the published model and its step (a fresh node, or others moved on).
-  const bool continues = t.state().sync_round == jr.published_round &&
-                         RoundClock(t.config()).between_syncs(t.state().step, jr.published_step);
+  const RoundClock clock(t.config());
+  const bool continues =
+      t.state().sync_round == jr.published_round &&
+      (clock.between_syncs(t.state().step, jr.published_step) ||
+       t.state().step == clock.step_of(jr.published_round + 1));  // round_pending()
   if (!continues || !delta_->enabled()) return continues;
   // A compressed upload is a delta from the published model, which a checkpoint taken inside
   // a round no longer holds: such a node takes the published model again.
@@ -264,19 +286,32 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
   }
   if (inflight_ && (step >= inflight_->deadline() ||
                     (t.config().spes_config.timing.overlap_delay_steps == 0 && inflight_->ready())))
-    out["sync"] = settle_round(t, step);
+    round_or_stop(&out, inflight_->round(), step, [&] { return settle_round(t, step); });
   // (A catch-up while settling may have moved the node to another step.)
-  if (RoundClock(t.config()).is_sync_step(step) && t.state().step == step) {
+  if (RoundClock(t.config()).is_sync_step(step) && t.state().step == step &&
+      !out.contains("sync_stopped")) {
     SPES_CHECK(!inflight_, "internal: round {} is still in flight at sync step {}",
                inflight_->round(), step);
     const int64_t deadline = overlap_deadline(t, step);
     if (deadline > step)
       start_round(t, step, deadline);
     else
-      out["sync"] = sync_round(t, step);
+      round_or_stop(&out, RoundClock(t.config()).round_at(step), step,
+                    [&] { return sync_round(t, step); });
   }
   step_ = t.state().step;
   return out;
+}
+
+void SyncNode::round_or_stop(nlohmann::json* out, int64_t round, int64_t step,
+                             const std::function<nlohmann::json()>& f) {
+  try {
+    (*out)["sync"] = f();
+  } catch (const NodeStopped& e) {
+    // The trainer stops at this step boundary; the round stays undone (round_pending()).
+    spdlog::warn("{}", e.what());
+    (*out)["sync_stopped"] = {{"round", round}, {"step", step}};
+  }
 }
 
 void SyncNode::record_metrics(const nlohmann::json& rec, int64_t step) {
@@ -378,6 +413,15 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
                  "{:.2f} s", t.registry().node_id(), round, step, rec["step"].get<int64_t>(),
                  rec["blocked_s"].get<double>());
   return rec;
+}
+
+void SyncNode::on_stop(Trainer&) {
+  // A round in flight is dropped (its upload may still be published without this node's
+  // progress since; the restarted node then takes that model). No leave: the node comes back.
+  stopping_ = true;
+  inflight_.reset();
+  stopping_ = false;
+  stop_heartbeats();
 }
 
 void SyncNode::on_finish(Trainer& t) {

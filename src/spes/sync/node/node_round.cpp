@@ -22,6 +22,11 @@ namespace spes::sync {
 using node_detail::Clock;
 using node_detail::since;
 
+namespace {
+// The longest long-poll while waiting for a round's publication: how soon a stop is seen.
+constexpr uint32_t kStopPollMs = 5000;
+}  // namespace
+
 nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
   const Config& cfg = t.config();
   const ParamRegistry& reg = t.registry();
