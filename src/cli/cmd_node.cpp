@@ -7,14 +7,18 @@
 // and hands what it receives to the others (train/rank0_observer.h).
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
 #include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "cli/node_round_hooks.h"
 #include "cli/stopped_run.h"
+#include "spes/cluster/rank_launcher.h"
 #include "spes/common/stop_signal.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
+#include "spes/io/run_lock.h"
 #include "spes/sync/node/node.h"
 #include "spes/sync/wire/auth.h"
 #include "spes/train/rank0_observer.h"
@@ -36,6 +40,10 @@ void run_node(const NodeArgs& a) {
   const int64_t id = a.node_id >= 0 ? a.node_id : cfg.spes_config.peer_id;
   SPES_CHECK(id < cfg.spes_config.num_peers, "--node-id {} is outside [0, num_peers={})", id,
              cfg.spes_config.num_peers);
+  const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
+  // One writer per run directory (the ranks of --nproc-per-node write under their parent's).
+  std::optional<spes::RunDirLock> lock;
+  if (!spes::running_as_rank()) lock.emplace(out);
   spes::install_stop_handlers();  // Ctrl-C / SIGTERM: checkpoint at the next step, then exit
   if (spes::cli::run_node_ranks(cfg, a.nproc)) return;  // started the ranks, which are done
   std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();
@@ -60,7 +68,6 @@ void run_node(const NodeArgs& a) {
     ranks = std::make_unique<spes::Rank0Observer>(*dist, node.get());
     opts.observer = ranks.get();
   }
-  const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
   // From the same initial weights as the server's, a fresh node holds its published model
   // already and joins without downloading it.
   spes::Trainer trainer(cfg, out, opts, spes::init_checkpoint_weights(cfg.model));
@@ -89,7 +96,8 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   auto a = std::make_shared<NodeArgs>();
   sub.add_option("--config", a->config, "YAML config (the same as the server's)");
   sub.add_option("--node-id", a->node_id, "This node's id in [0, num_peers) "
-                 "(default: spes_config.peer_id)");
+                 "(default: spes_config.peer_id)")
+      ->check(CLI::NonNegativeNumber);
   sub.add_option("--server", a->server, "host:port of `spes serve` "
                  "(default: spes_config.server_addr)");
   sub.add_option("--out", a->out, "Run directory (default: runs/node<I>)");
@@ -97,7 +105,8 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   spes::cli::add_training_options(sub, a->resume, a->progress, a->nproc,
                                   "rank 0 syncs with the server");
   sub.add_option("--connect-timeout", a->connect_timeout,
-                 "Seconds to keep retrying while the server is not up");
+                 "Seconds to keep retrying while the server is not up")
+      ->check(CLI::PositiveNumber);
   sub.add_option("--token-file", a->token_file, "File holding this node's secret token "
                  "(default: $SPES_NODE_TOKEN; see spes_config.auth_tokens_file); must not be "
                  "readable by group or others (chmod 600)");

@@ -3,14 +3,18 @@
 // unigram baseline of the same data, and a generated sample).
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
 #include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "cli/run_summary.h"
 #include "cli/stopped_run.h"
+#include "spes/cluster/rank_launcher.h"
 #include "spes/common/stop_signal.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
+#include "spes/io/run_lock.h"
 #include "spes/train/trainer.h"
 
 namespace {
@@ -30,6 +34,9 @@ void run_train(const TrainArgs& a) {
                  "applies to `spes launch` and `spes node`)", cfg.spes_config.mode);
     cfg.spes_config.mode = spes::SyncMode::Centralized;
   }
+  // One writer per run directory (the ranks of --nproc-per-node write under their parent's).
+  std::optional<spes::RunDirLock> lock;
+  if (!spes::running_as_rank()) lock.emplace(a.out);
   spes::install_stop_handlers();  // Ctrl-C / SIGTERM: checkpoint at the next step, then exit
   if (spes::cli::run_node_ranks(cfg, a.nproc)) return;  // started the ranks, which are done
   std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();

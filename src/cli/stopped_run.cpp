@@ -29,7 +29,7 @@ std::string continue_command() {
       ++i;
       continue;
     }
-    if (args[i] == "--resume=none") continue;
+    if (args[i] == "--resume=none" || args[i] == "--overwrite") continue;
     cmd += " " + shell_quote(args[i]);
   }
   return cmd;

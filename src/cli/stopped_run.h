@@ -9,7 +9,8 @@ namespace spes::cli {
 // When `t.stopped_by()` is set: prints how to continue (rank 0 only) and exits; else returns.
 void end_if_stopped(const Trainer& t);
 // The command line of this process as the user would type it to continue the run: `spes`
-// and its arguments, shell-quoted, without `--resume none` (resuming is the default).
+// and its arguments, shell-quoted, without `--resume none` (resuming is the default) and
+// `--overwrite` (it would delete what the run wrote).
 std::string continue_command();
 
 }  // namespace spes::cli

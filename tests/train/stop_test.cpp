@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -59,11 +60,21 @@ class TrainStop : public ::testing::Test {
   // Waits until OUT/metrics.jsonl holds at least n lines.
   bool wait_for_steps(Proc& p, const std::string& out, size_t n) {
     return pump_until({&p}, [&] {
-      return p.exited || spes::test::read_metrics(out).size() >= n;
+      // (whole lines only: the last one may be being written)
+      const std::string text = read_or_empty(out + "/metrics.jsonl");
+      return p.exited || static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) >= n;
     }, 300) && !p.exited;
   }
   std::string dir_, cfg_;
 };
+
+// The step lines of OUT/metrics.jsonl (without the line a restart adds).
+std::vector<nlohmann::json> step_lines(const std::string& out) {
+  std::vector<nlohmann::json> lines;
+  for (const auto& l : spes::test::read_metrics(out))
+    if (l.contains("step")) lines.push_back(l);
+  return lines;
+}
 
 int64_t checkpoint_step(const std::string& out) {
   return nlohmann::json::parse(file_read(out + "/checkpoint/state.json"))["step"];
@@ -90,12 +101,12 @@ TEST_F(TrainStop, SigintCheckpointsAndTheContinuedRunEqualsAnUninterruptedOne) {
   ASSERT_EQ(run_to_end(*cont), 0) << cont->log();
   auto fresh = train(b, k + 4);
   ASSERT_EQ(run_to_end(*fresh), 0) << fresh->log();
-  const auto all = spes::test::read_metrics(a);
+  const auto all = step_lines(a);
   std::vector<int64_t> steps;
   for (const auto& l : all) steps.push_back(l["step"]);
   ASSERT_EQ(steps.size(), static_cast<size_t>(k + 4));
   for (int64_t i = 0; i < k + 4; ++i) EXPECT_EQ(steps[i], i + 1);
-  const auto ref = spes::test::read_metrics(b);
+  const auto ref = step_lines(b);
   ASSERT_EQ(ref.size(), all.size());
   for (size_t i = 0; i < ref.size(); ++i)
     EXPECT_EQ(all[i]["loss"].get<double>(), ref[i]["loss"].get<double>()) << "step " << i + 1;
@@ -151,6 +162,23 @@ TEST_F(TrainStop, CheckpointEveryKeepsACheckpointThatKillNineCannotTake) {
   auto cont = train(a, k + 2);
   ASSERT_EQ(run_to_end(*cont), 0) << cont->log();
   EXPECT_EQ(checkpoint_step(a), k + 2);
+}
+
+TEST_F(TrainStop, ASecondWriterOfTheDirectoryIsRefusedWithTheHoldersPidAndCommandLine) {
+  const std::string a = dir_ + "/a";
+  auto p = train(a, 1000000, {"--checkpoint-every", "0"});
+  ASSERT_TRUE(wait_for_steps(*p, a, 2)) << p->log();
+  const std::string text = read_or_empty(a + "/metrics.jsonl");
+  const size_t lines_before = static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+  auto second = train(a, 10);
+  EXPECT_EQ(run_to_end(*second), 1) << second->log();
+  EXPECT_TRUE(second->saw("'" + a + "' is being written by process " +
+                          std::to_string(p->p->pid()) + " (" + SPES_BINARY + " train --config"))
+      << second->log();
+  // The first run was not disturbed: its metrics still grow from where they were.
+  ASSERT_TRUE(wait_for_steps(*p, a, lines_before + 2)) << p->log();
+  p->p->kill(SIGINT);
+  EXPECT_EQ(run_to_end(*p), 130) << p->log();
 }
 
 }  // namespace

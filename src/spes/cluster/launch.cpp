@@ -23,6 +23,7 @@
 #include "spes/io/config.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
+#include "spes/io/run_lock.h"
 #include "spes/sync/wire/auth.h"
 
 namespace spes {
@@ -116,21 +117,69 @@ Config cluster_config(const LaunchOptions& o, const Config& base, int64_t N) {
   return config_load(o.config, sets);
 }
 
-// OUT ready for a new run: an earlier run there (server/, node<i>/) is refused unless
-// --overwrite, and then removed.
-void clear_out_dir(const LaunchOptions& o) {
-  fs::create_directories(o.out);
-  const bool earlier = fs::exists(run_layout::cluster_server(o.out)) ||
-                       fs::exists(run_layout::cluster_node(o.out, 0));
-  SPES_CHECK(!earlier || o.overwrite, "'{}' holds an earlier run (server/, node0/); choose "
-             "another --out or pass --overwrite", o.out);
-  fs::remove_all(run_layout::cluster_server(o.out));
-  for (const auto& e : fs::directory_iterator(o.out)) {
+// Whether DIR holds an earlier run (server/, node0/).
+bool holds_earlier_run(const std::string& dir) {
+  return fs::exists(run_layout::cluster_server(dir)) ||
+         fs::exists(run_layout::cluster_node(dir, 0));
+}
+
+// The directories of an earlier run's parts: server/ and node<i>/.
+std::vector<fs::path> part_dirs(const std::string& dir) {
+  std::vector<fs::path> parts;
+  if (fs::exists(run_layout::cluster_server(dir)))
+    parts.push_back(run_layout::cluster_server(dir));
+  for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
     if (e.is_directory() && n.rfind("node", 0) == 0 && n.size() > 4 &&
         n.find_first_not_of("0123456789", 4) == std::string::npos)
-      fs::remove_all(e.path());
+      parts.push_back(e.path());
   }
+  return parts;
+}
+
+// DIR ready for the run (its lock held by the caller): --resume needs an earlier run and keeps
+// it; otherwise an earlier run is refused unless --overwrite, which removes it, but never
+// while one of its parts still runs. A refusal changes nothing.
+void prepare_out_dir(const LaunchOptions& o) {
+  SPES_CHECK(!(o.resume && o.overwrite), "--resume and --overwrite exclude each other: "
+             "--resume continues the run in '{}', --overwrite deletes it and starts over", o.out);
+  const bool earlier = holds_earlier_run(o.out);
+  if (o.resume) {
+    SPES_CHECK(earlier, "--resume: '{}' holds no run to continue (no server/ or node0/); "
+               "leave out --resume to start one there", o.out);
+    return;
+  }
+  SPES_CHECK(!earlier || o.overwrite, "'{}' holds an earlier run (server/, node0/): pass "
+             "--resume to continue it, or --overwrite to delete it and start over (nothing was "
+             "changed)", o.out);
+  const std::vector<fs::path> parts = part_dirs(o.out);
+  for (const auto& d : parts)
+    if (const auto h = RunDirLock::holder(d.string()))
+      fail("--overwrite: {}; stop that run first (Ctrl-C in its terminal, or kill {}), then "
+           "delete it", describe_holder(d.string(), *h), h->pid);
+  for (const auto& d : parts) fs::remove_all(d);
+}
+
+// The config file of the run: a continued run without --config and --set takes the one it
+// started with (DIR/config.yaml).
+std::string config_path(const LaunchOptions& o) {
+  if (o.resume && o.config.empty() && o.sets.empty() &&
+      fs::exists(run_layout::cluster_config(o.out)))
+    return run_layout::cluster_config(o.out);
+  return o.config;
+}
+
+// Writes DIR/config.yaml; a continued run must run the config it started with.
+void write_run_config(const LaunchOptions& o, const Config& cfg) {
+  const std::string path = run_layout::cluster_config(o.out);
+  const std::string yaml = config_to_yaml(cfg);
+  if (o.resume && fs::exists(path)) {
+    SPES_CHECK(file_read(path) == yaml, "--resume: the config differs from the one the run in "
+               "'{}' started with ({}); continue with the same --config and --set, or with "
+               "neither (then {} is used)", o.out, path, path);
+    return;
+  }
+  file_write_atomic(path, yaml);
 }
 
 // Starts argv as `p`, its output kept in DIR/log.txt.
@@ -145,9 +194,11 @@ void start_part(Part& p, const std::string& name, const std::string& dir,
 
 void start_server(Part& server, const LaunchOptions& o, const std::string& exe,
                   const std::string& cfg_path) {
+  // A continued run's server continues from its state (without --overwrite).
   std::vector<std::string> argv = {exe, "serve", "--config", cfg_path, "--out",
                                    run_layout::cluster_server(o.out), "--listen",
-                                   "127.0.0.1:0", "--overwrite"};
+                                   "127.0.0.1:0"};
+  if (!o.resume) argv.push_back("--overwrite");
   if (o.keep_uploads) argv.push_back("--keep-uploads");
   start_part(server, "server", run_layout::cluster_server(o.out), argv);
 }
@@ -166,7 +217,8 @@ std::optional<ServerAddress> wait_for_server(Part& server, const std::string& se
       try {
         const nlohmann::json info = nlohmann::json::parse(file_read(sj));
         ServerAddress a{info.at("address").get<std::string>(), info.value("dashboard", "")};
-        if (!a.address.empty()) return a;
+        // (a continued run's DIR holds the previous server's file until this one writes its own)
+        if (!a.address.empty() && info.value("pid", -1) == server.proc->pid()) return a;
       } catch (const std::exception&) {
       }
     }
@@ -181,8 +233,9 @@ void start_node(Part& node, int64_t i, const LaunchOptions& o, const std::string
                 const std::vector<std::string>& tokens) {
   std::vector<std::string> argv = {exe, "node", "--config", cfg_path, "--node-id",
                                    std::to_string(i), "--server", address, "--out",
-                                   run_layout::cluster_node(o.out, i), "--progress", "lines",
-                                   "--resume", "none"};
+                                   run_layout::cluster_node(o.out, i), "--progress", "lines"};
+  // A continued run's nodes resume from their checkpoints (the default, auto).
+  if (!o.resume) argv.insert(argv.end(), {"--resume", "none"});
   if (o.nproc_per_node > 1)
     argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
   start_part(node, fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
@@ -278,12 +331,13 @@ int summarise(const LaunchOptions& o, const Config& cfg, int64_t N) {
 }  // namespace
 
 int launch_cluster(const LaunchOptions& o) {
-  const Config base = config_load(o.config, o.sets);
+  const RunDirLock lock(o.out);  // one launcher per DIR; its parts lock their subdirectories
+  const Config base = config_load(config_path(o), o.sets);
   const int64_t N = cluster_size(o, base);
   const Config cfg = cluster_config(o, base, N);
-  clear_out_dir(o);
+  prepare_out_dir(o);
+  write_run_config(o, cfg);
   const std::string cfg_path = run_layout::cluster_config(o.out);
-  file_write_atomic(cfg_path, config_to_yaml(cfg));
   const std::string exe = o.executable.empty() ? executable_path() : o.executable;
   install_stop_handlers();
 
@@ -293,8 +347,9 @@ int launch_cluster(const LaunchOptions& o) {
           ? std::vector<std::string>()
           : sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, N);
   start_server(parts[0], o, exe, cfg_path);
-  fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}\n", N,
-             cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out);
+  fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}{}\n", N,
+             cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out,
+             o.resume ? " (continuing the run there)" : "");
   std::fflush(stdout);
   const std::optional<ServerAddress> server =
       wait_for_server(parts[0], run_layout::cluster_server(o.out));
