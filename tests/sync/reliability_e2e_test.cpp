@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -272,6 +273,46 @@ TEST_F(SyncReliability, NodeStoppedWhileItsRoundWaitsCheckpointsAndDoesThatRound
   for (int i = 0; i < 25; ++i) want[i] = i + 1;
   EXPECT_EQ(steps, want);
   expect_same_weights_at_the_end(dir, 2);
+}
+
+TEST_F(SyncReliability, NodesRejoinARestartedServerWithinAFewSecondsOfItListening) {
+  const std::string dir = g_dir + "/rejoin";
+  std::string cfg = write_config(dir, 2, "  retry_max_s: 120\n");
+  {  // a long run: the nodes train on while the server is down and restarted
+    std::string text = read_or_empty(cfg);
+    text.replace(text.find("max_duration: 25"), 16, "max_duration: 100000");
+    std::ofstream(cfg) << text;
+  }
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  auto n1 = start_node(cfg, 1, address, dir + "/node1");
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 2 (step 10) published"); }, 120))
+      << all_logs(all);
+  srv->kill9();
+  pump_until(all, [] { return false; }, 1.0);  // the nodes find it gone
+  auto srv2 = start_server(cfg, dir + "/server", address);  // same DIR, same port
+  all.push_back(srv2.get());
+  ASSERT_EQ(server_address(*srv2, dir + "/server"), address) << srv2->log();
+  const auto listening = Clock::now();  // (server.json is written once it listens)
+  ASSERT_TRUE(pump_until(all, [&] {
+    return srv2->saw("node 0 joined") && srv2->saw("node 1 joined");
+  }, 60)) << all_logs(all);
+  const double rejoin_s = std::chrono::duration<double>(Clock::now() - listening).count();
+  std::printf("[ measured ] every node rejoined %.2f s after the restarted server listened\n",
+              rejoin_s);
+  EXPECT_LT(rejoin_s, 5.0) << all_logs(all);  // loose: about a second is expected
+  // The run goes on: a later round publishes with both nodes; then Ctrl-C ends the nodes.
+  ASSERT_TRUE(pump_until(all, [&] { return srv2->saw("round 4 (step 20) published"); }, 120))
+      << all_logs(all);
+  n0->p->kill(SIGINT);
+  n1->p->kill(SIGINT);
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited; }, 120)) << all_logs(all);
+  EXPECT_EQ(n0->code, 130) << n0->log();
+  EXPECT_EQ(n1->code, 130) << n1->log();
+  srv2->kill9();
 }
 
 TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {

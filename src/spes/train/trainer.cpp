@@ -13,6 +13,7 @@
 #include "spes/common/error.h"
 #include "spes/common/stop_signal.h"
 #include "spes/common/sysinfo.h"
+#include "spes/common/timing.h"
 #include "spes/io/run_layout.h"
 #include "spes/model/losses.h"
 #include "spes/train/device.h"
@@ -95,8 +96,13 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
     for (const auto& e : registry_->entries()) all.push_back(e.tensor);
     broadcast_from_rank0(*opts_.dist, all);
   }
-  if (is_rank0())
-    metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_), !resume.empty());
+  if (is_rank0()) {
+    metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_));
+    // A restart keeps the history and says where it continues from.
+    if (metrics_->had_lines())
+      metrics_->write({{"event", "restart"}, {"from_step", state_.step},
+                       {"checkpoint", resume}, {"time", unix_time()}});
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -186,7 +192,10 @@ nlohmann::json Trainer::settle_step(const QueuedStep& q) {
           {"router_z_loss", rz}, {"z_loss", z}, {"lr", q.lr}, {"grad_norm", grad_norm},
           {"tokens", q.tokens},
           {"tokens_per_s", static_cast<double>(cfg_.tokens_per_step()) / secs},
-          {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()}};
+          {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()},
+          // wall clock (Unix seconds) and seconds since this process started training
+          {"time", unix_time()},
+          {"elapsed_s", seconds_since(started_)}};
   if (device_.is_cuda())  // tensor bytes at the peak on this GPU, since the process started
     rec["gpu_peak_allocated_mb"] = gpu_memory_stats(device_).peak_allocated / double(1 << 20);
   if (!q.memory.is_null()) rec["memory"] = q.memory;

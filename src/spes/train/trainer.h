@@ -148,6 +148,7 @@ class Trainer {
   void stop_early(int sig, ProgressDisplay& progress);
   std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
   int stopped_by_ = 0;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   nlohmann::json last_record_;  // last_step_record()
   bool memory_logged_ = false;  // the first step of this process logs a "memory" record
 };

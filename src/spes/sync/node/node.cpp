@@ -86,7 +86,10 @@ void SyncNode::rejoin(double limit_s) {
       return;
     } catch (const SyncError& e) {
       if (!retryable(e.code()) || since(start) + backoff > limit_s) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
+      if (e.code() == SyncErrc::Unavailable)  // again as soon as the server listens
+        client_->wait_connected(backoff);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
       backoff = std::min(trainer_->config().spes_config.transport.retry_backoff_max_s, backoff * 2);
     }
   }
@@ -248,18 +251,29 @@ nlohmann::json SyncNode::join_record(Trainer& t, const JoinResult& jr, bool kept
 void SyncNode::start_heartbeats() {
   // Heartbeats between syncs, so that the server can tell a slow node from a dead one.
   if (heartbeat_ms_ == 0) return;
+  // After a failed heartbeat the next one goes as soon as the server is reachable again, so a
+  // restarted server sees every node back within about a second of listening.
   heartbeat_ = std::thread([this] {
     std::unique_lock<std::mutex> lk(hb_mu_);
-    while (!hb_cv_.wait_for(lk, std::chrono::milliseconds(heartbeat_ms_),
-                            [&] { return hb_stop_; })) {
+    const std::chrono::milliseconds interval(heartbeat_ms_);
+    std::chrono::milliseconds wait = interval, after_failure(100);
+    while (!hb_cv_.wait_for(lk, wait, [&] { return hb_stop_; })) {
       lk.unlock();
-      send_heartbeat();
+      const HeartbeatResult r = send_heartbeat();
       lk.lock();
+      // Unreachable: again at once (send_heartbeat waited until the server listens, up to
+      // half a second). Refused: after 0.1 s, doubling up to the interval (a server that
+      // keeps refusing is not flooded).
+      wait = r == HeartbeatResult::Sent          ? interval
+             : r == HeartbeatResult::Unreachable ? std::chrono::milliseconds(0)
+                                                 : std::min(interval, after_failure);
+      after_failure = r == HeartbeatResult::Refused ? std::min(interval, after_failure * 2)
+                                                    : std::chrono::milliseconds(100);
     }
   });
 }
 
-void SyncNode::send_heartbeat() {
+SyncNode::HeartbeatResult SyncNode::send_heartbeat() {
   NodeMetrics m;
   {
     std::lock_guard<std::mutex> ml(metrics_mu_);
@@ -267,12 +281,30 @@ void SyncNode::send_heartbeat() {
     metrics_.losses.clear();
   }
   try {
-    client_->heartbeat(step_.load(), m);
+    try {
+      client_->heartbeat(step_.load(), m);
+    } catch (const SyncError& e) {
+      if (e.code() != SyncErrc::NotJoined) throw;
+      // The server restarted and answers "join first": join at once, then send it again.
+      spdlog::warn("node {}: heartbeat: the server does not know this node (restarted?); "
+                   "joining again", client_->id().node_id);
+      join_once();
+      client_->heartbeat(step_.load(), m);
+    }
+    return HeartbeatResult::Sent;
   } catch (const std::exception& e) {
     spdlog::debug("heartbeat failed: {}", e.what());
-    std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
-    metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
-    bound_losses(&metrics_.losses);
+    {
+      std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
+      metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
+      bound_losses(&metrics_.losses);
+    }
+    const auto* se = dynamic_cast<const SyncError*>(&e);
+    if (!se || se->code() != SyncErrc::Unavailable) return HeartbeatResult::Refused;
+    // Until the server is back: wait for it to listen (at most half a second here, so that
+    // stopping the heartbeats never waits long).
+    client_->wait_connected(0.5);
+    return HeartbeatResult::Unreachable;
   }
 }
 

@@ -92,7 +92,8 @@ class SyncNode : public StepObserver {
   nlohmann::json join_record(Trainer& t, const JoinResult& jr, bool kept,
                              const HeldModel& held, double seconds) const;
   void start_heartbeats();
-  void send_heartbeat();
+  enum class HeartbeatResult { Sent, Unreachable, Refused };
+  HeartbeatResult send_heartbeat();
   // A round in the foreground: the node waits for it.
   nlohmann::json sync_round(Trainer& t, int64_t step);
   // after_step's round (settling one in flight, or one in the foreground) into out["sync"],
