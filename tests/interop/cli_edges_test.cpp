@@ -42,4 +42,29 @@ TEST(CliEdges, CountsOutOfRangeAreRefusedByOptionName) {
   }
 }
 
+TEST(CliEdges, ConfigPrintsNumbersAsWritten) {
+  spes::test::TempDir tmp;
+  const auto r = run_spes(tmp, {"config", "--set", "optimizer.weight_decay=0.1", "--set",
+                                "max_duration=300", "--set", "model.layer_norm_eps=1e-6"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("weight_decay: 0.1\n"));
+  EXPECT_THAT(r.out, HasSubstr("max_duration: 300\n"));
+  EXPECT_THAT(r.out, HasSubstr("layer_norm_eps: 1e-06\n"));
+  EXPECT_THAT(r.out, HasSubstr("betas: [0.9, 0.95]"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("0000000")));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("\"300\"")));
+}
+
+TEST(CliEdges, AMissingRelativeDataPathNamesWhereItLooked) {
+  spes::test::TempDir tmp;
+  // The default config's data.paths (data/bible-tokens) is relative: from another directory
+  // than the repository's root the error says where it looked.
+  const auto r = run_spes(tmp, {"train", "--out", tmp.file("t"), "--set", "max_duration=1"});
+  EXPECT_EQ(r.code, 1);
+  const std::string cwd = std::filesystem::current_path().string();
+  EXPECT_THAT(r.err, HasSubstr("token shard 'data/bible-tokens' does not exist (looked for " +
+                               cwd + "/data/bible-tokens, relative to the working directory " +
+                               cwd + ")"));
+}
+
 }  // namespace
