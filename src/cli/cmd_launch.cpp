@@ -1,12 +1,15 @@
 // `spes launch`: a local SPES cluster (the sync server and N nodes as separate processes on
 // localhost) with one combined progress view, the cluster summary, and the final model's
 // validation loss next to the unigram baseline with a generated sample.
+#include <cstdio>
 #include <cstdlib>
 
 #include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/run_summary.h"
+#include "cli/stopped_run.h"
 #include "spes/cluster/launch.h"
+#include "spes/common/stop_signal.h"
 
 namespace {
 
@@ -15,18 +18,33 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
   auto a = std::make_shared<spes::LaunchOptions>();
   auto no_summary = std::make_shared<bool>(false);
   sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
-  sub.add_option("--nodes", a->nodes, "Number of nodes (0: spes_config.num_peers, or 4)");
+  sub.add_option("--nodes", a->nodes, "Number of nodes (0: spes_config.num_peers, or 4)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1024}));
   sub.add_option("--out", a->out, "Run directory (server/, node<i>/, summary.json)");
   spes::cli::add_set_option(sub, a->sets, "the server and every node");
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep every upload and published model; the summary re-checks each round");
-  sub.add_flag("--overwrite", a->overwrite, "Replace an earlier run in --out");
+  sub.add_flag("--overwrite", a->overwrite, "Delete an earlier run in --out and start over "
+               "(refused while it runs)");
+  sub.add_flag("--resume", a->resume, "Continue the run in --out: the server from its state, "
+               "every node from its checkpoint (the config: --out/config.yaml, unless given "
+               "again the same)");
   sub.add_option("--nproc-per-node", a->nproc_per_node,
-                 "Processes per node (data parallel: one per GPU, or sharing the cores)");
+                 "Processes per node (data parallel: one per GPU, or sharing the cores)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  sub.add_option("--stop-timeout", a->stop_timeout_s,
+                 "Seconds the nodes and the server get to write their checkpoints after Ctrl-C "
+                 "or SIGTERM (or a failed part) before they are killed")
+      ->check(CLI::PositiveNumber);
   sub.add_flag("--no-summary", *no_summary,
                "Skip the final model's baseline comparison and sample");
   sub.callback([a, no_summary] {
     const int code = spes::launch_cluster(*a);
+    if (spes::stop_signal() != 0 && code == spes::stop_exit_code(spes::stop_signal())) {
+      std::string cmd = spes::cli::continue_command();
+      if (!a->resume) cmd += " --resume";
+      std::fprintf(stderr, "to continue the run in %s:\n  %s\n", a->out.c_str(), cmd.c_str());
+    }
     if (code != 0) std::exit(code);
     if (!*no_summary) spes::cli::print_cluster_summary(a->out);
   });

@@ -7,12 +7,18 @@
 // and hands what it receives to the others (train/rank0_observer.h).
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
 #include "cli/common_options.h"
 #include "cli/command.h"
 #include "cli/node_ranks.h"
 #include "cli/node_round_hooks.h"
+#include "cli/stopped_run.h"
+#include "spes/cluster/rank_launcher.h"
+#include "spes/common/stop_signal.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
+#include "spes/io/run_lock.h"
 #include "spes/sync/node/node.h"
 #include "spes/sync/wire/auth.h"
 #include "spes/train/rank0_observer.h"
@@ -34,6 +40,11 @@ void run_node(const NodeArgs& a) {
   const int64_t id = a.node_id >= 0 ? a.node_id : cfg.spes_config.peer_id;
   SPES_CHECK(id < cfg.spes_config.num_peers, "--node-id {} is outside [0, num_peers={})", id,
              cfg.spes_config.num_peers);
+  const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
+  // One writer per run directory (the ranks of --nproc-per-node write under their parent's).
+  std::optional<spes::RunDirLock> lock;
+  if (!spes::running_as_rank()) lock.emplace(out);
+  spes::install_stop_handlers();  // Ctrl-C / SIGTERM: checkpoint at the next step, then exit
   if (spes::cli::run_node_ranks(cfg, a.nproc)) return;  // started the ranks, which are done
   std::unique_ptr<spes::DistGroup> dist = spes::DistGroup::from_environment();
   std::unique_ptr<spes::sync::SyncNode> node;  // rank 0 (or the only process) talks to the server
@@ -57,18 +68,25 @@ void run_node(const NodeArgs& a) {
     ranks = std::make_unique<spes::Rank0Observer>(*dist, node.get());
     opts.observer = ranks.get();
   }
-  const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
   // From the same initial weights as the server's, a fresh node holds its published model
   // already and joins without downloading it.
   spes::Trainer trainer(cfg, out, opts, spes::init_checkpoint_weights(cfg.model));
   if (!trainer.is_rank0()) {
     trainer.run();
+    spes::cli::end_if_stopped(trainer);
     return;
   }
   spdlog::info("node {}: {:.2f}M parameters, {:.2f}M trainable here ({} mode), {} steps, out {}",
                id, trainer.model().num_params() / 1e6, trainer.registry().trainable_numel() / 1e6,
                cfg.spes_config.mode, cfg.total_steps(), out);
-  const spes::EvalResult r = trainer.run();
+  spes::EvalResult r;
+  try {
+    r = trainer.run();
+  } catch (const spes::sync::NodeStopped& e) {  // before the first step: nothing to save
+    spdlog::warn("{}; to continue run:\n  {}", e.what(), spes::cli::continue_command());
+    spes::cli::exit_with(spes::stop_exit_code(spes::stop_signal()));
+  }
+  spes::cli::end_if_stopped(trainer);
   spdlog::info("node {}: done; final validation loss {:.4f} (perplexity {:.2f})", id, r.loss,
                r.perplexity);
 }
@@ -78,7 +96,8 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   auto a = std::make_shared<NodeArgs>();
   sub.add_option("--config", a->config, "YAML config (the same as the server's)");
   sub.add_option("--node-id", a->node_id, "This node's id in [0, num_peers) "
-                 "(default: spes_config.peer_id)");
+                 "(default: spes_config.peer_id)")
+      ->check(CLI::NonNegativeNumber);
   sub.add_option("--server", a->server, "host:port of `spes serve` "
                  "(default: spes_config.server_addr)");
   sub.add_option("--out", a->out, "Run directory (default: runs/node<I>)");
@@ -86,7 +105,8 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   spes::cli::add_training_options(sub, a->resume, a->progress, a->nproc,
                                   "rank 0 syncs with the server");
   sub.add_option("--connect-timeout", a->connect_timeout,
-                 "Seconds to keep retrying while the server is not up");
+                 "Seconds to keep retrying while the server is not up")
+      ->check(CLI::PositiveNumber);
   sub.add_option("--token-file", a->token_file, "File holding this node's secret token "
                  "(default: $SPES_NODE_TOKEN; see spes_config.auth_tokens_file); must not be "
                  "readable by group or others (chmod 600)");

@@ -14,6 +14,7 @@
 #include "cli/command.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
+#include "spes/io/run_lock.h"
 #include "spes/io/run_layout.h"
 #include "spes/sync/server/server.h"
 #include "spes/train/device.h"
@@ -50,6 +51,7 @@ void run_serve(const ServeArgs& a) {
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);
   namespace layout = spes::run_layout;
+  const spes::RunDirLock lock(a.out);  // one writer per directory; --overwrite refuses a live one
   if (a.overwrite && fs::exists(layout::server_state(a.out))) {
     spdlog::info("--overwrite: starting over in '{}'", a.out);
     for (const std::string& f :

@@ -28,7 +28,8 @@ inline void add_training_options(CLI::App& sub, std::string& resume, std::string
   sub.add_option("--progress", progress, "Progress display: auto, bar, lines or none");
   sub.add_option("--nproc-per-node", nproc,
                  "Processes for this node, data parallel over torch.distributed: one per GPU "
-                 "(NCCL), or on CPU sharing the cores (Gloo); " + ranks);
+                 "(NCCL), or on CPU sharing the cores (Gloo); " + ranks)
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
 }
 
 }  // namespace spes::cli

@@ -2,7 +2,8 @@
 // (common/memory_policy.h), selects OpenBLAS's core where it fell back to generic kernels
 // (common/cpu_blas.h), loads libtorch_cuda unless the subcommand never uses a GPU
 // (train/cuda_library.h), builds the CLI11 app from the registered subcommands and turns
-// library errors into one clear line on stderr and exit code 1.
+// library errors into one clear line on stderr and exit code 1 (a mistyped command too, with
+// the nearest command's name).
 #include <c10/util/Exception.h>
 #include <spdlog/spdlog.h>
 
@@ -14,6 +15,7 @@
 #include "spes/common/cpu_blas.h"
 #include "spes/common/error.h"
 #include "spes/common/memory_policy.h"
+#include "spes/common/strings.h"
 #include "spes/train/cuda_library.h"
 #include "spes/train/device.h"
 
@@ -28,6 +30,19 @@ std::vector<std::string>& command_line_args() {
 }
 
 namespace {
+// The first argument that is not an option, when it names no subcommand: a mistyped command
+// ("" when there is none).
+std::string unknown_command(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.empty() || a[0] == '-') continue;
+    for (const auto& info : subcommand_list())
+      if (info.name == a) return "";
+    return a;
+  }
+  return "";
+}
+
 // Whether the subcommand that argv names (the first argument that is one) may use a GPU;
 // --version and --help alone may (the version names the GPUs it sees).
 GpuUse gpu_use_of_command(int argc, char** argv) {
@@ -63,6 +78,13 @@ int main(int argc, char** argv) {
   for (auto& info : list) {
     CLI::App* sub = app.add_subcommand(info.name, info.description);
     info.setup(*sub);
+  }
+  if (const std::string bad = spes::cli::unknown_command(argc, argv); !bad.empty()) {
+    std::vector<std::string> names;
+    for (const auto& info : list) names.push_back(info.name);
+    std::cerr << "error: '" << bad << "' is not a spes command"
+              << spes::suggestion_suffix(bad, names) << "; `spes --help` lists the commands\n";
+    return 1;
   }
   try {
     app.parse(argc, argv);

@@ -96,6 +96,24 @@ TEST(BatchLoader, NodesUseDifferentSeeds) {
   EXPECT_NE(take(other_seed, 3, 10), take(n0_again, 3, 10));
 }
 
+// data.seed (OLMo's meaning): the node's data-order seed as written, not offset again by the
+// node id; without it node i follows seed + 1000 i (which is what the reference's node YAMLs
+// write out: data.seed 7198 for node 1 of seed 6198).
+TEST(BatchLoader, DataSeedIsTheNodesOrderSeedAsWritten) {
+  Corpus c(100 * T);
+  spes::DataConfig with = config(c.path);
+  with.seed = 7198;
+  BatchLoader node1_default(config(c.path), T, 6198, 1, 4, Split::Train);
+  BatchLoader node1_written(with, T, 6198, 1, 4, Split::Train);
+  EXPECT_EQ(take(node1_written, 3, 10), take(node1_default, 3, 10));
+  BatchLoader node2_written(with, T, 6198, 2, 4, Split::Train);  // 7198 again, not 9198
+  BatchLoader node1_again(config(c.path), T, 6198, 1, 4, Split::Train);
+  EXPECT_EQ(take(node2_written, 3, 10), take(node1_again, 3, 10));
+  BatchLoader node2_default(config(c.path), T, 6198, 2, 4, Split::Train);
+  BatchLoader node1_third(config(c.path), T, 6198, 1, 4, Split::Train);
+  EXPECT_NE(take(node2_default, 3, 10), take(node1_third, 3, 10));
+}
+
 TEST(BatchLoader, SplitAcrossNodesIsDisjointAndCovers) {
   Corpus c(100 * T);
   auto d = config(c.path);

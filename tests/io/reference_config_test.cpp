@@ -127,6 +127,22 @@ TEST(ReferenceConfig, ModelsAreTheReferenceModels) {
   }
 }
 
+// The reference's four node YAMLs of the 1B run load with the seeds they give: `seed` 6198
+// for the initial model on every node, data.seed 6198 + 1000 x node for the data order.
+TEST(ReferenceConfig, NodeYamlsLoadWithTheSeedsTheyGive) {
+  for (int node = 0; node < 4; ++node) {
+    const std::string file = node == 0 ? "spes_moe_1b_4nodes.yaml"
+                                       : "spes_moe_1b_4nodes_node" + std::to_string(node) + ".yaml";
+    const Config c = config_load(reference_config(file));
+    EXPECT_EQ(c.seed, 6198) << file;
+    EXPECT_EQ(c.data.seed, 6198 + 1000 * node) << file;
+    EXPECT_EQ(c.spes_config.peer_id, node) << file;
+    EXPECT_EQ(c.spes_config.num_peers, 4) << file;
+  }
+  EXPECT_EQ(config_load("", {"data.seed=null"}).data.seed, -1);  // null: left out
+  EXPECT_THAT(error_of("", {"data.seed=-5"}), HasSubstr("data.seed must be a non-negative"));
+}
+
 TEST(ReferenceConfig, OperationalKeysAreNamedInOneWarning) {
   std::vector<std::string> ignored;
   config_load(reference_config("spes_moe_1b_4nodes.yaml"), {}, &ignored);
@@ -264,7 +280,6 @@ TEST(ReferenceConfig, KeysThatWouldChangeTheModelAreRefusedByName) {
        "'spes_config.quant_non_local_trainable_experts' is true"},
       {"load_path=/ckpt/step1000", "'load_path' is /ckpt/step1000; spes cannot read OLMo"},
       {"data.memmap_dtype=uint16", "'data.memmap_dtype' is uint16"},
-      {"data.seed=7", "'data.seed' is 7 but seed is 6198"},
       {"model.embedding_size=100", "model.embedding_size (100) pads the vocabulary"},
       {"model.mlp_hidden_size=1025", "must be even"},
       {"optimizer.name=lionw", "optimizer.name must be adamw, found 'lionw'"},

@@ -8,10 +8,12 @@
 // uploads about a quarter of fp32, and a final loss close to the uncompressed run's. With
 // spes_config.overlap: rounds applied while training, inside their window, with the same
 // digests, and bit-reproducible with a fixed delay.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cmath>
@@ -54,6 +56,52 @@ int run_child(const std::vector<std::string>& argv, std::string* output, double 
   }
   for (const auto& l : lines) *output += l + "\n";
   return code;
+}
+
+std::string read_file_or_empty(const std::string& path);
+
+// Whole lines in a file another process appends to (its last line may be being written).
+size_t whole_lines(const std::string& path) {
+  const std::string text = read_file_or_empty(path);
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// Relays `p`'s output into *lines until DIR/metrics.jsonl holds `steps` lines; false when `p`
+// exits first or five minutes pass.
+bool wait_for_steps(Subprocess& p, const std::string& run_dir, size_t steps,
+                    std::vector<std::string>* lines) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::minutes(5)) {
+    p.read_lines(lines);
+    if (p.poll_exit(nullptr)) return false;
+    if (whole_lines(run_dir + "/metrics.jsonl") >= steps) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// Relays `p`'s output into *lines until it exits (SIGKILL after timeout_s); its exit code.
+int finish_child(Subprocess& p, std::vector<std::string>* lines, double timeout_s = 300) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int code = -1;
+  while (!p.poll_exit(&code)) {
+    p.read_lines(lines);
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(timeout_s)) {
+      p.kill(SIGKILL);
+      lines->push_back("(killed after timeout)");
+      return p.wait();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  while (p.read_lines(lines)) {
+  }
+  return code;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
 }
 
 std::string read_file_or_empty(const std::string& path) {
@@ -399,6 +447,140 @@ TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
                              "4", "--out", g_dir + "/launch_bad"},
                             &out2);
   EXPECT_NE(bad, 0) << out2;  // 6 experts cannot be split over 4 nodes
+}
+
+TEST_F(SyncEndToEnd, CtrlCStopsTheLaunchInOrderAndEveryNodeCheckpoints) {
+  const std::string dir = g_dir + "/launch_stop";
+  Subprocess launch({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "2",
+                     "--out", dir, "--no-summary", "--set", "max_duration=100000", "--set",
+                     "spes_config.merge_interval=0"});
+  std::vector<std::string> lines;
+  ASSERT_TRUE(wait_for_steps(launch, dir + "/node0", 12, &lines)) << joined(lines);
+  launch.kill(SIGINT);  // the launcher only: its parts have their own process groups
+  EXPECT_EQ(finish_child(launch, &lines), 130) << joined(lines);
+  const std::string out = joined(lines);
+  EXPECT_THAT(out, ::testing::HasSubstr("launch: stopped by SIGINT"));
+  for (int i = 0; i < 2; ++i) {
+    const std::string node = dir + "/node" + std::to_string(i);
+    EXPECT_THAT(out, ::testing::HasSubstr(fmt::format("launch: node {} exited with code 130", i)));
+    // Each node stopped after a whole step and checkpointed exactly there.
+    const auto metrics = read_jsonl(node + "/metrics.jsonl");
+    ASSERT_FALSE(metrics.empty());
+    const auto state = nlohmann::json::parse(file_read(node + "/checkpoint/state.json"));
+    EXPECT_EQ(state["step"], metrics.back()["step"]) << "node " << i;
+  }
+}
+
+// The per-step losses of a run directory's metrics.jsonl (a step logged again after a restart
+// counts once, its last line).
+std::map<int64_t, double> losses_by_step(const std::string& run_dir) {
+  std::map<int64_t, double> out;
+  for (const auto& l : read_jsonl(run_dir + "/metrics.jsonl"))
+    if (l.contains("loss")) out[l["step"].get<int64_t>()] = l["loss"].get<double>();
+  return out;
+}
+
+std::map<int64_t, std::string> published_digests(const std::string& server_dir) {
+  std::map<int64_t, std::string> out;
+  for (const auto& r : read_jsonl(server_dir + "/rounds.jsonl"))
+    out[r["round"].get<int64_t>()] = r["model_sha256"].get<std::string>();
+  return out;
+}
+
+// `spes launch` of 2 nodes on DIR, stopped with Ctrl-C once node 0 has `steps` steps, then
+// continued with --resume; returns false (with the output) when a stage did not do its part.
+::testing::AssertionResult stop_and_continue(const std::vector<std::string>& launch_args,
+                                             size_t steps) {
+  std::vector<std::string> lines;
+  Subprocess first(launch_args);
+  const std::string dir = launch_args[std::find(launch_args.begin(), launch_args.end(), "--out") -
+                                      launch_args.begin() + 1];
+  if (!wait_for_steps(first, dir + "/node0", steps, &lines))
+    return ::testing::AssertionFailure() << "the run ended before the stop:\n" << joined(lines);
+  first.kill(SIGINT);
+  if (const int code = finish_child(first, &lines); code != 130)
+    return ::testing::AssertionFailure() << "stopped launch exited " << code << ":\n"
+                                         << joined(lines);
+  if (joined(lines).find("--resume") == std::string::npos)
+    return ::testing::AssertionFailure() << "no hint to continue:\n" << joined(lines);
+  std::vector<std::string> args = launch_args;
+  args.push_back("--resume");
+  Subprocess second(args);
+  if (const int code = finish_child(second, &lines); code != 0)
+    return ::testing::AssertionFailure() << "continued launch exited " << code << ":\n"
+                                         << joined(lines);
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(SyncEndToEnd, LaunchStoppedAndContinuedEqualsAnUninterruptedRun) {
+  // The deterministic configuration: CPU, fp32 sync, no overlap, one thread per node.
+  const auto args = [&](const std::string& out) {
+    return std::vector<std::string>{SPES_BINARY, "launch", "--config", g_dir + "/config.yaml",
+                                    "--nodes", "2", "--out", out, "--no-summary", "--set",
+                                    "max_duration=100"};
+  };
+  const std::string once = g_dir + "/launch_once", twice = g_dir + "/launch_twice";
+  std::string out;
+  ASSERT_EQ(run_child(args(once), &out, 300), 0) << out;
+  ASSERT_TRUE(stop_and_continue(args(twice), 25));
+  const auto digests = published_digests(once + "/server");
+  ASSERT_EQ(digests.size(), 10u);
+  EXPECT_EQ(published_digests(twice + "/server"), digests);
+  for (int i = 0; i < 2; ++i) {
+    const std::string a = once + "/node" + std::to_string(i);
+    const std::string b = twice + "/node" + std::to_string(i);
+    const auto la = losses_by_step(a), lb = losses_by_step(b);
+    EXPECT_EQ(la.size(), 100u);
+    EXPECT_EQ(lb, la) << "node " << i;
+    EXPECT_EQ(file_read(b + "/checkpoint/model.safetensors"),
+              file_read(a + "/checkpoint/model.safetensors")) << "node " << i;
+  }
+}
+
+TEST_F(SyncEndToEnd, CompressedLaunchStoppedAndContinuedKeepsEveryNodeOnThePublishedModel) {
+  const std::string dir = g_dir + "/launch_int8_twice";
+  ASSERT_TRUE(stop_and_continue({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml",
+                                 "--nodes", "2", "--out", dir, "--no-summary", "--set",
+                                 "max_duration=60", "--set",
+                                 "spes_config.compression=int8"}, 25));
+  const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
+  EXPECT_TRUE(summary["all_nodes_same_model_after_every_sync"].get<bool>()) << summary.dump(1);
+  EXPECT_EQ(published_digests(dir + "/server").size(), 6u);
+}
+
+TEST_F(SyncEndToEnd, ALaunchOnAnEarlierRunAsksForResumeOrOverwriteAndNeverDeletesALiveOne) {
+  const std::string dir = g_dir + "/launch_locked";
+  const std::vector<std::string> base = {SPES_BINARY, "launch", "--config",
+                                         g_dir + "/config.yaml", "--nodes", "2", "--out", dir,
+                                         "--no-summary", "--set", "max_duration=100000"};
+  Subprocess live(base);
+  std::vector<std::string> lines;
+  ASSERT_TRUE(wait_for_steps(live, dir + "/node0", 3, &lines)) << joined(lines);
+  // --overwrite on the live run: refused, naming the launcher that holds DIR.
+  std::vector<std::string> overwrite = base;
+  overwrite.push_back("--overwrite");
+  std::string out;
+  EXPECT_EQ(run_child(overwrite, &out), 1) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr(fmt::format("'{}' is being written by process {} ({} launch",
+                                                    dir, live.pid(), SPES_BINARY)));
+  const size_t steps = whole_lines(dir + "/node0/metrics.jsonl");
+  ASSERT_TRUE(wait_for_steps(live, dir + "/node0", steps + 2, &lines)) << joined(lines);
+  live.kill(SIGINT);
+  ASSERT_EQ(finish_child(live, &lines), 130) << joined(lines);
+
+  // Stopped: a plain launch on it asks for --resume or --overwrite and changes nothing.
+  const std::string before = file_read(dir + "/node0/metrics.jsonl");
+  out.clear();
+  EXPECT_EQ(run_child(base, &out), 1) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("holds an earlier run (server/, node0/): pass --resume "
+                                        "to continue it, or --overwrite"));
+  std::vector<std::string> both = base;
+  both.insert(both.end(), {"--resume", "--overwrite"});
+  out.clear();
+  EXPECT_EQ(run_child(both, &out), 1) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("--resume and --overwrite exclude each other"));
+  EXPECT_EQ(file_read(dir + "/node0/metrics.jsonl"), before);
+  EXPECT_TRUE(fs::exists(dir + "/node0/checkpoint/state.json"));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -225,6 +226,93 @@ TEST_F(SyncReliability, ServerKilledMidRoundRestartsFromItsDirAndNothingIsLost) 
     EXPECT_THAT(synced, ElementsAre(1, 2, 3, 4, 5)) << "node " << i;
   }
   expect_same_weights_at_the_end(dir, 2);
+}
+
+TEST_F(SyncReliability, NodeStoppedWhileItsRoundWaitsCheckpointsAndDoesThatRoundOnReturn) {
+  const std::string dir = g_dir + "/node_stop";
+  const std::string cfg = write_config(dir, 2, "  round_timeout: 300\n");
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  // Node 1 is not there yet: node 0 uploads round 1 and waits for it; Ctrl-C there.
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  std::vector<Proc*> all = {srv.get(), n0.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 1: upload of node 0 accepted"); },
+                         120))
+      << all_logs(all);
+  n0->p->kill(SIGINT);
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited; }, 60)) << all_logs(all);
+  EXPECT_EQ(n0->code, 130) << n0->log();
+  EXPECT_TRUE(n0->saw("stopped by SIGINT while round 1 waited")) << n0->log();
+  EXPECT_TRUE(n0->saw("spes node --config")) << n0->log();  // how to continue
+  // Its checkpoint is the sync step with the round not done; the metrics line says so.
+  const auto state = nlohmann::json::parse(file_read(dir + "/node0/checkpoint/state.json"));
+  EXPECT_EQ(state["step"], 5);
+  EXPECT_EQ(state["sync_round"], 0);
+  const auto before = read_jsonl(dir + "/node0/metrics.jsonl");
+  ASSERT_EQ(before.size(), 5u);
+  EXPECT_EQ(before.back()["sync_stopped"]["round"], 1);
+
+  // Back, with node 1: node 0 does round 1 first, then both run to the end on one model.
+  auto n0b = start_node(cfg, 0, address, dir + "/node0");
+  auto n1 = start_node(cfg, 1, address, dir + "/node1");
+  all = {srv.get(), n0b.get(), n1.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n0b->exited && n1->exited && srv->exited; }, 180))
+      << all_logs(all);
+  ASSERT_EQ(n0b->code, 0) << all_logs(all);
+  ASSERT_EQ(n1->code, 0) << all_logs(all);
+  EXPECT_TRUE(n0b->saw("doing that round first")) << n0b->log();
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
+  // Its metrics kept the lines before the stop: every step once, in order.
+  const auto metrics = read_jsonl(dir + "/node0/metrics.jsonl");
+  std::vector<int64_t> steps;
+  for (const auto& l : metrics)
+    if (l.contains("step") && l.contains("loss")) steps.push_back(l["step"]);
+  std::vector<int64_t> want(25);
+  for (int i = 0; i < 25; ++i) want[i] = i + 1;
+  EXPECT_EQ(steps, want);
+  expect_same_weights_at_the_end(dir, 2);
+}
+
+TEST_F(SyncReliability, NodesRejoinARestartedServerWithinAFewSecondsOfItListening) {
+  const std::string dir = g_dir + "/rejoin";
+  std::string cfg = write_config(dir, 2, "  retry_max_s: 120\n");
+  {  // a long run: the nodes train on while the server is down and restarted
+    std::string text = read_or_empty(cfg);
+    text.replace(text.find("max_duration: 25"), 16, "max_duration: 100000");
+    std::ofstream(cfg) << text;
+  }
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  auto n1 = start_node(cfg, 1, address, dir + "/node1");
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 2 (step 10) published"); }, 120))
+      << all_logs(all);
+  srv->kill9();
+  pump_until(all, [] { return false; }, 1.0);  // the nodes find it gone
+  auto srv2 = start_server(cfg, dir + "/server", address);  // same DIR, same port
+  all.push_back(srv2.get());
+  ASSERT_EQ(server_address(*srv2, dir + "/server"), address) << srv2->log();
+  const auto listening = Clock::now();  // (server.json is written once it listens)
+  ASSERT_TRUE(pump_until(all, [&] {
+    return srv2->saw("node 0 joined") && srv2->saw("node 1 joined");
+  }, 60)) << all_logs(all);
+  const double rejoin_s = std::chrono::duration<double>(Clock::now() - listening).count();
+  std::printf("[ measured ] every node rejoined %.2f s after the restarted server listened\n",
+              rejoin_s);
+  EXPECT_LT(rejoin_s, 5.0) << all_logs(all);  // loose: about a second is expected
+  // The run goes on: a later round publishes with both nodes; then Ctrl-C ends the nodes.
+  ASSERT_TRUE(pump_until(all, [&] { return srv2->saw("round 4 (step 20) published"); }, 120))
+      << all_logs(all);
+  n0->p->kill(SIGINT);
+  n1->p->kill(SIGINT);
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited; }, 120)) << all_logs(all);
+  EXPECT_EQ(n0->code, 130) << n0->log();
+  EXPECT_EQ(n1->code, 130) << n1->log();
+  srv2->kill9();
 }
 
 TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {

@@ -99,7 +99,18 @@ std::vector<nlohmann::json> expect_bit_exact_resume(
     t.run();
     resumed_sha = t.registry().weights_sha256();
   }
-  auto a = read_metrics(straight), b = read_metrics(resumed);
+  auto a = read_metrics(straight), with_marker = read_metrics(resumed);
+  // The continued run appended to the first one's lines, after a line marking the restart.
+  EXPECT_EQ(with_marker.size(), 9u);
+  std::vector<nlohmann::json> b;
+  for (const auto& l : with_marker) {
+    if (l.contains("step")) b.push_back(l);
+    else EXPECT_EQ(l, with_marker.at(4));
+  }
+  if (with_marker.size() > 4) {
+    EXPECT_EQ(with_marker[4]["event"], "restart");
+    EXPECT_EQ(with_marker[4]["from_step"], 4);
+  }
   EXPECT_EQ(a.size(), 8u);
   EXPECT_EQ(b.size(), 8u);
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
@@ -163,13 +174,38 @@ TEST_F(TrainerTest, LearnsAPatternAndLogsEveryField) {
   auto m = read_metrics(dir_ / "learn");
   ASSERT_EQ(m.size(), 40u);
   for (const char* k : {"step", "loss", "ce", "lb_loss", "router_z_loss", "z_loss", "lr",
-                        "grad_norm", "tokens", "tokens_per_s", "peak_rss_mb"})
+                        "grad_norm", "tokens", "tokens_per_s", "peak_rss_mb", "time",
+                        "elapsed_s"})
     EXPECT_TRUE(m.back().contains(k)) << k;
   EXPECT_TRUE(m[3].contains("val_loss"));    // eval_interval 4
   EXPECT_FALSE(m[2].contains("val_loss"));
   EXPECT_LT(m.back()["ce"].get<double>(), m.front()["ce"].get<double>() - 1.0);
   EXPECT_LT(r.loss, std::log(64.0) - 1.0);   // far below a uniform guess
   EXPECT_TRUE(fs::exists(dir_ / "learn" / "checkpoint" / "model.safetensors"));
+  // Wall clock: Unix seconds of this century, and seconds since the run started, growing.
+  EXPECT_GT(m.back()["time"].get<double>(), 1.7e9);
+  EXPECT_GE(m.back()["time"].get<double>(), m.front()["time"].get<double>());
+  EXPECT_GE(m.back()["elapsed_s"].get<double>(), m.front()["elapsed_s"].get<double>());
+  EXPECT_GT(m.front()["elapsed_s"].get<double>(), 0.0);
+}
+
+TEST_F(TrainerTest, ARunStartedAgainWithoutACheckpointKeepsTheEarlierLines) {
+  const std::string out = (dir_ / "again").string();
+  {
+    Trainer t(tiny_config(shard_, 3), out, quiet());
+    t.run();
+  }
+  fs::remove_all(fs::path(out) / "checkpoint");
+  {
+    Trainer t(tiny_config(shard_, 3), out, quiet("auto"));  // nothing to resume from
+    t.run();
+  }
+  const auto m = read_metrics(out);
+  ASSERT_EQ(m.size(), 7u);
+  for (int i : {0, 1, 2, 4, 5, 6}) EXPECT_EQ(m[i]["step"], i < 3 ? i + 1 : i - 3);
+  EXPECT_EQ(m[3]["event"], "restart");
+  EXPECT_EQ(m[3]["from_step"], 0);
+  EXPECT_EQ(m[3]["checkpoint"], "");
 }
 
 TEST_F(TrainerTest, FrozenExpertsStayUntouched) {

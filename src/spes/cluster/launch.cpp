@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,10 +18,12 @@
 #include "spes/cluster/run_report.h"
 #include "spes/cluster/subprocess.h"
 #include "spes/common/error.h"
+#include "spes/common/stop_signal.h"
 #include "spes/common/sysinfo.h"
 #include "spes/io/config.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
+#include "spes/io/run_lock.h"
 #include "spes/sync/wire/auth.h"
 
 namespace spes {
@@ -31,9 +32,6 @@ namespace fs = std::filesystem;
 namespace {
 using Clock = std::chrono::steady_clock;
 using Env = std::vector<std::pair<std::string, std::string>>;
-
-std::atomic<bool> g_interrupted{false};
-void on_signal(int) { g_interrupted = true; }
 
 struct Part {
   std::string name;  // "server", "node 3"
@@ -64,17 +62,40 @@ void pump(Part& p) {
   }
 }
 
-void stop_all(std::vector<Part>& parts) {
-  for (auto& p : parts)
-    if (p.proc && p.proc->running()) p.proc->kill(SIGTERM);
-  const auto t0 = Clock::now();
-  for (auto& p : parts) {
-    while (p.proc && !p.proc->poll_exit(nullptr) && Clock::now() - t0 < std::chrono::seconds(5)) {
-      pump(p);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+// Relays every part's output until the parts [from, to) have exited or the deadline passed.
+void wait_parts(std::vector<Part>& parts, size_t from, size_t to, Clock::time_point deadline) {
+  for (;;) {
+    bool running = false;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (!parts[k].proc) continue;
+      pump(parts[k]);
+      if (k >= from && k < to && !parts[k].proc->poll_exit(nullptr)) running = true;
     }
-    if (p.proc && p.proc->running()) p.proc->kill(SIGKILL);
-    if (p.proc) p.proc->wait();
+    if (!running || Clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Passes `sig` (an orderly stop: SIGINT or SIGTERM, common/stop_signal.h) to the nodes, which
+// write their checkpoints, then to the server, and waits up to `timeout_s` in all before
+// killing what still runs.
+void stop_all(std::vector<Part>& parts, int sig, double timeout_s) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(timeout_s));
+  for (size_t k = 1; k < parts.size(); ++k)
+    if (parts[k].proc && parts[k].proc->running()) parts[k].proc->kill(sig);
+  wait_parts(parts, 1, parts.size(), deadline);
+  if (parts[0].proc && parts[0].proc->running()) parts[0].proc->kill(sig);
+  wait_parts(parts, 0, 1, deadline);
+  for (auto& p : parts) {
+    if (!p.proc) continue;
+    if (p.proc->running() && !p.proc->poll_exit(nullptr)) {
+      fmt::print(stderr, "launch: {} did not stop within {:.0f} s (--stop-timeout); killing it\n",
+                 p.name, timeout_s);
+      p.proc->kill(SIGKILL);
+    }
+    p.proc->wait();
     pump(p);
   }
 }
@@ -96,28 +117,69 @@ Config cluster_config(const LaunchOptions& o, const Config& base, int64_t N) {
   return config_load(o.config, sets);
 }
 
-// OUT ready for a new run: an earlier run there (server/, node<i>/) is refused unless
-// --overwrite, and then removed.
-void clear_out_dir(const LaunchOptions& o) {
-  fs::create_directories(o.out);
-  const bool earlier = fs::exists(run_layout::cluster_server(o.out)) ||
-                       fs::exists(run_layout::cluster_node(o.out, 0));
-  SPES_CHECK(!earlier || o.overwrite, "'{}' holds an earlier run (server/, node0/); choose "
-             "another --out or pass --overwrite", o.out);
-  fs::remove_all(run_layout::cluster_server(o.out));
-  for (const auto& e : fs::directory_iterator(o.out)) {
+// Whether DIR holds an earlier run (server/, node0/).
+bool holds_earlier_run(const std::string& dir) {
+  return fs::exists(run_layout::cluster_server(dir)) ||
+         fs::exists(run_layout::cluster_node(dir, 0));
+}
+
+// The directories of an earlier run's parts: server/ and node<i>/.
+std::vector<fs::path> part_dirs(const std::string& dir) {
+  std::vector<fs::path> parts;
+  if (fs::exists(run_layout::cluster_server(dir)))
+    parts.push_back(run_layout::cluster_server(dir));
+  for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
     if (e.is_directory() && n.rfind("node", 0) == 0 && n.size() > 4 &&
         n.find_first_not_of("0123456789", 4) == std::string::npos)
-      fs::remove_all(e.path());
+      parts.push_back(e.path());
   }
+  return parts;
 }
 
-void stop_on_interrupt() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+// DIR ready for the run (its lock held by the caller): --resume needs an earlier run and keeps
+// it; otherwise an earlier run is refused unless --overwrite, which removes it, but never
+// while one of its parts still runs. A refusal changes nothing.
+void prepare_out_dir(const LaunchOptions& o) {
+  SPES_CHECK(!(o.resume && o.overwrite), "--resume and --overwrite exclude each other: "
+             "--resume continues the run in '{}', --overwrite deletes it and starts over", o.out);
+  const bool earlier = holds_earlier_run(o.out);
+  if (o.resume) {
+    SPES_CHECK(earlier, "--resume: '{}' holds no run to continue (no server/ or node0/); "
+               "leave out --resume to start one there", o.out);
+    return;
+  }
+  SPES_CHECK(!earlier || o.overwrite, "'{}' holds an earlier run (server/, node0/): pass "
+             "--resume to continue it, or --overwrite to delete it and start over (nothing was "
+             "changed)", o.out);
+  const std::vector<fs::path> parts = part_dirs(o.out);
+  for (const auto& d : parts)
+    if (const auto h = RunDirLock::holder(d.string()))
+      fail("--overwrite: {}; stop that run first (Ctrl-C in its terminal, or kill {}), then "
+           "delete it", describe_holder(d.string(), *h), h->pid);
+  for (const auto& d : parts) fs::remove_all(d);
+}
+
+// The config file of the run: a continued run without --config and --set takes the one it
+// started with (DIR/config.yaml).
+std::string config_path(const LaunchOptions& o) {
+  if (o.resume && o.config.empty() && o.sets.empty() &&
+      fs::exists(run_layout::cluster_config(o.out)))
+    return run_layout::cluster_config(o.out);
+  return o.config;
+}
+
+// Writes DIR/config.yaml; a continued run must run the config it started with.
+void write_run_config(const LaunchOptions& o, const Config& cfg) {
+  const std::string path = run_layout::cluster_config(o.out);
+  const std::string yaml = config_to_yaml(cfg);
+  if (o.resume && fs::exists(path)) {
+    SPES_CHECK(file_read(path) == yaml, "--resume: the config differs from the one the run in "
+               "'{}' started with ({}); continue with the same --config and --set, or with "
+               "neither (then {} is used)", o.out, path, path);
+    return;
+  }
+  file_write_atomic(path, yaml);
 }
 
 // Starts argv as `p`, its output kept in DIR/log.txt.
@@ -126,14 +188,17 @@ void start_part(Part& p, const std::string& name, const std::string& dir,
   fs::create_directories(dir);
   p.name = name;
   p.log.open(dir + "/log.txt");
-  p.proc = std::make_unique<Subprocess>(argv, env);
+  // Its own process group: a Ctrl-C reaches only the launcher, which passes one stop on.
+  p.proc = std::make_unique<Subprocess>(argv, env, /*own_process_group=*/true);
 }
 
 void start_server(Part& server, const LaunchOptions& o, const std::string& exe,
                   const std::string& cfg_path) {
+  // A continued run's server continues from its state (without --overwrite).
   std::vector<std::string> argv = {exe, "serve", "--config", cfg_path, "--out",
                                    run_layout::cluster_server(o.out), "--listen",
-                                   "127.0.0.1:0", "--overwrite"};
+                                   "127.0.0.1:0"};
+  if (!o.resume) argv.push_back("--overwrite");
   if (o.keep_uploads) argv.push_back("--keep-uploads");
   start_part(server, "server", run_layout::cluster_server(o.out), argv);
 }
@@ -144,7 +209,7 @@ std::optional<ServerAddress> wait_for_server(Part& server, const std::string& se
   const auto t0 = Clock::now();
   for (;;) {
     pump(server);
-    if (server.proc->poll_exit(&server.code) || g_interrupted ||
+    if (server.proc->poll_exit(&server.code) || stop_signal() != 0 ||
         Clock::now() - t0 > std::chrono::seconds(120))
       return std::nullopt;
     const std::string sj = run_layout::server_info(server_dir);
@@ -152,7 +217,8 @@ std::optional<ServerAddress> wait_for_server(Part& server, const std::string& se
       try {
         const nlohmann::json info = nlohmann::json::parse(file_read(sj));
         ServerAddress a{info.at("address").get<std::string>(), info.value("dashboard", "")};
-        if (!a.address.empty()) return a;
+        // (a continued run's DIR holds the previous server's file until this one writes its own)
+        if (!a.address.empty() && info.value("pid", -1) == server.proc->pid()) return a;
       } catch (const std::exception&) {
       }
     }
@@ -167,8 +233,9 @@ void start_node(Part& node, int64_t i, const LaunchOptions& o, const std::string
                 const std::vector<std::string>& tokens) {
   std::vector<std::string> argv = {exe, "node", "--config", cfg_path, "--node-id",
                                    std::to_string(i), "--server", address, "--out",
-                                   run_layout::cluster_node(o.out, i), "--progress", "lines",
-                                   "--resume", "none"};
+                                   run_layout::cluster_node(o.out, i), "--progress", "lines"};
+  // A continued run's nodes resume from their checkpoints (the default, auto).
+  if (!o.resume) argv.insert(argv.end(), {"--resume", "none"});
   if (o.nproc_per_node > 1)
     argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
   start_part(node, fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
@@ -202,7 +269,7 @@ std::string watch_nodes(std::vector<Part>& parts) {
     if (parts[0].done && !nodes_done && failure.empty() &&
         Clock::now() - server_exit > std::chrono::seconds(30))
       failure = "the sync server exited while nodes were still running";
-    if (g_interrupted && failure.empty()) failure = "interrupted";
+    if (stop_signal() != 0 && failure.empty()) failure = "stopped by " + signal_name(stop_signal());
     if (!failure.empty() || nodes_done) return failure;
   }
 }
@@ -222,15 +289,30 @@ std::string wait_for_server_exit(Part& server) {
 
 // Stops every part and prints the failure with the last lines of each part that failed;
 // returns the exit code.
-int fail_launch(std::vector<Part>& parts, const std::string& failure) {
-  stop_all(parts);
+int fail_launch(std::vector<Part>& parts, const std::string& failure, double stop_timeout_s) {
+  stop_all(parts, SIGTERM, stop_timeout_s);
   fmt::print(stderr, "launch: FAILED: {}\n", failure);
   for (const auto& p : parts)
     if (p.done && p.code != 0) {
       fmt::print(stderr, "--- last lines of {} ---\n", p.name);
       for (const auto& l : p.tail) fmt::print(stderr, "{}\n", l);
     }
-  return g_interrupted ? 130 : 1;
+  return 1;
+}
+
+// A stop requested by a signal: passed on to every part (each writes its checkpoint), then
+// the exit code 128 + signal.
+int stop_launch(std::vector<Part>& parts, const LaunchOptions& o) {
+  const int sig = stop_signal();
+  fmt::print(stderr, "launch: stopped by {}: passing it to the nodes, then the server (they "
+             "write their checkpoints; waiting up to {:.0f} s, --stop-timeout; a second {} "
+             "ends everything at once)\n", signal_name(sig), o.stop_timeout_s,
+             signal_name(sig));
+  std::fflush(stderr);
+  stop_all(parts, sig, o.stop_timeout_s);
+  for (const auto& p : parts)
+    if (p.proc) fmt::print(stderr, "launch: {} exited with code {}\n", p.name, p.proc->wait());
+  return stop_exit_code(sig);
 }
 
 // Writes and prints the end-of-run summary (run_report.h); returns the exit code: 0 when every
@@ -249,14 +331,15 @@ int summarise(const LaunchOptions& o, const Config& cfg, int64_t N) {
 }  // namespace
 
 int launch_cluster(const LaunchOptions& o) {
-  const Config base = config_load(o.config, o.sets);
+  const RunDirLock lock(o.out);  // one launcher per DIR; its parts lock their subdirectories
+  const Config base = config_load(config_path(o), o.sets);
   const int64_t N = cluster_size(o, base);
   const Config cfg = cluster_config(o, base, N);
-  clear_out_dir(o);
+  prepare_out_dir(o);
+  write_run_config(o, cfg);
   const std::string cfg_path = run_layout::cluster_config(o.out);
-  file_write_atomic(cfg_path, config_to_yaml(cfg));
   const std::string exe = o.executable.empty() ? executable_path() : o.executable;
-  stop_on_interrupt();
+  install_stop_handlers();
 
   std::vector<Part> parts(N + 1);  // the server, then node i at i + 1
   const std::vector<std::string> tokens =
@@ -264,13 +347,15 @@ int launch_cluster(const LaunchOptions& o) {
           ? std::vector<std::string>()
           : sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, N);
   start_server(parts[0], o, exe, cfg_path);
-  fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}\n", N,
-             cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out);
+  fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}{}\n", N,
+             cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out,
+             o.resume ? " (continuing the run there)" : "");
   std::fflush(stdout);
   const std::optional<ServerAddress> server =
       wait_for_server(parts[0], run_layout::cluster_server(o.out));
+  if (!server && stop_signal() != 0) return stop_launch(parts, o);
   if (!server) {
-    stop_all(parts);
+    stop_all(parts, SIGTERM, o.stop_timeout_s);
     fmt::print(stderr, "launch: the sync server did not start (exit code {})\n", parts[0].code);
     return 1;
   }
@@ -280,8 +365,9 @@ int launch_cluster(const LaunchOptions& o) {
     start_node(parts[static_cast<size_t>(i) + 1], i, o, exe, cfg_path, server->address, tokens);
 
   std::string failure = watch_nodes(parts);
+  if (stop_signal() != 0) return stop_launch(parts, o);
   if (failure.empty()) failure = wait_for_server_exit(parts[0]);
-  if (!failure.empty()) return fail_launch(parts, failure);
+  if (!failure.empty()) return fail_launch(parts, failure, o.stop_timeout_s);
   for (auto& p : parts) pump(p);
   return summarise(o, cfg, N);
 }

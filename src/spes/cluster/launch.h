@@ -3,7 +3,13 @@
 // "dashboard: http://..." once the server is up), one combined progress view (every
 // child line prefixed "[server]" or "[node i]", also kept in DIR/<part>/log.txt), failure
 // handling (any part failing stops the rest; the exit code says so) and the end-of-run summary
-// (run_report.h). Leaves out: remote machines, restarting failed parts.
+// (run_report.h). The parts run in process groups of their own: SIGINT/SIGTERM to the launcher
+// is passed on once, to the nodes first (each writes its checkpoint) and then the server,
+// which get stop_timeout_s to exit; the launcher then exits with 128 + signal (130: Ctrl-C).
+// A run directory has one writer (io/run_lock.h): the launcher locks DIR, the server and each
+// node their own subdirectory. On a DIR holding an earlier run it asks for --resume (continue:
+// the server from its state, each node from its checkpoint) or --overwrite (start over, refused
+// while a part of that run still runs) and changes nothing. Leaves out: remote machines, restarting failed parts.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,8 +25,12 @@ struct LaunchOptions {
   bool keep_uploads = false;         // server keeps every upload; the summary then re-checks
                                      // every round offline (`spes aggregate`'s code)
   bool overwrite = false;            // replace DIR/server and DIR/node* of an earlier run
+  bool resume = false;               // continue the run in DIR (server and nodes from their
+                                     // directories; the config of DIR/config.yaml)
   std::string executable;            // default: this executable
   int64_t nproc_per_node = 1;        // processes per node (`spes node --nproc-per-node`)
+  double stop_timeout_s = 600;       // after a stop (or a failure), how long the parts get to
+                                     // write their checkpoints before they are killed
 };
 
 // Runs the cluster to completion and prints the summary; returns the process exit code

@@ -13,6 +13,7 @@
 
 #include "spes/cluster/subprocess.h"
 #include "spes/common/error.h"
+#include "spes/common/stop_signal.h"
 #include "spes/common/sysinfo.h"
 #include "spes/train/device.h"
 #include "spes/train/distributed.h"
@@ -63,7 +64,8 @@ int launch_ranks(const Config& cfg, const RankLaunchOptions& opts) {
                   {kDistRankEnv, std::to_string(r)},
                   {kDistSizeEnv, std::to_string(opts.nproc)},
                   {kDistStoreEnv, addr},
-                  {kDistBackendEnv, backend}}));
+                  {kDistBackendEnv, backend}},
+        /*own_process_group=*/true));
   }
   auto relay = [&](size_t r, const std::vector<std::string>& lines) {
     for (const auto& l : lines)
@@ -74,7 +76,15 @@ int launch_ranks(const Config& cfg, const RankLaunchOptions& opts) {
   int result = 0;
   std::vector<bool> done(ranks.size(), false);
   size_t finished = 0;
+  bool forwarded = false;  // the stop signal this process received, passed on to the ranks
   while (finished < ranks.size()) {
+    // The ranks have their own process group: a Ctrl-C reaches only this process, which passes
+    // one orderly stop to every rank (they agree on the step, checkpoint and exit 128 + sig).
+    if (const int sig = stop_signal(); sig != 0 && !forwarded) {
+      forwarded = true;
+      for (size_t o = 0; o < ranks.size(); ++o)
+        if (!done[o]) ranks[o]->kill(sig);
+    }
     std::vector<pollfd> fds;
     for (const auto& r : ranks)
       if (r->output_fd() >= 0) fds.push_back({r->output_fd(), POLLIN, 0});
@@ -90,10 +100,12 @@ int launch_ranks(const Config& cfg, const RankLaunchOptions& opts) {
       ++finished;
       if (code != 0 && result == 0) {
         result = code;
+        if (forwarded) continue;  // a stop: the others end by themselves at the same step
+        // A failed rank leaves the others inside a collective that cannot complete.
         std::cerr << opts.output_prefix << "rank " << r << " exited with code " << code
                   << "; stopping the other ranks\n";
         for (size_t o = 0; o < ranks.size(); ++o)
-          if (!done[o]) ranks[o]->kill(SIGTERM);
+          if (!done[o]) ranks[o]->kill(SIGKILL);
       }
     }
   }

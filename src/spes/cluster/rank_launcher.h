@@ -2,8 +2,10 @@
 // this process hosts the c10d TCPStore and starts this executable N times with the same
 // arguments plus the SPES_DIST_* variables (distributed.h) and, on CPU, an equal share of the
 // threads each. Rank 0's output passes through unchanged, other ranks' lines get "[rank r] ".
-// When a rank fails the others are stopped; the exit code is the first failure's (0 when all
-// succeeded). Leaves out: restarting failed ranks, ranks on other machines.
+// The ranks run in a process group of their own: SIGINT/SIGTERM to this process is passed
+// on to every rank once (an orderly stop at the same step, common/stop_signal.h). When a rank
+// fails the others are killed (they wait in a collective that cannot complete); the exit
+// code is the first failure's (0 when all succeeded). Leaves out: restarting failed ranks, ranks on other machines.
 #pragma once
 #include <string>
 #include <vector>

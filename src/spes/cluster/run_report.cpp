@@ -66,12 +66,18 @@ nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
       if (l.contains("val_loss")) n["final_val_loss"] = l["val_loss"];
       if (l.contains("step")) n["steps"] = l["step"];
       rss = std::max(rss, l.value("peak_rss_mb", 0.0));
-      if (l.contains("sync_join")) {
+      // The first join is the run's start (every node on one model); a node continued after a
+      // stop joins again from its own checkpoint, and may first finish the round it stopped in.
+      if (l.contains("sync_join") && !n.contains("join")) {
         join_sha.insert(l["sync_join"].value("model_sha256", ""));
         n["join"] = l["sync_join"];
       }
-      if (l.contains("sync")) {
-        const auto& s = l["sync"];
+      std::vector<const nlohmann::json*> syncs;
+      if (l.contains("sync_join") && l["sync_join"].contains("pending_round"))
+        syncs.push_back(&l["sync_join"]["pending_round"]);
+      if (l.contains("sync")) syncs.push_back(&l["sync"]);
+      for (const nlohmann::json* sp : syncs) {
+        const auto& s = *sp;
         node_sha[s.at("round").get<int64_t>()][i] = s.value("model_sha256", "");
         up.push_back(sync_record_bytes_up(s));
         down.push_back(sync_record_bytes_down(s));

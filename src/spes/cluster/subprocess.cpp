@@ -18,7 +18,8 @@ extern char** environ;
 namespace spes {
 
 Subprocess::Subprocess(const std::vector<std::string>& argv,
-                       const std::vector<std::pair<std::string, std::string>>& env) {
+                       const std::vector<std::pair<std::string, std::string>>& env,
+                       bool own_process_group) {
   SPES_CHECK(!argv.empty(), "subprocess: empty command line");
   int p[2];
   SPES_CHECK(::pipe2(p, O_CLOEXEC) == 0, "subprocess: pipe failed: {}", std::strerror(errno));
@@ -46,6 +47,7 @@ Subprocess::Subprocess(const std::vector<std::string>& argv,
   }
   if (pid_ == 0) {
     // Child: only async-signal-safe calls until exec.
+    if (own_process_group) ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
     ::dup2(p[1], STDOUT_FILENO);

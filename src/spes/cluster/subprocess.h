@@ -1,6 +1,7 @@
 // Child processes for `spes launch` and the end-to-end tests: fork/exec with stdout and stderr
 // merged into one pipe read line by line without blocking, a death signal tied to the parent
-// (children never outlive a killed launcher), non-blocking exit checks and kill. Linux only.
+// (SIGTERM: children stop in order when a launcher dies), optionally a process group of their
+// own, non-blocking exit checks and kill. Linux only.
 // Leaves out: pseudo-terminals, environment editing beyond adding variables.
 #pragma once
 #include <sys/types.h>
@@ -13,9 +14,12 @@ namespace spes {
 
 class Subprocess {
  public:
-  // Starts argv (argv[0] is the program path) with `env` added to the environment.
+  // Starts argv (argv[0] is the program path) with `env` added to the environment. With
+  // `own_process_group` the child leads a process group of its own, so that a Ctrl-C at the
+  // terminal reaches only this process, which forwards one orderly stop (launchers).
   Subprocess(const std::vector<std::string>& argv,
-             const std::vector<std::pair<std::string, std::string>>& env = {});
+             const std::vector<std::pair<std::string, std::string>>& env = {},
+             bool own_process_group = false);
   ~Subprocess();  // kills (SIGKILL) and reaps a child still running
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;

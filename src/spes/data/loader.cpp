@@ -55,14 +55,18 @@ struct BatchLoader::Impl {
   std::vector<int64_t> order;  // train: this epoch's windows (split-relative), for this node
   LoaderState st;
 
+  int64_t data_seed = -1;  // data.seed: the order's seed as written (-1: from seed)
+
   void build_order(int64_t epoch) {
     if (split != Split::Train) return;
-    if (across_nodes) {
-      std::vector<int64_t> p = permutation(split_windows, seed, epoch);
+    if (across_nodes) {  // one permutation for all nodes (data.seed must then be the same)
+      std::vector<int64_t> p =
+          permutation(split_windows, data_seed >= 0 ? data_seed : seed, epoch);
       order.clear();
       for (int64_t i = node_id; i < split_windows; i += num_nodes) order.push_back(p[i]);
     } else {
-      order = permutation(split_windows, seed + 1000 * node_id, epoch);
+      order = permutation(split_windows, data_seed >= 0 ? data_seed : seed + 1000 * node_id,
+                          epoch);
     }
   }
 };
@@ -80,6 +84,7 @@ BatchLoader::BatchLoader(const DataConfig& data, int64_t seq_len, int64_t seed, 
   m.T = seq_len;
   m.split = split;
   m.seed = seed;
+  m.data_seed = data.seed;
   m.node_id = node_id;
   m.num_nodes = num_nodes;
   m.across_nodes = data.split_across_nodes;

@@ -134,7 +134,14 @@ struct TokenCorpus::Impl {
   // Maps one file; `dtype` is "uint16"/"uint32" for manifest shards, "" to detect (npy or raw).
   void add_file(const std::string& path, const std::string& dtype, int64_t expect_tokens,
                 const std::string& sha256) {
-    SPES_CHECK(fs::exists(path), "token shard '{}' does not exist", path);
+    // A relative path is read from the working directory (the default config's
+    // data/bible-tokens: the repository's root), so the error names both.
+    SPES_CHECK(fs::exists(path), "token shard '{}' does not exist{}; prepare it with `spes "
+               "prepare` or set data.paths", path,
+               fs::path(path).is_relative()
+                   ? fmt::format(" (looked for {}, relative to the working directory {})",
+                                 fs::absolute(path).string(), fs::current_path().string())
+                   : std::string());
     int fd = ::open(path.c_str(), O_RDONLY);
     SPES_CHECK(fd >= 0, "cannot open token shard '{}': {}", path, std::strerror(errno));
     struct stat st {};

@@ -80,7 +80,7 @@ json hf_config_from_model(const ModelConfig& m, const std::string& torch_dtype) 
 namespace {
 
 // Typed access to config.json keys with errors that name the file, key, expected and found.
-struct Reader {
+struct HfConfigReader {
   const json& j;
   const std::string& origin;
 
@@ -119,7 +119,7 @@ struct Reader {
 
 // The RoPE base, refusing any scaling (llama3, yarn, linear, dynamic, ...): spes applies plain
 // rotate-half RoPE. Reads the v4 keys (rope_theta, rope_scaling) and the v5 rope_parameters.
-double read_rope_theta(const Reader& r) {
+double read_rope_theta(const HfConfigReader& r) {
   double theta = r.number("rope_theta", 10000.0);
   for (const char* k : {"rope_scaling", "rope_parameters"}) {
     if (!r.has(k)) continue;
@@ -143,7 +143,7 @@ double read_rope_theta(const Reader& r) {
 }
 
 // model_type, refusing the families whose blocks spes cannot compute.
-std::string read_model_type(const Reader& r) {
+std::string read_model_type(const HfConfigReader& r) {
   const std::string type = r.string("model_type", "");
   SPES_CHECK(type != "qwen2" && type != "qwen2_moe",
              "{}: 'model_type' is \"{}\"; its attention has biases on q_proj/k_proj/v_proj "
@@ -161,7 +161,7 @@ std::string read_model_type(const Reader& r) {
 
 // The block type and QK-norm of the family, and the sizes: layers, width, heads, vocabulary,
 // the expert (or MLP) hidden size and, for MoE families, the experts and their routing.
-void read_shape(const Reader& r, const std::string& type, ModelConfig& m) {
+void read_shape(const HfConfigReader& r, const std::string& type, ModelConfig& m) {
   const bool moe = type == "olmoe" || type == "qwen3_moe";
   m.block_type = moe ? BlockType::Moe : BlockType::Dense;
   m.qk_norm = type == "olmoe" ? QkNorm::Whole : (type == "llama" ? QkNorm::None : QkNorm::PerHead);
@@ -197,7 +197,7 @@ void read_shape(const Reader& r, const std::string& type, ModelConfig& m) {
 
 // The EOS token (the first of a list) and the padding token; true when config.json names an
 // EOS token.
-bool read_token_ids(const Reader& r, ModelConfig& m) {
+bool read_token_ids(const HfConfigReader& r, ModelConfig& m) {
   const bool has_eos = r.has("eos_token_id");
   if (has_eos) {
     const json& e = r.j.at("eos_token_id");
@@ -212,7 +212,7 @@ bool read_token_ids(const Reader& r, ModelConfig& m) {
 }
 
 // Everything our model cannot represent, refused by name.
-void refuse_unrepresentable(const Reader& r, const std::string& type) {
+void refuse_unrepresentable(const HfConfigReader& r, const std::string& type) {
   const std::string act = r.string("hidden_act", "silu");
   r.refuse_if(act != "silu" && act != "swish", "hidden_act",
               "spes experts are SwiGLU (silu) MLPs");
@@ -243,7 +243,7 @@ void refuse_unrepresentable(const Reader& r, const std::string& type) {
 HfImportedConfig hf_config_to_model(const json& j, const std::string& origin,
                                     int64_t max_seq_len) {
   SPES_CHECK(j.is_object(), "{}: config.json must hold a JSON object", origin);
-  const Reader r{j, origin};
+  const HfConfigReader r{j, origin};
   HfImportedConfig out;
   out.model_type = read_model_type(r);
   ModelConfig& m = out.model;

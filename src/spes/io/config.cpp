@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -108,10 +109,24 @@ struct Writer {
     s.visit(*this);
     out << YAML::EndMap;
   }
-  void write(const std::string& s) { out << YAML::DoubleQuoted << s; }
+  // Text plain where YAML allows it (max_duration: 300, not "300"); yaml-cpp quotes what would
+  // read back as something else (empty, null).
+  void write(const std::string& s) { out << s; }
   template <class T, std::enable_if_t<NamedSetting<T>::value, int> = 0>
   void write(const T& c) { write(c.name()); }
-  void write(double d) { out << YAML::Precision(17) << d; }
+  // Numbers as written: the shortest text that reads back as the same double (0.1, not
+  // 0.10000000000000001).
+  void write(double d) {
+    if (std::isfinite(d))
+      out << fmt::format("{}", d);
+    else
+      out << YAML::Precision(17) << d;
+  }
+  void write(const std::vector<double>& v) {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (double d : v) write(d);
+    out << YAML::EndSeq;
+  }
   template <class T, std::enable_if_t<!NamedSetting<T>::value, int> = 0>
   void write(const T& v) { out << YAML::Flow << v; }
 };
@@ -370,6 +385,8 @@ void validate_data(const DataConfig& d, const std::string& o) {
   SPES_CHECK(d.validation_fraction >= 0 && d.validation_fraction < 1,
              "{}: data.validation_fraction must be in [0, 1), found {}", o,
              d.validation_fraction);
+  SPES_CHECK(d.seed >= -1, "{}: data.seed must be a non-negative integer (or left out: the data "
+             "order then follows seed), found {}", o, d.seed);
 }
 
 void validate_topology(const SpesConfig& s, const std::string& o) {

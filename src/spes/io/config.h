@@ -174,9 +174,13 @@ struct DataConfig {
   double validation_fraction = 0.01;    // held-out windows (taken from the end of the corpus)
   std::vector<std::string> validation_paths;  // explicit validation shards (overrides fraction)
   bool split_across_nodes = false;      // give each node a disjoint slice of the windows
+  // OLMo's data.seed: this node's data-order seed as written (the top-level `seed` then seeds
+  // only the initial model); -1: the order follows `seed` (node i: seed + 1000 i).
+  int64_t seed = -1;
   template <class V> void visit(V& v) {
     v("paths", paths); v("tokenizer", tokenizer); v("validation_fraction", validation_fraction);
     v("validation_paths", validation_paths); v("split_across_nodes", split_across_nodes);
+    v("seed", seed);
   }
 };
 

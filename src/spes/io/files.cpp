@@ -301,6 +301,14 @@ void dir_commit(const std::string& tmp, const std::string& dst) {
   fs::remove_all(old, ec);
 }
 
+bool dir_commit_recover(const std::string& dst) {
+  const std::string old = dst + ".old";
+  if (fs::exists(dst) || !fs::is_directory(old)) return false;
+  fs::rename(old, dst);
+  dir_fsync(fs::path(dst).parent_path().string());
+  return true;
+}
+
 std::string sha256_hex(const void* data, size_t n) {
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(static_cast<const unsigned char*>(data), n, md);

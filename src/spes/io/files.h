@@ -58,8 +58,12 @@ void file_write_direct(const std::string& path,
 // mounted with discard); returns whether there was one. Where the exchange is unsupported, a
 // plain rename (as atomic; it frees the old file's blocks at once).
 bool file_replace(const std::string& from, const std::string& to, const std::string& replaced);
-// Replaces directory `dst` with the fully written directory `tmp` atomically (rename).
+// Replaces directory `dst` with the fully written directory `tmp` atomically (rename; the
+// previous `dst` is kept as `dst.old` for the moment between the two renames).
 void dir_commit(const std::string& tmp, const std::string& dst);
+// Completes a dir_commit cut short between its renames (the process killed): `dst` missing and
+// `dst.old` present is renamed back. Returns true when it did.
+bool dir_commit_recover(const std::string& dst);
 std::string sha256_hex(const void* data, size_t n);
 inline std::string sha256_hex(const std::string& s) { return sha256_hex(s.data(), s.size()); }
 // Incremental SHA-256 (OpenSSL EVP).

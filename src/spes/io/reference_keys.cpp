@@ -157,7 +157,7 @@ const NullMeaning kNull[] = {
 const char* const kTranslated[] = {
     "using_spes", "using_dilico", "softmax_auxiliary_loss", "model.moe_normalize_expert_weights",
     "model.attention_layer_norm", "model.attention_layer_norm_over_head",
-    "scheduler.warmup_min_lr", "data.seed"};
+    "scheduler.warmup_min_lr"};
 
 std::pair<std::string, std::string> split_key(const std::string& dotted) {
   const auto dot = dotted.find('.');
@@ -319,20 +319,11 @@ void resolve_warmup_min_lr(YAML::Node& root, const std::string& origin) {
   erase(root, key);
 }
 
-// data.seed: the reference may seed the data order apart from the model; spes seeds both with
-// `seed` (node i: seed + 1000 i), so only the same value (or null) is accepted.
-void resolve_data_seed(YAML::Node& root, const std::string& origin) {
+// data.seed: OLMo's data-order seed, a key of its own here too (DataConfig::seed); null means
+// left out.
+void resolve_data_seed(YAML::Node& root, const std::string&) {
   const YAML::Node v = find(root, "data.seed");
-  if (!v) return;
-  if (!is_null(v)) {
-    const YAML::Node seed = find(root, "seed");
-    const std::string run_seed =
-        seed && seed.IsScalar() ? seed.Scalar() : std::to_string(Config().seed);
-    SPES_CHECK(v.IsScalar() && v.Scalar() == run_seed, "{}: 'data.seed' is {} but seed is {}; "
-               "spes seeds the data order and the initial model with the one key `seed`: "
-               "remove data.seed or make them equal", origin, shown(v), run_seed);
-  }
-  erase(root, "data.seed");
+  if (v && is_null(v)) erase(root, "data.seed");
 }
 
 // block_type: OLMo's dense blocks (sequential, llama) are the dense SwiGLU block here.

@@ -2,7 +2,11 @@
 #include "spes/train/checkpoint.h"
 
 #include <fmt/ranges.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <filesystem>
 
@@ -43,6 +47,29 @@ void registry_load_tensors(const ParamRegistry& registry, const NamedTensors& te
       SPES_CHECK(by_name.count(e.name), "{}: tensor '{}' is missing", origin, e.name);
   torch::NoGradGuard ng;
   for (const auto& [n, t] : by_name) registry.find(n)->tensor.copy_(*t);
+}
+
+void checkpoint_tidy(const std::string& dir) {
+  if (dir_commit_recover(dir))
+    spdlog::warn("{}: the previous checkpoint was being replaced when its process ended; "
+                 "took back the complete one it replaced ({}.old)", dir, dir);
+  const fs::path d(dir);
+  const fs::path parent = d.has_parent_path() ? d.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent)) return;
+  const std::string prefix = d.filename().string() + ".tmp.";
+  for (const auto& e : fs::directory_iterator(parent)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stoll(pid_text));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // still written
+    std::error_code ec;
+    fs::remove_all(e.path(), ec);
+    spdlog::info("removed {}: a partial checkpoint of process {}, which ended while writing it",
+                 e.path().string(), pid);
+  }
 }
 
 void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegistry& registry,

@@ -27,6 +27,10 @@ struct TrainState {
 void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegistry& registry,
                      const AdamW* optimizer, const TrainState& state,
                      const std::string& tokenizer_file = "");
+// Before a run uses checkpoint DIR: takes back a checkpoint whose replacement a kill cut short
+// (io/files.h, dir_commit_recover) and removes the partial DIR.tmp.PID of processes that no
+// longer run; each with a log line.
+void checkpoint_tidy(const std::string& dir);
 // Loads weights into the registry's tensors (names and shapes must match) and, when given,
 // the optimizer moments. Returns the saved state.
 TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry,

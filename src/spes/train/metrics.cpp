@@ -8,9 +8,11 @@
 
 namespace spes {
 
-MetricsLog::MetricsLog(const std::string& path, bool append) {
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+MetricsLog::MetricsLog(const std::string& path) {
+  f_ = std::fopen(path.c_str(), "a");
   SPES_CHECK(f_, "cannot open '{}' for writing metrics", path);
+  std::fseek(f_, 0, SEEK_END);
+  had_lines_ = std::ftell(f_) > 0;
 }
 
 MetricsLog::~MetricsLog() {

@@ -1,4 +1,5 @@
-// Run observability: DIR/metrics.jsonl (one JSON object per step, appended and flushed) and a
+// Run observability: DIR/metrics.jsonl (one JSON object per step, appended and flushed; a
+// restart adds a line {"event": "restart", ...} and never truncates it) and a
 // terminal progress display (a redrawn bar on a TTY, periodic lines otherwise).
 #pragma once
 #include <nlohmann/json.hpp>
@@ -11,13 +12,18 @@ namespace spes {
 
 class MetricsLog {
  public:
-  // Opens DIR/metrics.jsonl; `append` keeps existing lines (resume), else truncates.
-  MetricsLog(const std::string& path, bool append);
+  // Opens DIR/metrics.jsonl for appending: its history is never truncated (a run started
+  // again in the same directory, with or without a checkpoint, adds to it; see
+  // had_lines()).
+  explicit MetricsLog(const std::string& path);
   ~MetricsLog();
   void write(const nlohmann::json& record);
+  // Whether the file held lines before this process opened it (a restart).
+  bool had_lines() const { return had_lines_; }
 
  private:
   std::FILE* f_ = nullptr;
+  bool had_lines_ = false;
 };
 
 enum class ProgressMode { Auto, Bar, Lines, None };

@@ -59,4 +59,8 @@ void Rank0Observer::on_finish(Trainer& t) {
   if (inner_) inner_->on_finish(t);
 }
 
+void Rank0Observer::on_stop(Trainer& t) {
+  if (inner_) inner_->on_stop(t);
+}
+
 }  // namespace spes

@@ -16,6 +16,7 @@ class Rank0Observer : public StepObserver {
   void on_start(Trainer& t) override;
   nlohmann::json after_step(Trainer& t, int64_t step) override;
   void on_finish(Trainer& t) override;
+  void on_stop(Trainer& t) override;
 
  private:
   // Rank 0 says whether anything changed since `before`; if so every rank gets its state and

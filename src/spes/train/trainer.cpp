@@ -1,6 +1,8 @@
 // The training loop (see trainer.h).
 #include "spes/train/trainer.h"
 
+#include <signal.h>
+
 #include <array>
 #include <filesystem>
 #include <optional>
@@ -9,7 +11,9 @@
 
 #include "spes/common/cpu_blas.h"
 #include "spes/common/error.h"
+#include "spes/common/stop_signal.h"
 #include "spes/common/sysinfo.h"
+#include "spes/common/timing.h"
 #include "spes/io/run_layout.h"
 #include "spes/model/losses.h"
 #include "spes/train/device.h"
@@ -80,6 +84,7 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
 
   std::string resume = opts_.resume_from;
   const std::string checkpoint_dir = run_layout::checkpoint(out_dir_);
+  if (is_rank0()) checkpoint_tidy(checkpoint_dir);
   if (resume == "auto")
     resume = fs::exists(run_layout::checkpoint_state(checkpoint_dir)) ? checkpoint_dir : "";
   if (!resume.empty()) {
@@ -91,8 +96,13 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
     for (const auto& e : registry_->entries()) all.push_back(e.tensor);
     broadcast_from_rank0(*opts_.dist, all);
   }
-  if (is_rank0())
-    metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_), !resume.empty());
+  if (is_rank0()) {
+    metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_));
+    // A restart keeps the history and says where it continues from.
+    if (metrics_->had_lines())
+      metrics_->write({{"event", "restart"}, {"from_step", state_.step},
+                       {"checkpoint", resume}, {"time", unix_time()}});
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -182,7 +192,10 @@ nlohmann::json Trainer::settle_step(const QueuedStep& q) {
           {"router_z_loss", rz}, {"z_loss", z}, {"lr", q.lr}, {"grad_norm", grad_norm},
           {"tokens", q.tokens},
           {"tokens_per_s", static_cast<double>(cfg_.tokens_per_step()) / secs},
-          {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()}};
+          {"step_s", secs}, {"peak_rss_mb", peak_rss_mb()},
+          // wall clock (Unix seconds) and seconds since this process started training
+          {"time", unix_time()},
+          {"elapsed_s", seconds_since(started_)}};
   if (device_.is_cuda())  // tensor bytes at the peak on this GPU, since the process started
     rec["gpu_peak_allocated_mb"] = gpu_memory_stats(device_).peak_allocated / double(1 << 20);
   if (!q.memory.is_null()) rec["memory"] = q.memory;
@@ -234,25 +247,55 @@ void Trainer::save_checkpoint(const std::string& dir) const {
   checkpoint_save(dir, cfg_, *registry_, optimizer_.get(), state_);
 }
 
+Trainer::BoundaryDecision Trainer::decide_at_boundary() const {
+  BoundaryDecision d;
+  d.stop = stop_signal();
+  d.checkpoint_due = opts_.checkpoint_every_s > 0 &&
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                   last_checkpoint_).count() >=
+                         opts_.checkpoint_every_s;
+  if (!opts_.dist) return d;
+  // The ranks must stop at the same step and checkpoint at the same steps (their collectives
+  // pair up): a stop seen by any rank stops all; rank 0's clock decides the checkpoint.
+  torch::Tensor v = torch::tensor({d.stop != 0 ? 1.0 : 0.0,
+                                   is_rank0() && d.checkpoint_due ? 1.0 : 0.0},
+                                  torch::kFloat64)
+                        .to(device_);
+  opts_.dist->all_reduce_sum({v});
+  v = v.to(torch::kCPU);
+  if (v[0].item<double>() > 0 && d.stop == 0) d.stop = SIGTERM;
+  d.checkpoint_due = v[1].item<double>() > 0;
+  return d;
+}
+
 EvalResult Trainer::run() {
   const int64_t total = cfg_.total_steps();
   if (opts_.observer) opts_.observer->on_start(*this);
   ProgressDisplay progress(state_.step, total, is_rank0() ? opts_.progress : ProgressMode::None,
                            opts_.progress_prefix);
+  last_checkpoint_ = std::chrono::steady_clock::now();
   EvalResult last;
   bool evaluated_last = false;
   std::optional<QueuedStep> queued;
-  while (queued || state_.step < total) {
+  int stop = 0;  // the signal that asked this run to stop at the next step boundary
+  while (queued || (state_.step < total && stop == 0)) {
+    BoundaryDecision at;
+    if (stop == 0) at = decide_at_boundary();
+    stop = stop != 0 ? stop : at.stop;
+    if (!queued && stop != 0) break;  // nothing in flight: stop here
     if (!queued) queued = queue_step();
     const int64_t step = queued->step;
     const bool final_step = step == total;
     const bool eval_now = (cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0) || final_step;
-    const bool save_now = cfg_.save_interval > 0 && step % cfg_.save_interval == 0 && !final_step;
+    const bool save_now =
+        ((cfg_.save_interval > 0 && step % cfg_.save_interval == 0) || at.checkpoint_due) &&
+        !final_step;
     // The next step goes to the device before this one's figures are read, so that the device
     // never waits for the host between steps, unless something must see this step's weights
-    // first: the observer (a sync round may replace them), an evaluation, a checkpoint.
+    // first: the observer (a sync round may replace them), an evaluation, a checkpoint, a stop.
     std::optional<QueuedStep> next;
-    if (!opts_.observer && !eval_now && !save_now && !final_step) next = queue_step();
+    if (!opts_.observer && !eval_now && !save_now && !final_step && stop == 0)
+      next = queue_step();
     nlohmann::json rec = settle_step(*queued);
     queued = std::move(next);
     if (opts_.observer) {
@@ -273,7 +316,14 @@ EvalResult Trainer::run() {
     }
     if (metrics_) metrics_->write(rec);
     progress.update(step, rec["loss"].get<double>(), rec["tokens_per_s"].get<double>(), val);
-    if (save_now) save_checkpoint(run_layout::checkpoint(out_dir_));
+    if (save_now) {
+      save_checkpoint(run_layout::checkpoint(out_dir_));
+      last_checkpoint_ = std::chrono::steady_clock::now();
+    }
+  }
+  if (stop != 0 && state_.step < total) {
+    stop_early(stop, progress);
+    return last;
   }
   progress.finish();
   if (!evaluated_last) last = evaluate(cfg_.eval_batches);
@@ -281,6 +331,18 @@ EvalResult Trainer::run() {
   if (opts_.observer) opts_.observer->on_finish(*this);
   if (opts_.dist) check_ranks_agree();
   return last;
+}
+
+void Trainer::stop_early(int sig, ProgressDisplay& progress) {
+  progress.finish();
+  if (opts_.observer) opts_.observer->on_stop(*this);
+  const std::string dir = run_layout::checkpoint(out_dir_);
+  save_checkpoint(dir);
+  stopped_by_ = sig;
+  if (is_rank0())
+    spdlog::warn("{}stopped by {} after step {} of {}; checkpoint of step {} written to {}",
+                 opts_.progress_prefix, signal_name(sig), state_.step, cfg_.total_steps(),
+                 state_.step, dir);
 }
 
 void Trainer::check_ranks_agree() const {

@@ -37,6 +37,9 @@ class StepObserver {
   // merged into that step's metrics line (e.g. {"sync": {...}}).
   virtual nlohmann::json after_step(Trainer&, int64_t /*step*/) { return {}; }
   virtual void on_finish(Trainer&) {}
+  // The run stops early (SIGINT/SIGTERM, common/stop_signal.h), after its last complete step
+  // and before its checkpoint is written: end what is in flight, leave.
+  virtual void on_stop(Trainer&) {}
 };
 
 struct TrainerOptions {
@@ -49,6 +52,9 @@ struct TrainerOptions {
   // Each rank runs global_train_batch_size / size of the step's sequences on dist->device();
   // gradients are all-reduced during backward; only rank 0 writes metrics and checkpoints.
   DistGroup* dist = nullptr;
+  // Also checkpoint when this many seconds passed since the last checkpoint (0: only every
+  // save_interval steps); `spes train` sets 600 (--checkpoint-every).
+  double checkpoint_every_s = 0;
 };
 
 // One optimizer step queued on the device whose figures (loss terms, gradient norm) have not
@@ -79,8 +85,13 @@ class Trainer {
   ~Trainer();
 
   // Trains until total_steps, evaluating and checkpointing as configured; the final
-  // checkpoint is OUT/checkpoint. Returns the final validation result.
+  // checkpoint is OUT/checkpoint. Returns the final validation result. A stop requested by a
+  // signal (common/stop_signal.h; agreed by every rank) ends the run at the next step
+  // boundary: the steps already queued are finished, OUT/checkpoint is written and run()
+  // returns without the final evaluation (stopped_by() then names the signal).
   EvalResult run();
+  // The signal that stopped run() early; 0 when it ran to the end.
+  int stopped_by() const { return stopped_by_; }
   // One optimizer step (accumulated micro-batches); returns its metrics record.
   // = settle_step(queue_step()).
   nlohmann::json train_step();
@@ -103,6 +114,7 @@ class Trainer {
   const ParamRegistry& registry() const { return *registry_; }
   AdamW& optimizer() { return *optimizer_; }
   TrainState& state() { return state_; }
+  const TrainState& state() const { return state_; }
   const std::string& out_dir() const { return out_dir_; }
   BatchLoader& train_loader() { return *train_loader_; }
   bool has_validation() const { return val_loader_ != nullptr; }
@@ -126,6 +138,17 @@ class Trainer {
   TrainState state_;
   // Data-parallel ranks: every rank's final weights hash equal rank 0's (or this throws).
   void check_ranks_agree() const;
+  // At a step boundary: whether to stop (a signal) and whether a checkpoint is due by the
+  // clock (checkpoint_every_s), the same on every rank.
+  struct BoundaryDecision {
+    int stop = 0;
+    bool checkpoint_due = false;
+  };
+  BoundaryDecision decide_at_boundary() const;
+  void stop_early(int sig, ProgressDisplay& progress);
+  std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
+  int stopped_by_ = 0;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   nlohmann::json last_record_;  // last_step_record()
   bool memory_logged_ = false;  // the first step of this process logs a "memory" record
 };

@@ -79,8 +79,11 @@ SyncClient::SyncClient(const std::string& address, NodeId id, const ClientTls& t
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // A restarted server is found within a second of listening (a refused connection on a
+  // dead port costs nothing; waits for it go through wait_connected, which tries at once).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   SPES_CHECK(tls.cert_pem.empty() || !tls.root_pem.empty(), "spes_config.tls_client_cert is set "
              "but tls_ca is not: without tls_ca the connection would be plaintext and the "
              "certificate unused; set spes_config.tls_ca to the PEM roots of the server's "
@@ -108,6 +111,7 @@ SyncClient::SyncClient(const std::string& address, NodeId id, const ClientTls& t
 SyncClient::~SyncClient() = default;
 
 bool SyncClient::wait_connected(double timeout_s) {
+  grpc::experimental::ChannelResetConnectionBackoff(impl_->channel.get());
   return impl_->channel->WaitForConnected(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));

@@ -48,7 +48,9 @@ class SyncClient {
   SyncClient(const std::string& address, NodeId id, const ClientTls& tls = {});
   ~SyncClient();
   const NodeId& id() const { return id_; }
-  // Waits until the channel is connected; false after timeout_s.
+  // Waits until the channel is connected; false after timeout_s. Tries at once (the channel's
+  // reconnect backoff, at most 1 s, is reset first): a restarted server is found as soon as
+  // it listens.
   bool wait_connected(double timeout_s);
   JoinResult join(const JoinInfo& info);
   // Streams `payload` in chunks of kChunkBytes, each with its checksum (wire/checksum.h), and

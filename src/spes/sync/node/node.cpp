@@ -86,7 +86,10 @@ void SyncNode::rejoin(double limit_s) {
       return;
     } catch (const SyncError& e) {
       if (!retryable(e.code()) || since(start) + backoff > limit_s) throw;
-      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
+      if (e.code() == SyncErrc::Unavailable)  // again as soon as the server listens
+        client_->wait_connected(backoff);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
       backoff = std::min(trainer_->config().spes_config.transport.retry_backoff_max_s, backoff * 2);
     }
   }
@@ -106,6 +109,10 @@ void SyncNode::on_start(Trainer& t) {
   const bool keep = keeps_checkpoint(t, jr);
   const HeldModel held = keep ? keep_checkpoint(t, jr) : take_published_model(t, jr);
   mark_synced(t, /*reset_residual=*/true);
+  // A kept checkpoint lies after the published round: its next upload counts the tokens since
+  // that round, as it would have without the restart.
+  if (keep)
+    tokens_at_sync_ -= (t.state().step - jr.published_step) * t.config().tokens_per_step();
   join_record_ = join_record(t, jr, keep, held, since(t0));
   spdlog::info("node {}: joined at round {} (step {}), loaded {} ({}), model sha256 {}",
                client_->id().node_id, jr.published_round, t.state().step,
@@ -113,6 +120,21 @@ void SyncNode::on_start(Trainer& t) {
                wire_dtype_name(wire_dtype_of(t.config().spes_config.transfer.dtype)),
                held.sha256.substr(0, 16));
   start_heartbeats();
+  if (keep && round_pending(t)) join_record_["pending_round"] = pending_round(t);
+}
+
+bool SyncNode::round_pending(const Trainer& t) const {
+  const RoundClock clock(t.config());
+  return clock.is_sync_step(t.state().step) &&
+         t.state().sync_round < clock.round_at(t.state().step);
+}
+
+nlohmann::json SyncNode::pending_round(Trainer& t) {
+  const int64_t step = t.state().step;
+  spdlog::info("node {}: its checkpoint was written at sync step {} before round {} was "
+               "published: doing that round first", client_->id().node_id, step,
+               RoundClock(t.config()).round_at(step));
+  return sync_round(t, step);
 }
 
 void SyncNode::connect(Trainer& t) {
@@ -144,8 +166,11 @@ JoinResult SyncNode::join_server() {
 bool SyncNode::keeps_checkpoint(Trainer& t, const JoinResult& jr) const {
   // Keep the checkpoint's weights only when they continue the latest published round;
   // otherwise take the published model and its step (a fresh node, or others moved on).
-  const bool continues = t.state().sync_round == jr.published_round &&
-                         RoundClock(t.config()).between_syncs(t.state().step, jr.published_step);
+  const RoundClock clock(t.config());
+  const bool continues =
+      t.state().sync_round == jr.published_round &&
+      (clock.between_syncs(t.state().step, jr.published_step) ||
+       t.state().step == clock.step_of(jr.published_round + 1));  // round_pending()
   if (!continues || !delta_->enabled()) return continues;
   // A compressed upload is a delta from the published model, which a checkpoint taken inside
   // a round no longer holds: such a node takes the published model again.
@@ -226,18 +251,29 @@ nlohmann::json SyncNode::join_record(Trainer& t, const JoinResult& jr, bool kept
 void SyncNode::start_heartbeats() {
   // Heartbeats between syncs, so that the server can tell a slow node from a dead one.
   if (heartbeat_ms_ == 0) return;
+  // After a failed heartbeat the next one goes as soon as the server is reachable again, so a
+  // restarted server sees every node back within about a second of listening.
   heartbeat_ = std::thread([this] {
     std::unique_lock<std::mutex> lk(hb_mu_);
-    while (!hb_cv_.wait_for(lk, std::chrono::milliseconds(heartbeat_ms_),
-                            [&] { return hb_stop_; })) {
+    const std::chrono::milliseconds interval(heartbeat_ms_);
+    std::chrono::milliseconds wait = interval, after_failure(100);
+    while (!hb_cv_.wait_for(lk, wait, [&] { return hb_stop_; })) {
       lk.unlock();
-      send_heartbeat();
+      const HeartbeatResult r = send_heartbeat();
       lk.lock();
+      // Unreachable: again at once (send_heartbeat waited until the server listens, up to
+      // half a second). Refused: after 0.1 s, doubling up to the interval (a server that
+      // keeps refusing is not flooded).
+      wait = r == HeartbeatResult::Sent          ? interval
+             : r == HeartbeatResult::Unreachable ? std::chrono::milliseconds(0)
+                                                 : std::min(interval, after_failure);
+      after_failure = r == HeartbeatResult::Refused ? std::min(interval, after_failure * 2)
+                                                    : std::chrono::milliseconds(100);
     }
   });
 }
 
-void SyncNode::send_heartbeat() {
+SyncNode::HeartbeatResult SyncNode::send_heartbeat() {
   NodeMetrics m;
   {
     std::lock_guard<std::mutex> ml(metrics_mu_);
@@ -245,12 +281,30 @@ void SyncNode::send_heartbeat() {
     metrics_.losses.clear();
   }
   try {
-    client_->heartbeat(step_.load(), m);
+    try {
+      client_->heartbeat(step_.load(), m);
+    } catch (const SyncError& e) {
+      if (e.code() != SyncErrc::NotJoined) throw;
+      // The server restarted and answers "join first": join at once, then send it again.
+      spdlog::warn("node {}: heartbeat: the server does not know this node (restarted?); "
+                   "joining again", client_->id().node_id);
+      join_once();
+      client_->heartbeat(step_.load(), m);
+    }
+    return HeartbeatResult::Sent;
   } catch (const std::exception& e) {
     spdlog::debug("heartbeat failed: {}", e.what());
-    std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
-    metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
-    bound_losses(&metrics_.losses);
+    {
+      std::lock_guard<std::mutex> ml(metrics_mu_);  // the next heartbeat sends them
+      metrics_.losses.insert(metrics_.losses.begin(), m.losses.begin(), m.losses.end());
+      bound_losses(&metrics_.losses);
+    }
+    const auto* se = dynamic_cast<const SyncError*>(&e);
+    if (!se || se->code() != SyncErrc::Unavailable) return HeartbeatResult::Refused;
+    // Until the server is back: wait for it to listen (at most half a second here, so that
+    // stopping the heartbeats never waits long).
+    client_->wait_connected(0.5);
+    return HeartbeatResult::Unreachable;
   }
 }
 
@@ -264,19 +318,32 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
   }
   if (inflight_ && (step >= inflight_->deadline() ||
                     (t.config().spes_config.timing.overlap_delay_steps == 0 && inflight_->ready())))
-    out["sync"] = settle_round(t, step);
+    round_or_stop(&out, inflight_->round(), step, [&] { return settle_round(t, step); });
   // (A catch-up while settling may have moved the node to another step.)
-  if (RoundClock(t.config()).is_sync_step(step) && t.state().step == step) {
+  if (RoundClock(t.config()).is_sync_step(step) && t.state().step == step &&
+      !out.contains("sync_stopped")) {
     SPES_CHECK(!inflight_, "internal: round {} is still in flight at sync step {}",
                inflight_->round(), step);
     const int64_t deadline = overlap_deadline(t, step);
     if (deadline > step)
       start_round(t, step, deadline);
     else
-      out["sync"] = sync_round(t, step);
+      round_or_stop(&out, RoundClock(t.config()).round_at(step), step,
+                    [&] { return sync_round(t, step); });
   }
   step_ = t.state().step;
   return out;
+}
+
+void SyncNode::round_or_stop(nlohmann::json* out, int64_t round, int64_t step,
+                             const std::function<nlohmann::json()>& f) {
+  try {
+    (*out)["sync"] = f();
+  } catch (const NodeStopped& e) {
+    // The trainer stops at this step boundary; the round stays undone (round_pending()).
+    spdlog::warn("{}", e.what());
+    (*out)["sync_stopped"] = {{"round", round}, {"step", step}};
+  }
 }
 
 void SyncNode::record_metrics(const nlohmann::json& rec, int64_t step) {
@@ -378,6 +445,15 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
                  "{:.2f} s", t.registry().node_id(), round, step, rec["step"].get<int64_t>(),
                  rec["blocked_s"].get<double>());
   return rec;
+}
+
+void SyncNode::on_stop(Trainer&) {
+  // A round in flight is dropped (its upload may still be published without this node's
+  // progress since; the restarted node then takes that model). No leave: the node comes back.
+  stopping_ = true;
+  inflight_.reset();
+  stopping_ = false;
+  stop_heartbeats();
 }
 
 void SyncNode::on_finish(Trainer& t) {

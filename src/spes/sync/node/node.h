@@ -16,14 +16,19 @@
 // applied at the first step boundary after it ends (or exactly overlap_delay_steps steps after
 // the upload), at the latest just before the next sync step; a catch-up is always done in the
 // foreground. The round at the run's last step blocks, so a run ends on a published model.
-// on_finish: leave.
+// on_finish: leave. A stop (SIGINT/SIGTERM, common/stop_signal.h) ends a wait for the server
+// (NodeStopped): a foreground round is abandoned before its download (the checkpoint then
+// holds the weights it uploaded, at the sync step, and the restarted node does that round
+// first), a round in flight is dropped; the node does not leave (it comes back).
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -36,6 +41,12 @@
 namespace spes::sync {
 
 class SyncClient;
+
+// Thrown when a stop was requested (SIGINT/SIGTERM) while the node waited for the server.
+class NodeStopped : public std::runtime_error {
+ public:
+  explicit NodeStopped(const std::string& what) : std::runtime_error(what) {}
+};
 
 struct NodeOptions {
   std::string server = "127.0.0.1:50551";  // host:port of `spes serve`
@@ -55,6 +66,7 @@ class SyncNode : public StepObserver {
   void on_start(Trainer& t) override;
   nlohmann::json after_step(Trainer& t, int64_t step) override;
   void on_finish(Trainer& t) override;
+  void on_stop(Trainer& t) override;
 
  private:
   // on_start's steps: the client and its TLS; the join (retrying while the server is down);
@@ -68,6 +80,10 @@ class SyncNode : public StepObserver {
   void connect(Trainer& t);
   JoinResult join_server();
   bool keeps_checkpoint(Trainer& t, const JoinResult& jr) const;
+  // A checkpoint written by a stop at a sync step, before its round was published: the node
+  // does that round first (its upload again) when it comes back.
+  bool round_pending(const Trainer& t) const;
+  nlohmann::json pending_round(Trainer& t);
   HeldModel keep_checkpoint(Trainer& t, const JoinResult& jr) const;
   HeldModel take_published_model(Trainer& t, const JoinResult& jr);
   // The node holds a published model now: its frozen digest, the tokens count and the base of
@@ -76,9 +92,14 @@ class SyncNode : public StepObserver {
   nlohmann::json join_record(Trainer& t, const JoinResult& jr, bool kept,
                              const HeldModel& held, double seconds) const;
   void start_heartbeats();
-  void send_heartbeat();
+  enum class HeartbeatResult { Sent, Unreachable, Refused };
+  HeartbeatResult send_heartbeat();
   // A round in the foreground: the node waits for it.
   nlohmann::json sync_round(Trainer& t, int64_t step);
+  // after_step's round (settling one in flight, or one in the foreground) into out["sync"],
+  // or, when a stop ended the wait, out["sync_stopped"].
+  void round_or_stop(nlohmann::json* out, int64_t round, int64_t step,
+                     const std::function<nlohmann::json()>& f);
   // With overlap: starts the round of sync step `step` in the background.
   void start_round(Trainer& t, int64_t step, int64_t deadline);
   // With overlap: waits for the round in flight and applies it (or catches up).

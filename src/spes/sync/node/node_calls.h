@@ -1,8 +1,10 @@
 // How a SPES node's calls to the sync server are retried (SyncNode::call, node.h): transient
 // failures (unavailable, data loss, aborted, deadline) again after a pause that doubles from
-// 0.2 s up to spes_config.retry_backoff_max_s, until `limit_s` has passed; a server that no
+// 0.2 s up to spes_config.retry_backoff_max_s (an unreachable server: as soon as the channel
+// connects again, at the latest after that pause), until `limit_s` has passed; a server that no
 // longer knows the node (it restarted) is joined again, up to 5 times per call; a node that is
-// stopping makes no new attempt. Included by the .cpp files that define SyncNode's members.
+// stopping makes no new attempt, and a stop requested by a signal ends the retries
+// (NodeStopped). Included by the .cpp files that define SyncNode's members.
 #pragma once
 #include <spdlog/spdlog.h>
 
@@ -10,6 +12,8 @@
 #include <chrono>
 #include <thread>
 
+#include "spes/common/stop_signal.h"
+#include "spes/sync/node/client.h"
 #include "spes/sync/node/node.h"
 
 namespace spes::sync {
@@ -49,9 +53,18 @@ auto SyncNode::call(const char* what, double limit_s, F&& f) -> decltype(f()) {
         continue;
       }
       if (!node_detail::retryable(e.code()) || node_detail::since(start) + backoff > limit_s) throw;
+      if (stop_signal() != 0)
+        throw NodeStopped(fmt::format("node {}: {}: stopped by {} while the server was "
+                                      "unreachable", client_->id().node_id, what,
+                                      signal_name(stop_signal())));
       spdlog::warn("{} failed (attempt {}): {}; retrying in {:.1f} s", what, attempt, e.what(),
                    backoff);
-      std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
+      // An unreachable server: retry as soon as the channel connects again (a restarted
+      // server), at the latest after the backoff.
+      if (e.code() == SyncErrc::Unavailable)
+        client_->wait_connected(backoff);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
       backoff = std::min(max_backoff, backoff * 2);
     }
   }

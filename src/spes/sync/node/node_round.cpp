@@ -22,6 +22,11 @@ namespace spes::sync {
 using node_detail::Clock;
 using node_detail::since;
 
+namespace {
+// The longest long-poll while waiting for a round's publication: how soon a stop is seen.
+constexpr uint32_t kStopPollMs = 5000;
+}  // namespace
+
 nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
   const Config& cfg = t.config();
   const ParamRegistry& reg = t.registry();
@@ -160,10 +165,15 @@ RoundExchange SyncNode::await_publication(int64_t round, int64_t step,
       opts_.round_wait_s > 0 ? opts_.round_wait_s : std::max(600.0, 2 * sc.timing.round_timeout);
   double last_log = 0;
   for (;;) {
+    // Long-polls of at most kStopPollMs: a stop (SIGINT/SIGTERM) ends the wait soon.
     *st = call("wait for round", sc.transport.retry_max_s,
-               [&] { return client_->wait_round(round, kMaxWaitMs); });
+               [&] { return client_->wait_round(round, std::min(kMaxWaitMs, kStopPollMs)); });
     if (st->published) break;
     if (stopping_) fail("node {}: stopping while round {} is in flight", node, round);
+    if (const int sig = stop_signal(); sig != 0)
+      throw NodeStopped(fmt::format("node {}: stopped by {} while round {} waited for node(s) "
+                                    "[{}]", node, signal_name(sig), round,
+                                    fmt::join(st->waiting_for, ", ")));
     if (std::find(st->waiting_for.begin(), st->waiting_for.end(), node) !=
         st->waiting_for.end()) {
       // The server lacks this node's upload although it was accepted: the server restarted
