@@ -427,6 +427,12 @@ void validate_bounds(const UpdateBounds& b, Weighting weighting, const std::stri
   SPES_CHECK(b.drift_window_rounds >= 1 && b.drift_window_rounds <= 1000, "{}: "
              "spes_config.drift_window_rounds must be in [1, 1000], found {}", o,
              b.drift_window_rounds);
+  SPES_CHECK(b.max_expert_peer_ratio == 0 || b.max_expert_peer_ratio >= 1, "{}: "
+             "spes_config.max_expert_peer_ratio must be 0 (off) or >= 1 (x the median norm of the "
+             "layer's other experts), found {}", o, b.max_expert_peer_ratio);
+  SPES_CHECK(b.max_expert_growth == 0 || b.max_expert_growth >= 1, "{}: "
+             "spes_config.max_expert_growth must be 0 (off) or >= 1 (x the expert's norm at the "
+             "run's start), found {}", o, b.max_expert_growth);
   SPES_CHECK(b.outlier_factor == 0 || b.outlier_factor >= 1, "{}: spes_config.outlier_factor "
              "must be 0 (off) or >= 1 (x the median of the other nodes' updates), found {}", o,
              b.outlier_factor);

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
@@ -43,8 +45,12 @@ class OpenRound {
   // Whether the round closes with `present` uploads and `out` nodes out of `num_nodes`;
   // `deadline_check`: the periodic tick, which also closes at the deadline.
   Close may_close(int64_t present, int64_t out, int64_t num_nodes, bool deadline_check) const;
-  // Aggregates the folded uploads into the model's published tensors.
-  RoundOutcome finish() { return agg_.finish(); }
+  // Aggregates the folded uploads into the model's published tensors; merging takes from no
+  // expert in `no_donors` (layer, expert).
+  RoundOutcome finish(std::set<std::pair<int64_t, int64_t>> no_donors) {
+    agg_.exclude_from_merging(std::move(no_donors));
+    return agg_.finish();
+  }
   // True (and the log timer restarts) when the "waiting for" log is due, every `every_s`.
   bool wait_log_due(double every_s);
 
