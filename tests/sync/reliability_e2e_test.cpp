@@ -402,6 +402,42 @@ TEST_F(SyncReliability, AnExpertGrownEveryRoundIsRefusedFlaggedAndNeverMerged) {
   expect_same_weights_at_the_end(dir, 3);
 }
 
+// A lone early uploader (issue 35, finding 4): node 1 uploads round 2 at once, with a norm
+// weight poisoned inside every per-upload bound, while node 0 (alive) stalls 8 s, past the 2 s
+// deadline. Before, the deadline published node 1's upload alone. With the default quorum (2)
+// the round waits for node 0 and the comparison across nodes refuses node 1; with a quorum of
+// 1 chosen on purpose, the round closes on node 1 alone at its deadline and the history of
+// accepted updates refuses it. Either way round 2 is node 0's, and every node ends alike.
+void lone_early_uploader_run(const std::string& dir, const std::string& extra,
+                             const std::string& refusal) {
+  const std::string cfg = write_config(dir, 2, "  round_timeout: 2\n" + extra);
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0", {{"SPES_SYNC_FAULTS", "stall@2:8"}});
+  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "poison@2"}});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited && srv->exited; }, 240))
+      << all_logs(all);
+  ASSERT_EQ(n0->code, 0) << all_logs(all);
+  ASSERT_EQ(n1->code, 0) << all_logs(all);
+  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << all_logs(all);
+  EXPECT_EQ(rounds[1]["nodes"].get<std::vector<int64_t>>(), (std::vector<int64_t>{0}))
+      << rounds[1].dump();
+  EXPECT_THAT(rounds[1]["missing"].dump(), HasSubstr(refusal));
+  expect_same_weights_at_the_end(dir, 2);
+}
+
+TEST_F(SyncReliability, ALoneEarlyUploaderWaitsForTheQuorum) {
+  lone_early_uploader_run(g_dir + "/lone_quorum", "", "other 1 nodes");
+}
+
+TEST_F(SyncReliability, ALoneEarlyUploaderIsJudgedByTheAcceptedUpdatesWithQuorumOne) {
+  lone_early_uploader_run(g_dir + "/lone_history", "  min_nodes: 1\n", "accepted updates");
+}
+
 TEST_F(SyncReliability, BrokenUploadResumesAndARepeatedChunkIsIgnored) {
   const std::string dir = g_dir + "/resume";
   const std::string cfg = write_config(dir, 2, "  round_timeout: 120\n");

@@ -207,7 +207,8 @@ struct SyncTransport {
 // and whether a node trains on while its round is in flight.
 struct RoundTiming {
   double round_timeout = 600.0;         // seconds a round waits for stragglers
-  int64_t min_nodes = 1;                // uploads a round needs to publish at its deadline
+  int64_t min_nodes = 2;                // uploads a round needs to publish at its deadline (at
+                                        // most the nodes joined and alive; sync/server/open_round.h)
   double heartbeat_timeout = 60.0;      // seconds of silence after which a node is dead
   // Node: keep training while a round is in flight and apply the published model, plus the
   // progress made meanwhile, when it arrives (docs/PROTOCOL.md, "Overlap"); with

@@ -37,6 +37,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
       store_(cfg_, opts_.out_dir, opts_.keep_uploads, *model_, incarnation_),
       bounds_(cfg_, model_->plan(), model_->tensors()),
       experts_(cfg_, model_->plan(), model_->tensors()),
+      history_(cfg_, model_->plan(), bounds_),
       uploads_(cfg_, *model_, bounds_, experts_, opts_.out_dir, opts_.keep_uploads, mu_,
                UploadEvents{[this] { round_.start_clock(); },
                             [this](int64_t) {
@@ -86,6 +87,13 @@ void RoundState::restore_drift_state() {
     spdlog::warn("sync server: no usable drift window was saved with round {}; it starts over "
                  "from the resumed model", published_.round);
   }
+  if (!history_.restore(saved.is_object() && saved.contains("history") ? saved["history"]
+                                                                       : nlohmann::json())) {
+    history_.reset();
+    spdlog::warn("sync server: no usable history of accepted updates was saved with round {}; "
+                 "it starts over (the first round after the restart is not compared with it)",
+                 published_.round);
+  }
   experts_.published(model_->tensors());
   if (!experts_.restore(saved.is_object() && saved.contains("experts") ? saved["experts"]
                                                                        : nlohmann::json())) {
@@ -99,6 +107,7 @@ void RoundState::restore_drift_state() {
 nlohmann::json RoundState::drift_state() const {
   nlohmann::json j = bounds_.to_json();
   j["experts"] = experts_.to_json();
+  j["history"] = history_.to_json();
   return j;
 }
 
@@ -215,14 +224,16 @@ void RoundState::maybe_publish(bool deadline_check) {
   const int64_t N = static_cast<int64_t>(members_.size());
   auto decide = [&](int64_t& present) {
     present = 0;
-    int64_t out = 0;
+    int64_t out = 0, waiting = 0;  // waiting: joined and alive, not uploaded yet
     for (int64_t i = 0; i < N; ++i) {
       if (uploads_.arrived(i)) ++present;
       else if (uploads_.state(i) == UploadStaging::State::Rejected || members_[i].left ||
                members_.is_dead(i))
         ++out;
+      else if (members_[i].joined)
+        ++waiting;
     }
-    return round_.may_close(present, out, N, deadline_check);
+    return round_.may_close(present, out, waiting, N, deadline_check);
   };
   int64_t present = 0;
   OpenRound::Close close = decide(present);
@@ -240,8 +251,14 @@ void RoundState::maybe_publish(bool deadline_check) {
 }
 
 bool RoundState::screen_outliers() {
-  const std::vector<UpdateBounds::Outlier> outliers =
-      bounds_.outliers(uploads_.arrived_updates());
+  // Against the round's other uploads, then (the rest) against the accepted updates of the
+  // last rounds: the only check a round with a single upload has.
+  const auto arrived = uploads_.arrived_updates();
+  std::vector<UpdateBounds::Outlier> outliers = bounds_.outliers(arrived);
+  for (UpdateBounds::Outlier& o : history_.outliers(arrived))
+    if (std::none_of(outliers.begin(), outliers.end(),
+                     [&](const UpdateBounds::Outlier& p) { return p.node == o.node; }))
+      outliers.push_back(std::move(o));
   bool refold = false;
   for (const auto& o : outliers) {
     refold = refold || uploads_.state(o.node) == UploadStaging::State::Folded;
@@ -266,6 +283,7 @@ void RoundState::close_round() {
   nlohmann::json node_states = nlohmann::json::array();
   for (size_t i = 0; i < members_.size(); ++i) node_states.push_back(node_state(i));
   std::set<ExpertKey> no_donors = merge_exclusions();
+  std::vector<double> update_medians = history_.round_medians(uploads_.arrived_updates());
   uploads_.close_round();
   RoundOutcome o = round_.finish(std::move(no_donors));
   const bool compressed = model_->plan().compression() != Compression::None;
@@ -281,6 +299,7 @@ void RoundState::close_round() {
   if (delta_file) commit_delta_file(o, delta, sha, *delta_file, &closing_->record);
   closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
   closing_->change = o.change;
+  closing_->update_medians = std::move(update_medians);
   closing_->closed_at = Clock::now();
   closing_->line = round_line(o, aggregate_s, missing, std::move(node_states));
   if (compressed) closing_->line["delta_write_s"] = seconds_since(t_delta);
@@ -368,6 +387,7 @@ void RoundState::advance_to_closed_round() {
   // What the next round's checks need of this model (its norms), before anyone sees it.
   bounds_.published(c->change, model_->tensors());
   experts_.published(model_->tensors());
+  history_.published(std::move(c->update_medians));
   store_.save_drift_window(p, drift_state());
   uploads_.next_round(p.round + 1);
   // Unlinking four large files frees their blocks (slow on a disk mounted with discard): off

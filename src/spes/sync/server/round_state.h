@@ -43,6 +43,7 @@
 #include "spes/sync/server/round_log.h"
 #include "spes/sync/server/round_store.h"
 #include "spes/sync/server/update_bounds.h"
+#include "spes/sync/server/update_history.h"
 #include "spes/sync/server/upload_staging.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -154,6 +155,7 @@ class RoundState {
   RoundStore store_;
   UpdateBounds bounds_;
   ExpertDrift experts_;  // the run-long bound per expert (expert_drift.h)
+  UpdateHistory history_;  // shared updates against the accepted ones (update_history.h)
   UploadStaging uploads_;
   OpenRound round_;
   std::unique_ptr<RoundLog> log_;
@@ -164,6 +166,7 @@ class RoundState {
     PublishedRound round;
     nlohmann::json line;
     std::vector<double> change;
+    std::vector<double> update_medians;  // the accepted updates, for history_
     DeltaRecord record;  // compression: the round's delta file, already in place
     std::chrono::steady_clock::time_point closed_at, last_try;
     std::string error;
