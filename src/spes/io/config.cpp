@@ -17,6 +17,7 @@
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/io/reference_keys.h"
+#include "spes/io/yaml_expansion.h"
 
 namespace spes {
 namespace {
@@ -162,6 +163,7 @@ void apply_override(YAML::Node& root, const std::string& kv) {
              "--set '{}': expected key=value, e.g. --set model.d_model=512", kv);
   std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
   YAML::Node parsed;
+  check_yaml_expansion(value, fmt::format("--set '{}'", key));
   try {
     parsed = value.empty() ? YAML::Node(std::string()) : YAML::Load(value);
   } catch (const YAML::Exception& e) {
@@ -231,6 +233,7 @@ namespace {
 Config parse_yaml_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
                          const std::string& origin, std::vector<std::string>* ignored_out) {
   YAML::Node root;
+  check_yaml_expansion(yaml_text, origin);
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::ParserException& e) {
