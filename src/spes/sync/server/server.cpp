@@ -143,8 +143,12 @@ class SyncService final : public pb::SpesSync::Service {
   grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
                       pb::StatusReply* rep) override {
     return guarded("Status", *ctx, [&] {
+      // Callers holding the read token have a budget of their own (per host): a flood of
+      // Status calls without it, from their host or any other, cannot starve them. The rest
+      // are held to their host's rate before their credentials are looked at.
+      const std::string host = peer_host(*ctx);
+      limit_rate("Status", auth_.holds_read_token(*ctx) ? "read-token holder at " + host : host);
       auth_.check_read(*ctx);
-      limit_rate("Status", peer_host(*ctx));
       call_status(st_, rep);
     });
   }
