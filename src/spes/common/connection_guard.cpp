@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <fmt/core.h>
@@ -60,6 +61,17 @@ std::string peer_address(int fd) {
     return "local";
   }
   return buf;
+}
+
+uint64_t raise_descriptor_limit() {
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) != 0) return 0;
+  const rlim_t most = l.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : l.rlim_max;
+  if (l.rlim_cur == RLIM_INFINITY || l.rlim_cur >= most) return l.rlim_cur;
+  rlimit raised = l;
+  raised.rlim_cur = most;
+  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) return l.rlim_cur;
+  return most;
 }
 
 }  // namespace spes

@@ -52,4 +52,10 @@ class ConnectionGuard {
 // The address (without port) of the peer of a connected socket ("?" when unknown).
 std::string peer_address(int fd);
 
+// Raises this process's limit of open descriptors (RLIMIT_NOFILE) to the most the system
+// allows it (the hard limit; 1,048,576 when that is unlimited) and returns the limit now in
+// force: a server flooded with connections then runs out of descriptors far later (issue 35,
+// finding 2; the default soft limit is often 1024).
+uint64_t raise_descriptor_limit();
+
 }  // namespace spes

@@ -16,6 +16,7 @@
 #include <map>
 #include <thread>
 
+#include "spes/common/connection_guard.h"
 #include "spes/dashboard/dashboard_server.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
@@ -379,6 +380,8 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts,
   impl_->opts = std::move(opts);
   impl_->cfg = cfg;
   impl_->check_listen_security();
+  // Connections hold descriptors: as many as the system allows this process.
+  spdlog::info("sync server: up to {} open descriptors", raise_descriptor_limit());
   impl_->make_call_auth();
   impl_->limits = std::make_unique<StreamLimits>(impl_->opts.first_message_timeout_s,
                                                  impl_->opts.stream_idle_timeout_s);
