@@ -7,6 +7,7 @@
 #include "cli/command.h"
 #include "spes/common/error.h"
 #include "spes/data/tokenizer.h"
+#include "spes/io/json_depth.h"
 
 namespace {
 
@@ -19,8 +20,8 @@ void run_tokenize(const TokenizeArgs& a) {
   if (!a.decode.empty()) {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(a.decode);
-    } catch (const nlohmann::json::exception& e) {
+      j = spes::json_parse_bounded(a.decode, "--decode", 1);
+    } catch (const std::exception& e) {
       spes::fail("--decode: expected a JSON array of ids such as [12092,1533]: {}", e.what());
     }
     SPES_CHECK(j.is_array(), "--decode: expected a JSON array of ids, found {}", j.dump());

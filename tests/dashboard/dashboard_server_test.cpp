@@ -1,6 +1,9 @@
 // The dashboard's HTTP server: the page and the status JSON over a real loopback socket (a raw
 // HTTP/1.0 request, independent of the server's library), errors from the status provider, a
-// clear error for a port already taken, the Host check (DNS rebinding) and the read token. The page itself is checked in headless Chromium by
+// clear error for a port already taken, the Host check (DNS rebinding) and the read token; only
+// GET and HEAD, no body read, slow clients cut at the head deadline and connections capped in
+// total and per address (raw sockets from distinct 127.0.0.x addresses). The page itself is
+// checked in headless Chromium by
 // scripts/test_dashboard.sh (CTest: dashboard_headless_chromium).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -9,8 +12,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "spes/common/error.h"
 #include "spes/dashboard/dashboard_server.h"
@@ -114,6 +120,116 @@ TEST(DashboardServer, ChecksTheHostHeaderAndTheReadToken) {
   EXPECT_EQ(status_of(ok), 200);
   EXPECT_EQ(body_of(ok), "{\"ok\":1}");
   EXPECT_EQ(status_of(http_get(q, "/", host)), 200);
+}
+
+// A connected socket to 127.0.0.1:port from the loopback address `from` (127.0.0.x: distinct
+// source addresses on one machine).
+int connect_from(int port, const std::string& from) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)), 0) << from;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// Sends `request` (as much as the peer takes) and reads the reply until the server closes.
+std::string send_and_read(int fd, const std::string& request) {
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+  ::close(fd);
+  return out;
+}
+
+std::string http_get_from(int port, const std::string& from) {
+  return send_and_read(connect_from(port, from), "GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+}
+
+// Issue 35, finding 5: the page read a 512 MiB POST body (RSS grew about 1 GiB). Now only GET
+// and HEAD are served, and a request with a body is answered before its body is read.
+TEST(DashboardServer, OnlyGetAndHeadAndNoBodyIsRead) {
+  DashboardServer page("127.0.0.1", 0, [] { return nlohmann::json{{"ok", 1}}; });
+  const int p = page.port();
+  const std::string host = "Host: 127.0.0.1\r\n";
+  // A 512 MiB body announced; 1 MiB of it sent: the reply comes without the rest.
+  const int fd = connect_from(p, "127.0.0.1");
+  const std::string head = "POST /api/status HTTP/1.1\r\n" + host +
+                           "Content-Length: 536870912\r\n\r\n";
+  EXPECT_EQ(status_of(send_and_read(fd, head + std::string(1 << 20, 'x'))), 405);
+  EXPECT_EQ(status_of(send_and_read(connect_from(p, "127.0.0.1"),
+                               "PUT / HTTP/1.1\r\n" + host + "\r\n")), 405);
+  EXPECT_EQ(status_of(send_and_read(connect_from(p, "127.0.0.1"),
+                               "GET /api/status HTTP/1.1\r\n" + host +
+                                   "Content-Length: 100\r\n\r\n")), 413);
+  const std::string h = send_and_read(connect_from(p, "127.0.0.1"), "HEAD / HTTP/1.1\r\n" + host +
+                                                                   "\r\n");
+  EXPECT_EQ(status_of(h), 200);
+  EXPECT_EQ(body_of(h), "");
+  // A head larger than 16 KiB.
+  EXPECT_EQ(status_of(send_and_read(connect_from(p, "127.0.0.1"),
+                               "GET / HTTP/1.1\r\n" + host + "X-Big: " +
+                                   std::string(20000, 'a') + "\r\n\r\n")), 431);
+}
+
+// Slow clients (a header byte every second, from three addresses, more of them than the old
+// server had threads) neither keep others from being served nor stay past the head deadline
+// (5 s: answered 408); a fifth connection from one address, or past the total, is refused with
+// 503 at once, and once the flood is gone every connection is served again.
+TEST(DashboardServer, SlowClientsAreCutAndConnectionsAreCapped) {
+  DashboardServer page("127.0.0.1", 0, [] { return nlohmann::json{{"ok", 1}}; });
+  const int p = page.port();
+  std::vector<int> slow;
+  for (const char* from : {"127.0.0.3", "127.0.0.4", "127.0.0.5"})
+    for (int i = 0; i < 4; ++i) {
+      slow.push_back(connect_from(p, from));
+      const std::string start = "GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+      ::send(slow.back(), start.data(), start.size(), MSG_NOSIGNAL);
+    }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    for (int s = 0; s < 30 && !done; ++s) {
+      for (int fd : slow) ::send(fd, "X", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  });
+  // Another client is served while they trickle.
+  EXPECT_EQ(status_of(http_get_from(p, "127.0.0.2")), 200);
+  // A fifth connection from a trickling address is refused at once.
+  const std::string refused = send_and_read(connect_from(p, "127.0.0.3"),
+                                       "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  EXPECT_EQ(status_of(refused), 503);
+  EXPECT_NE(refused.find("from 127.0.0.3"), std::string::npos) << refused;
+  // The slow ones are answered 408 at their head deadline and closed.
+  for (int fd : slow) {
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+    EXPECT_EQ(status_of(out), 408) << out;
+    ::close(fd);
+  }
+  done = true;
+  trickle.join();
+  // The total cap: 32 idle connections from 8 addresses, then a 33rd from a ninth is refused.
+  std::vector<int> idle;
+  for (int a = 10; a < 18; ++a)
+    for (int i = 0; i < 4; ++i) idle.push_back(connect_from(p, "127.0.0." + std::to_string(a)));
+  // Once the server has taken all of them, a 33rd from a ninth address is refused.
+  int probe = 0;
+  for (int i = 0; i < 50 && (probe = status_of(http_get_from(p, "127.0.0.20"))) != 503; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(probe, 503);
+  for (int fd : idle) ::close(fd);
+  // Accepting again after the flood.
+  for (int i = 0; i < 50 && status_of(http_get_from(p, "127.0.0.20")) != 200; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(status_of(http_get_from(p, "127.0.0.20")), 200);
 }
 
 }  // namespace

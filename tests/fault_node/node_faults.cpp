@@ -16,7 +16,7 @@ namespace spes::sync {
 
 bool NodeFaults::any() const {
   return nan_round >= 0 || foreign_round >= 0 || scaled_round >= 0 || corrupt_round >= 0 ||
-         badname_round >= 0 || poison_round >= 0 ||
+         badname_round >= 0 || poison_round >= 0 || grow_round >= 0 ||
          stall_round >= 0 || replay_round >= 0 || cut_round >= 0 || dup_round >= 0;
 }
 
@@ -53,12 +53,13 @@ NodeFaults parse_node_faults(const std::string& spec) {
     else if (kind == "dup") f.dup_round = round;
     else if (kind == "badname") f.badname_round = round;
     else if (kind == "poison") f.poison_round = round;
+    else if (kind == "grow") f.grow_round = round;
     else if (kind == "stall") {
       f.stall_round = round;
       f.stall_s = seconds;
     } else {
-      fail("SPES_SYNC_FAULTS: unknown fault '{}' (nan, foreign, scaled, badname, poison, corrupt, "
-           "stall, replay, cut, dup)",
+      fail("SPES_SYNC_FAULTS: unknown fault '{}' (nan, foreign, scaled, badname, poison, grow, "
+           "corrupt, stall, replay, cut, dup)",
            kind);
     }
   }
@@ -157,8 +158,9 @@ std::optional<SafetensorsStreamWriter> NodeFaultInjection::payload(const ParamRe
                  r);
     std::this_thread::sleep_for(std::chrono::duration<double>(f_.stall_s));
   }
+  const bool grow = f_.grow_round >= 0 && r >= f_.grow_round;
   if (r != f_.nan_round && r != f_.foreign_round && r != f_.scaled_round &&
-      r != f_.badname_round && r != f_.poison_round)
+      r != f_.badname_round && r != f_.poison_round && !grow)
     return std::nullopt;
   NamedTensors t;
   for (const auto& e : reg.entries())
@@ -187,6 +189,20 @@ std::optional<SafetensorsStreamWriter> NodeFaultInjection::payload(const ParamRe
                    meta.node, r, name);
       break;
     }
+  }
+  if (grow) {
+    // The node's own weights grow too (it downloads only the others' tensors after an accepted
+    // round, and its weights must hash to what the server published).
+    torch::NoGradGuard ng;
+    for (auto& [name, v] : t) {
+      const RegistryEntry* e = reg.find(name);
+      if (e && e->role == ParamRole::Expert) {
+        e->tensor.mul_(1.3);
+        v = e->tensor.detach();
+      }
+    }
+    spdlog::warn("node {}: fault injection: round {} upload carries its experts x1.3", meta.node,
+                 r);
   }
   if (r == f_.foreign_round) {
     for (const auto& e : reg.entries())

@@ -9,6 +9,10 @@
 //   badname@R    the upload of round R names its first tensor with bytes that are not UTF-8
 //   poison@R     the upload of round R moves its first one-dimensional shared tensor (a norm
 //                weight) by 4x its norm: inside every per-upload bound, an outlier among nodes
+//   grow@R       from round R on, the node multiplies its own experts by 1.3 before every
+//                upload (each round inside the per-round and window bounds; it compounds while
+//                accepted: an owner drifting its expert without end; after a refusal the node
+//                catches up with the published model)
 //   corrupt@R    the first chunk of round R's first upload attempt fails its checksum
 //   stall@R:S    the node sleeps S seconds before uploading round R (a straggler)
 //   replay@R     after round R is published, the node uploads round R-1 again (an old round)
@@ -31,7 +35,7 @@ namespace spes::sync {
 struct NodeFaults {
   int64_t nan_round = -1, foreign_round = -1, scaled_round = -1, corrupt_round = -1;
   int64_t stall_round = -1, replay_round = -1, cut_round = -1, dup_round = -1;
-  int64_t badname_round = -1, poison_round = -1;
+  int64_t badname_round = -1, poison_round = -1, grow_round = -1;
   double stall_s = 0;
   bool any() const;
 };
@@ -47,7 +51,7 @@ class NodeFaultInjection : public NodeRoundHooks {
   NodeFaultInjection(const NodeFaults& faults, int64_t node);
   // Wraps the client's upload streams: corrupt, cut, dup (and their chunks of an eighth).
   std::shared_ptr<UploadStreamFilter> upload_filter() const override { return filter_; }
-  // A deliberately bad upload of meta.round (nan, foreign, scaled, badname, poison), or none
+  // A deliberately bad upload of meta.round (nan, foreign, scaled, badname, poison, grow), or none
   // (the node's own); after stall@R's sleep.
   std::optional<SafetensorsStreamWriter> payload(const ParamRegistry& registry,
                                                  const UploadMeta& meta,

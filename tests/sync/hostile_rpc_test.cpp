@@ -454,6 +454,39 @@ TEST(HostileRpc, AFloodOfCallsFromOneNodeIsHeldToItsRateAndOthersAreNot) {
   EXPECT_FALSE(f.srv->poll()) << f.srv->log();
 }
 
+// Issue 35, finding 7: Status is limited per host, so a flood of Status calls from one host
+// starved `spes status` there. Callers holding the read token have a budget of their own: after
+// a flood without it from the same host has been refused for its rate, `spes status` with the
+// token is answered at once.
+TEST(HostileRpc, AStatusFloodFromAHostDoesNotStarveTheReadTokenHolder) {
+  TempDir keys;
+  write_secret(keys.path + "/read.token", "read-token-0123456789abcdef\n", kPrivate);
+  ServeFixture f({{"--read-token-file", keys.path + "/read.token"}});
+  ASSERT_FALSE(f.address.empty()) << f.srv->log();
+  int limited = 0;
+  std::string refusal;
+  for (int i = 0; i < 3000 && limited < 5; ++i) {
+    grpc::ClientContext ctx;
+    set_deadline(ctx, 60);
+    pb::StatusReply st;
+    const grpc::Status s = f.stub()->Status(&ctx, pb::StatusRequest(), &st);
+    ASSERT_FALSE(s.ok());
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      ++limited;
+      refusal = s.error_message();
+    } else {
+      ASSERT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    }
+  }
+  ASSERT_EQ(limited, 5);
+  EXPECT_THAT(refusal, HasSubstr("calls Status more often than 20 a second"));
+  Proc ok("status", {SPES_BINARY, "status", "--server", f.address, "--read-token-file",
+                     keys.path + "/read.token", "--json"});
+  ASSERT_TRUE(pump_until({&ok}, [&] { return ok.exited; }, 60));
+  EXPECT_EQ(ok.code, 0) << ok.log() << f.srv->log();
+  EXPECT_TRUE(ok.saw("\"published_round\": 0")) << ok.log();
+}
+
 TEST(HostileRpc, AFailedSaveShowsInStatusAndInSpesStatus) {
   TempDir dir;
   const Config cfg = tiny_config({"spes_config.dashboard_port=-1"});

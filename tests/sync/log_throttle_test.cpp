@@ -48,3 +48,26 @@ TEST(LogThrottle, AFloodOfDistinctKeysSharesOneOverflowKey) {
   now += std::chrono::seconds(10);
   EXPECT_THAT(t.flush(), ElementsAre("refused 999 (995 more like this in the last 10 s)"));
 }
+
+// Issue 35, finding 6: each of many sources (a stranger rotating addresses) gets its first line
+// logged, so the log grew without bound. A total cap: at most max_lines lines a window in all;
+// the rest counted and summed up in one line once the window has passed.
+TEST(LogThrottle, ATotalCapHoldsBackLinesFromManySourcesAndSaysHowMany) {
+  LogThrottle::Clock::time_point now{};
+  LogThrottle t(10, [&] { return now; }, /*max_keys=*/4096, /*max_lines=*/50);
+  int logged = 0;
+  for (int i = 0; i < 1000; ++i)
+    logged += t.admit("peer " + std::to_string(i), "refused " + std::to_string(i)).has_value();
+  EXPECT_EQ(logged, 50);
+  EXPECT_TRUE(t.flush().empty());  // within the window: nothing yet
+  now += std::chrono::seconds(10);
+  EXPECT_THAT(t.flush(), ElementsAre("log cap: 950 more lines of refused calls were not logged "
+                                     "over the last 10 s (at most 50 such lines every 10 s); "
+                                     "the last: refused 999"));
+  EXPECT_TRUE(t.flush().empty());  // reported once
+  // The next window logs again, up to the cap.
+  logged = 0;
+  for (int i = 0; i < 80; ++i)
+    logged += t.admit("other " + std::to_string(i), "refused again").has_value();
+  EXPECT_EQ(logged, 50);
+}

@@ -10,10 +10,12 @@
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "spes/io/files.h"
 #include "spes/sync/node/client.h"
@@ -430,6 +432,31 @@ TEST(TransportSecurityServer, ANodeHoldsAtMostTwoLongPollsAndANewerOneEndsTheOld
   collect(5, 120);
   EXPECT_EQ(done(), 5);
   EXPECT_FALSE(f.srv->exited) << f.srv->log();
+}
+
+// Issue 35, finding 2 (in part): idle connections from one stranger exhausted the server's
+// descriptors (soft limit 1024). `spes serve` raises its limit to the most the system allows:
+// started with a soft limit of 256, it runs with its hard limit.
+TEST(TransportSecurityServer, TheServerRaisesItsDescriptorLimit) {
+  rlimit mine{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &mine), 0);
+  if (mine.rlim_max != RLIM_INFINITY && mine.rlim_max <= 256)
+    GTEST_SKIP() << "the hard limit of open files here is " << mine.rlim_max;
+  rlimit low = mine;
+  low.rlim_cur = 256;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  ServeFixture f;  // the server inherits the soft limit of 256
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &mine), 0);
+  ASSERT_FALSE(f.address.empty()) << f.srv->log();
+  const auto info = nlohmann::json::parse(file_read(f.tmp.path + "/srv/server.json"));
+  std::ifstream limits("/proc/" + std::to_string(info["pid"].get<int64_t>()) + "/limits");
+  std::string line, soft;
+  while (std::getline(limits, line))
+    if (line.rfind("Max open files", 0) == 0) std::istringstream(line.substr(14)) >> soft;
+  const uint64_t expected = mine.rlim_max == RLIM_INFINITY ? (1u << 20) : mine.rlim_max;
+  EXPECT_EQ(soft, std::to_string(expected));
+  EXPECT_TRUE(f.srv->saw("up to " + std::to_string(expected) + " open descriptors"))
+      << f.srv->log();
 }
 
 TEST(TransportSecurityServer, StatusNeedsTheReadTokenOffLoopback) {

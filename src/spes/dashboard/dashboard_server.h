@@ -1,11 +1,18 @@
-// The sync server's live status page over HTTP (cpp-httplib, Debian's libcpp-httplib): GET /
+// The sync server's live status page over HTTP (a small HTTP/1.x server of its own): GET /
 // serves one self-contained page (inline CSS and JavaScript, no external scripts or fonts, so it
 // works without internet) that polls GET /api/status every two seconds and redraws the nodes,
 // the rounds, loss curves per node and per-layer expert similarity; GET /api/status returns the
 // JSON that `status` builds at the time of the request. Runs on its own thread. Every request
 // must name an allowed host in its Host header (421 otherwise: a defence against DNS
 // rebinding), and /api/status may require a read token (`Authorization: Bearer TOKEN`; the
-// page takes it from its URL fragment, `#token=TOKEN`, and 401 without it). Leaves out: TLS.
+// page takes it from its URL fragment, `#token=TOKEN`, and 401 without it). A hostile client
+// costs little (issue 35, finding 5): only GET and HEAD (405 otherwise), no request body (413,
+// answered before any of it is read), a request head of at most 16 KiB (431) that must be
+// complete 5 s after the connection opened (408: a client sending a byte every few seconds is
+// cut), replies written within 10 s, one request per connection, and at most 32 connections
+// open, 4 from one address (503 at once past either; common/connection_guard.h). The accept
+// loop never stops on an error (out of descriptors: it waits and accepts again). Leaves out:
+// TLS.
 #pragma once
 #include <nlohmann/json.hpp>
 

@@ -15,6 +15,7 @@
 #include "spes/data/hf_added_tokens.h"
 #include "spes/data/hf_regex_split.h"
 #include "spes/data/unicode_nfc.h"
+#include "spes/io/json_depth.h"
 
 namespace spes {
 using json = nlohmann::json;
@@ -367,12 +368,7 @@ HfBpeTokenizer::~HfBpeTokenizer() = default;
 
 std::unique_ptr<HfBpeTokenizer> HfBpeTokenizer::from_json(const std::string& json_text,
                                                           const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", origin, e.what());
-  }
+  json j = json_parse_bounded(json_text, origin);
   std::unique_ptr<HfBpeTokenizer> t(new HfBpeTokenizer());
   t->impl_->origin = origin;
   try {

@@ -11,6 +11,7 @@
 #include "spes/interop/hf_weights.h"
 #include "spes/interop/model_build.h"
 #include "spes/io/files.h"
+#include "spes/io/json_depth.h"
 
 namespace spes {
 namespace fs = std::filesystem;
@@ -51,12 +52,7 @@ HfModel hf_import(const std::string& dir, int64_t max_seq_len) {
   const std::string cfg_path = dir + "/config.json";
   SPES_CHECK(fs::exists(cfg_path), "'{}' is not a Hugging Face model directory (no config.json)",
              dir);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(file_read(cfg_path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON ({})", cfg_path, e.what());
-  }
+  const nlohmann::json j = json_parse_bounded(file_read(cfg_path), cfg_path);
   const HfImportedConfig ic = hf_config_to_model(j, cfg_path, max_seq_len);
   HfModel m;
   m.config.model = ic.model;

@@ -11,6 +11,7 @@
 
 #include "spes/common/error.h"
 #include "spes/io/files.h"
+#include "spes/io/json_depth.h"
 
 namespace spes {
 namespace fs = std::filesystem;
@@ -31,12 +32,7 @@ NamedTensors hf_read_weights(const std::string& dir) {
                dir);
     fail("{}: neither {} nor {} found", dir, kSingle, kIndex);
   }
-  json idx;
-  try {
-    idx = json::parse(file_read(index_path));
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON ({})", index_path, e.what());
-  }
+  json idx = json_parse_bounded(file_read(index_path), index_path);
   SPES_CHECK(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(),
              "{}: expected an object with a 'weight_map' object (tensor name -> shard file)",
              index_path);

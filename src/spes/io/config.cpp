@@ -18,6 +18,7 @@
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/io/reference_keys.h"
+#include "spes/io/yaml_expansion.h"
 
 namespace spes {
 namespace {
@@ -177,6 +178,7 @@ void apply_override(YAML::Node& root, const std::string& kv) {
              "--set '{}': expected key=value, e.g. --set model.d_model=512", kv);
   std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
   YAML::Node parsed;
+  check_yaml_expansion(value, fmt::format("--set '{}'", key));
   try {
     parsed = value.empty() ? YAML::Node(std::string()) : YAML::Load(value);
   } catch (const YAML::Exception& e) {
@@ -246,6 +248,7 @@ namespace {
 Config parse_yaml_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
                          const std::string& origin, std::vector<std::string>* ignored_out) {
   YAML::Node root;
+  check_yaml_expansion(yaml_text, origin);
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::ParserException& e) {
@@ -410,8 +413,10 @@ void validate_timing(const RoundTiming& t, const SpesConfig& s, const std::strin
   SPES_CHECK(t.overlap || t.overlap_delay_steps == 0, "{}: spes_config.overlap_delay_steps {} "
              "needs spes_config.overlap: true", o, t.overlap_delay_steps);
   SPES_CHECK(t.min_nodes >= 1, "{}: spes_config.min_nodes must be >= 1", o);
-  SPES_CHECK(t.min_nodes <= s.num_peers, "{}: spes_config.min_nodes ({}) exceeds num_peers "
-             "({}); a round could never publish at its deadline", o, t.min_nodes, s.num_peers);
+  // The default, 2, also fits a one-node run: the quorum is at most the nodes alive.
+  SPES_CHECK(t.min_nodes <= std::max<int64_t>(s.num_peers, 2), "{}: spes_config.min_nodes "
+             "({}) exceeds num_peers ({}); a round could never publish at its deadline", o,
+             t.min_nodes, s.num_peers);
   SPES_CHECK(t.round_timeout > 0, "{}: spes_config.round_timeout must be > 0 seconds, found {}",
              o, t.round_timeout);
   SPES_CHECK(t.heartbeat_timeout > 0, "{}: spes_config.heartbeat_timeout must be > 0 seconds, "
@@ -444,6 +449,12 @@ void validate_bounds(const UpdateBounds& b, Weighting weighting, const std::stri
   SPES_CHECK(b.drift_window_rounds >= 1 && b.drift_window_rounds <= 1000, "{}: "
              "spes_config.drift_window_rounds must be in [1, 1000], found {}", o,
              b.drift_window_rounds);
+  SPES_CHECK(b.max_expert_peer_ratio == 0 || b.max_expert_peer_ratio >= 1, "{}: "
+             "spes_config.max_expert_peer_ratio must be 0 (off) or >= 1 (x the median norm of the "
+             "layer's other experts), found {}", o, b.max_expert_peer_ratio);
+  SPES_CHECK(b.max_expert_growth == 0 || b.max_expert_growth >= 1, "{}: "
+             "spes_config.max_expert_growth must be 0 (off) or >= 1 (x the expert's norm at the "
+             "run's start), found {}", o, b.max_expert_growth);
   SPES_CHECK(b.outlier_factor == 0 || b.outlier_factor >= 1, "{}: spes_config.outlier_factor "
              "must be 0 (off) or >= 1 (x the median of the other nodes' updates), found {}", o,
              b.outlier_factor);

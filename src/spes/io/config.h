@@ -211,7 +211,8 @@ struct SyncTransport {
 // and whether a node trains on while its round is in flight.
 struct RoundTiming {
   double round_timeout = 600.0;         // seconds a round waits for stragglers
-  int64_t min_nodes = 1;                // uploads a round needs to publish at its deadline
+  int64_t min_nodes = 2;                // uploads a round needs to publish at its deadline (at
+                                        // most the nodes joined and alive; sync/server/open_round.h)
   double heartbeat_timeout = 60.0;      // seconds of silence after which a node is dead
   // Node: keep training while a round is in flight and apply the published model, plus the
   // progress made meanwhile, when it arrives (docs/PROTOCOL.md, "Overlap"); with
@@ -273,13 +274,18 @@ struct OuterStepSettings {
 // the last drift_window_rounds rounds, a tensor's path from the published value at the window's
 // start at most max_drift_ratio x its norm (0: off); a shared tensor's update above
 // outlier_factor x the median of the other nodes' updates of it is refused (0: off; needs 2 or
-// more uploads); the statistic that combines shared tensors.
+// more uploads); the statistic that combines shared tensors. Over the whole run, an expert
+// tensor's norm at most max_expert_peer_ratio x the median norm of the same tensor of the
+// layer's other experts, and at most max_expert_growth x its own norm at the run's start (0:
+// off; sync/server/expert_drift.h).
 struct UpdateBounds {
   double max_update_norm_ratio = 10.0;
   double max_tensor_update_ratio = 10.0;
   int64_t drift_window_rounds = 10;
   double max_drift_ratio = 20.0;
   double outlier_factor = 8.0;
+  double max_expert_peer_ratio = 4.0;
+  double max_expert_growth = 16.0;
   Choice<Aggregation> aggregation = Aggregation::Mean;  // mean | trimmed_mean | median (shared)
   double trim_fraction = 0.25;          // trimmed_mean: share of nodes dropped at each end
   template <class V> void visit(V& v) {
@@ -287,6 +293,7 @@ struct UpdateBounds {
     v("max_tensor_update_ratio", max_tensor_update_ratio);
     v("drift_window_rounds", drift_window_rounds); v("max_drift_ratio", max_drift_ratio);
     v("outlier_factor", outlier_factor); v("aggregation", aggregation);
+    v("max_expert_peer_ratio", max_expert_peer_ratio); v("max_expert_growth", max_expert_growth);
     v("trim_fraction", trim_fraction);
   }
 };

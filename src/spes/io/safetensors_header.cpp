@@ -7,6 +7,7 @@
 
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
+#include "spes/io/json_depth.h"
 
 namespace spes {
 
@@ -15,26 +16,6 @@ namespace {
 // and time to parse and is refused before parsing.
 constexpr int kMaxHeaderDepth = 4;
 
-// Deepest nesting of arrays and objects in JSON text (strings skipped), stopping past `limit`.
-int json_depth(const char* it, const char* end, int limit) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (; it != end && deepest <= limit; ++it) {
-    const char c = *it;
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
 }  // namespace
 
 std::string safetensors_dtype_name(torch::ScalarType t) {

@@ -21,6 +21,11 @@ struct ParamCounts {
   int64_t active_per_token = 0;  // S + X x top_k / E: the weights one token's forward uses
 };
 
+// Values of every tensor of the model `m` describes (ParamCounts::total), in double so that a
+// config of any size (a million layers, a huge d_model) is counted without overflow: exact
+// below 2^53.
+double model_values(const ModelConfig& m);
+
 // Counts for node `node` of the run `cfg` (spes_config.mode, ownership and frozen_experts
 // decide `trainable`: shared + own experts in spes mode, everything in the other modes).
 ParamCounts param_counts(const Config& cfg, int64_t node);

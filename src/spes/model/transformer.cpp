@@ -10,6 +10,7 @@
 #include "spes/model/activation_checkpoint.h"
 #include "spes/model/initial_weights.h"
 #include "spes/model/layers.h"
+#include "spes/model/model_size_guard.h"
 
 namespace spes {
 
@@ -24,6 +25,9 @@ void Transformer::add_param(const std::string& name, torch::Tensor t, ParamRole 
 
 Transformer::Transformer(const ModelConfig& cfg, torch::Device device, ModelRuntime runtime)
     : cfg_(cfg), device_(device), runtime_(std::move(runtime)) {
+  // Before the first tensor is allocated in this machine's memory (a model on the meta device
+  // allocates nothing; one on a GPU is not checked here).
+  if (device.is_cpu()) check_model_fits_memory(cfg, "model");
   const auto& tr = runtime_.trainable_experts;
   SPES_CHECK(tr.empty() || (static_cast<int64_t>(tr.size()) == cfg.n_layers &&
                             static_cast<int64_t>(tr[0].size()) == cfg.moe_num_experts),

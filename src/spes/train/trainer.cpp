@@ -16,6 +16,7 @@
 #include "spes/common/timing.h"
 #include "spes/io/run_layout.h"
 #include "spes/model/losses.h"
+#include "spes/model/model_size_guard.h"
 #include "spes/train/device.h"
 #include "spes/train/memory_meter.h"
 
@@ -46,6 +47,8 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   }
   SPES_CHECK(!cfg_.data.paths.empty(), "config: data.paths is empty; prepare token shards with "
              "`spes prepare` and set data.paths to the output directory");
+  // Before anything is written or allocated (the model built below checks it too).
+  if (device_.is_cpu()) check_model_fits_memory(cfg_.model, "model");
   fs::create_directories(out_dir_);
   const int64_t seq = cfg_.model.max_sequence_length;
   const int64_t nodes = data_nodes(cfg_);

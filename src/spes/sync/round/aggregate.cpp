@@ -159,6 +159,7 @@ void RoundAggregator::begin(int64_t round, int64_t step) {
   first_node_.assign(model_.tensors().size(), -1);
   held_.assign(model_.tensors().size(), {});
   owner_files_.clear();
+  merge_excluded_.clear();
   out_ = RoundOutcome();
   out_.round = round;
   out_.step = step;
@@ -384,11 +385,19 @@ void RoundAggregator::apply_outer_step(size_t i, torch::Tensor& avg) {
 void RoundAggregator::merge_experts() {
   const double alpha = schedule_.alpha(step_);
   if (alpha > 0) {
-    for (auto& layer : layer_experts(model_.plan(), model_.tensors())) {
+    auto layers = layer_experts(model_.plan(), model_.tensors());
+    for (size_t l = 0; l < layers.size(); ++l) {
+      auto& layer = layers[l];
       if (layer.size() < 2) continue;
       const auto cos = gate_cosine_matrix(layer);
       out_.gate_cos_before.push_back(mean_pairwise(cos));
-      experts_merge_layer(layer, merge_donors(cos, schedule_.topk), alpha);
+      std::vector<bool> excluded(layer.size(), false);
+      for (size_t e = 0; e < layer.size(); ++e)
+        if (merge_excluded_.count({static_cast<int64_t>(l), static_cast<int64_t>(e)})) {
+          excluded[e] = true;
+          out_.merge_excluded.emplace_back(l, e);
+        }
+      experts_merge_layer(layer, merge_donors(cos, schedule_.topk, excluded), alpha);
       out_.merged = true;
     }
   }

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,8 @@ struct RoundOutcome {
   bool merged = false;
   std::vector<double> gate_cos;         // per layer: mean pairwise cosine of gate_proj, published
   std::vector<double> gate_cos_before;  // per layer, pre-merge (merge rounds only)
+  // (layer, expert) that merging did not take from (exclude_from_merging), merge rounds only.
+  std::vector<std::pair<int64_t, int64_t>> merge_excluded;
   // Per model tensor: ||published after - published before|| from the combination and outer
   // step (merging excluded); 0 for tensors nobody uploaded. For the drift bound.
   std::vector<double> change;
@@ -123,6 +126,11 @@ class RoundAggregator {
   RoundOutcome finish();
   // Drops a round in progress (nothing reaches the published model).
   void abort();
+  // Experts (layer, expert) that this round's merging must not take from (merge.h,
+  // merge_donors); set before finish(), cleared by begin().
+  void exclude_from_merging(std::set<std::pair<int64_t, int64_t>> experts) {
+    merge_excluded_ = std::move(experts);
+  }
 
  private:
   // finish()'s steps: owner copies read back from the staged uploads (a compressed one
@@ -158,6 +166,7 @@ class RoundAggregator {
   std::vector<double> owner_change_sq_;           // owner copies read back in finish()
   std::vector<std::pair<int64_t, std::string>> owner_files_;  // read back in finish()
   RoundOutcome out_;
+  std::set<std::pair<int64_t, int64_t>> merge_excluded_;
 };
 
 // Folds one upload file (a stream exactly as the server received it) into `agg`, with the

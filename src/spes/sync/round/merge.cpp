@@ -89,18 +89,19 @@ double mean_pairwise(const std::vector<std::vector<double>>& cos) {
 }
 
 std::vector<std::vector<int64_t>> merge_donors(const std::vector<std::vector<double>>& cos,
-                                               int64_t k) {
+                                               int64_t k, const std::vector<bool>& excluded) {
   const int64_t E = static_cast<int64_t>(cos.size());
   k = std::max<int64_t>(0, std::min(k, E - 1));
   std::vector<std::vector<int64_t>> donors(E);
   for (int64_t e = 0; e < E; ++e) {
     std::vector<int64_t> others;
     for (int64_t d = 0; d < E; ++d)
-      if (d != e) others.push_back(d);
+      if (d != e && !(d < static_cast<int64_t>(excluded.size()) && excluded[d]))
+        others.push_back(d);
     std::stable_sort(others.begin(), others.end(), [&](int64_t a, int64_t b) {
       return cos[e][a] > cos[e][b];  // stable: ties keep the lower index first
     });
-    others.resize(k);
+    others.resize(std::min<size_t>(others.size(), static_cast<size_t>(k)));
     std::sort(others.begin(), others.end());
     donors[e] = std::move(others);
   }

@@ -42,9 +42,11 @@ std::vector<std::vector<double>> gate_cosine_matrix(const std::vector<ExpertMats
 // Mean of the cosine over unordered pairs e < e' (0 for fewer than two experts).
 double mean_pairwise(const std::vector<std::vector<double>>& cos);
 // Donors of each expert: the k most similar other experts (ties: lower index first),
-// returned in ascending expert order. k is clipped to E - 1.
+// returned in ascending expert order. k is clipped to E - 1. Experts marked in `excluded`
+// (empty: none) are never donors (flagged by the server's run-long drift bound, or their
+// owner's upload was rejected); an expert with fewer candidates gets fewer donors.
 std::vector<std::vector<int64_t>> merge_donors(const std::vector<std::vector<double>>& cos,
-                                               int64_t k);
+                                               int64_t k, const std::vector<bool>& excluded = {});
 // P_e <- (1 - alpha) P_e + alpha * mean_{d in donors[e]} P_d for every expert of the layer,
 // simultaneously (all new values are computed from pre-merge values before any is written), in
 // fp32: the mean as the donors' sum (in donor order) divided by their count, then

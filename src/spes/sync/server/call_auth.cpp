@@ -72,6 +72,11 @@ bool CallAuth::read_allowed(const std::string& token) const {
   return opts_.loopback_only;
 }
 
+bool CallAuth::holds_read_token(const grpc::ServerContext& ctx) const {
+  return !opts_.read_token.empty() &&
+         token_equal(metadata(ctx, kReadTokenMetadata), opts_.read_token);
+}
+
 void CallAuth::check_read(const grpc::ServerContext& ctx) const {
   if (read_allowed(metadata(ctx, kReadTokenMetadata))) return;
   if (opts_.read_token.empty())

@@ -40,6 +40,8 @@ class CallAuth {
   bool requires_tokens() const { return !tokens_.empty(); }
   // Throws PermissionDenied unless the call may read the server's status.
   void check_read(const grpc::ServerContext& ctx) const;
+  // Whether the call carries the server's read token (false when the server has none).
+  bool holds_read_token(const grpc::ServerContext& ctx) const;
   // The same decision for a read token already taken from a request (the dashboard).
   bool read_allowed(const std::string& token) const;
   bool read_needs_token() const { return !opts_.loopback_only || !opts_.read_token.empty(); }

@@ -12,8 +12,26 @@ const char* kOverflowKey = "\x01(other sources)";
 }  // namespace
 
 LogThrottle::LogThrottle(double window_s, std::function<Clock::time_point()> now,
-                         size_t max_keys)
-    : window_s_(window_s), now_(std::move(now)), max_keys_(std::max<size_t>(max_keys, 1)) {}
+                         size_t max_keys, uint64_t max_lines)
+    : window_s_(window_s), now_(std::move(now)), max_keys_(std::max<size_t>(max_keys, 1)),
+      max_lines_(std::max<uint64_t>(max_lines, 1)) {}
+
+bool LogThrottle::take_total(Clock::time_point now, const std::string& message) {
+  if (!total_started_ ||
+      std::chrono::duration<double>(now - total_.start).count() >= window_s_) {
+    // A new total window; lines held back in the last one stay counted until flush().
+    total_.start = now;
+    total_lines_ = 0;
+    total_started_ = true;
+  }
+  if (total_lines_ < max_lines_) {
+    ++total_lines_;
+    return true;
+  }
+  if (total_.held++ == 0) held_since_ = now;
+  total_.last = message;
+  return false;
+}
 
 std::string LogThrottle::summary(const Window& w) const {
   return fmt::format("{} ({} more like this in the last {:g} s)", w.last, w.held, window_s_);
@@ -32,7 +50,8 @@ std::optional<std::string> LogThrottle::admit(const std::string& key,
     return std::nullopt;
   }
   // A new window: its first line is logged (with the count of the previous window's held-back
-  // lines when flush() has not reported them yet).
+  // lines when flush() has not reported them yet), if the total cap lets it.
+  if (!take_total(now, message)) return std::nullopt;
   std::string line = message;
   if (it != windows_.end() && it->second.held > 0)
     line += fmt::format(" ({} more like this before it)", it->second.held);
@@ -52,8 +71,17 @@ std::vector<std::string> LogThrottle::flush() {
       ++it;
       continue;
     }
-    if (it->second.held > 0) out.push_back(summary(it->second));
+    if (it->second.held > 0 && take_total(now, summary(it->second)))
+      out.push_back(summary(it->second));
     it = windows_.erase(it);
+  }
+  // One line for the lines the cap held back, once a window has passed since the first.
+  if (total_.held > 0 && std::chrono::duration<double>(now - held_since_).count() >= window_s_) {
+    out.push_back(fmt::format("log cap: {} more lines of refused calls were not logged over the "
+                              "last {:.0f} s (at most {} such lines every {:g} s); the last: {}",
+                              total_.held, std::chrono::duration<double>(now - held_since_).count(),
+                              max_lines_, window_s_, total_.last));
+    total_.held = 0;
   }
   return out;
 }

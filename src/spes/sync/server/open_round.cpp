@@ -54,21 +54,23 @@ void OpenRound::fold_rest(UploadStaging& uploads) {
 }
 
 void OpenRound::refold(UploadStaging& uploads) {
+  // The sum starts over in node order, as if the refused upload had never arrived: the uploads
+  // up to the first node still missing are folded now, the rest when the round closes (or when
+  // the missing ones arrive: a round whose only upload was refused stays open).
   agg_.abort();
   agg_.begin(round_, RoundClock(cfg_).step_of(round_));
   const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
-  for (int64_t i = 0; i < n; ++i) {
-    if (!uploads.arrived(i)) continue;
-    fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i, /*values_checked=*/true);
-    uploads.mark_folded(i);
-  }
-  next_fold_ = n;
+  for (int64_t i = 0; i < n; ++i) uploads.mark_ready(static_cast<size_t>(i));
+  next_fold_ = 0;
+  while (next_fold_ < n && uploads.state(next_fold_) == UploadStaging::State::Rejected)
+    ++next_fold_;
+  fold_ready(uploads);
 }
 
-OpenRound::Close OpenRound::may_close(int64_t present, int64_t out, int64_t num_nodes,
-                                      bool deadline_check) const {
-  if (present == 0 || present < std::min<int64_t>(cfg_.spes_config.timing.min_nodes, num_nodes))
-    return Close::No;
+OpenRound::Close OpenRound::may_close(int64_t present, int64_t out, int64_t waiting,
+                                      int64_t num_nodes, bool deadline_check) const {
+  const int64_t quorum = std::min(cfg_.spes_config.timing.min_nodes, present + waiting);
+  if (present == 0 || present < quorum) return Close::No;
   if (present + out == num_nodes) return Close::Everyone;
   if (deadline_check && started_ && seconds_since(start_) >= cfg_.spes_config.timing.round_timeout)
     return Close::Deadline;

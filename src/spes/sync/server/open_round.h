@@ -4,13 +4,19 @@
 // spes_config.round_timeout and the periodic log of whom it waits for; the time of its last
 // accepted upload, for rounds.jsonl publish_s), and the rule for when
 // it closes: every node arrived (uploaded, or out: rejected, left, dead), or the deadline
-// passed with at least spes_config.min_nodes uploads; never with no upload at all.
+// passed with at least spes_config.min_nodes uploads (the quorum, at most the nodes still in
+// the round: uploaded, or joined, alive and not out), never with no upload at all. The
+// default quorum, 2, keeps one node alone from deciding a round while another is joined and
+// alive (a lone early uploader, docs/SECURITY.md); a one-node run, or a round whose other
+// nodes are all out, still closes with one upload.
 // Not thread-safe: RoundState's lock guards it. Leaves out: what publishing writes
 // (RoundState, round_store.h).
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
@@ -40,11 +46,17 @@ class OpenRound {
   void refold(UploadStaging& uploads);
 
   enum class Close { No, Everyone, Deadline };
-  // Whether the round closes with `present` uploads and `out` nodes out of `num_nodes`;
-  // `deadline_check`: the periodic tick, which also closes at the deadline.
-  Close may_close(int64_t present, int64_t out, int64_t num_nodes, bool deadline_check) const;
-  // Aggregates the folded uploads into the model's published tensors.
-  RoundOutcome finish() { return agg_.finish(); }
+  // Whether the round closes with `present` uploads, `out` nodes out and `waiting` nodes joined,
+  // alive and yet to upload, of `num_nodes`; `deadline_check`: the periodic tick, which also
+  // closes at the deadline.
+  Close may_close(int64_t present, int64_t out, int64_t waiting, int64_t num_nodes,
+                  bool deadline_check) const;
+  // Aggregates the folded uploads into the model's published tensors; merging takes from no
+  // expert in `no_donors` (layer, expert).
+  RoundOutcome finish(std::set<std::pair<int64_t, int64_t>> no_donors) {
+    agg_.exclude_from_merging(std::move(no_donors));
+    return agg_.finish();
+  }
   // True (and the log timer restarts) when the "waiting for" log is due, every `every_s`.
   bool wait_log_due(double every_s);
 

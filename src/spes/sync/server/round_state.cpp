@@ -36,7 +36,9 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
       members_(cfg_, *model_),
       store_(cfg_, opts_.out_dir, opts_.keep_uploads, *model_, incarnation_),
       bounds_(cfg_, model_->plan(), model_->tensors()),
-      uploads_(cfg_, *model_, bounds_, opts_.out_dir, opts_.keep_uploads, mu_,
+      experts_(cfg_, model_->plan(), model_->tensors()),
+      history_(cfg_, model_->plan(), bounds_),
+      uploads_(cfg_, *model_, bounds_, experts_, opts_.out_dir, opts_.keep_uploads, mu_,
                UploadEvents{[this] { round_.start_clock(); },
                             [this](int64_t) {
                               round_.upload_accepted();
@@ -59,11 +61,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
   }
   if (resumed && model_->plan().compression() != Compression::None)
     if (std::optional<DeltaRecord> d = store_.load_delta(published_)) delta_ = std::move(*d);
-  if (resumed && !bounds_.restore(store_.load_drift_window(published_))) {
-    bounds_.reset(model_->tensors());
-    spdlog::warn("sync server: no usable drift window was saved with round {}; it starts over "
-                 "from the resumed model", published_.round);
-  }
+  if (resumed) restore_drift_state();
   uploads_.next_round(published_.round + 1);
   round_.begin(published_.round + 1);
   spdlog::info("sync server: mode {}, {} nodes, sync every {} steps, transfer {}, model {} "
@@ -81,6 +79,47 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
 }
 
 RoundState::~RoundState() { close(); }
+
+void RoundState::restore_drift_state() {
+  const nlohmann::json saved = store_.load_drift_window(published_);
+  if (!bounds_.restore(saved)) {
+    bounds_.reset(model_->tensors());
+    spdlog::warn("sync server: no usable drift window was saved with round {}; it starts over "
+                 "from the resumed model", published_.round);
+  }
+  if (!history_.restore(saved.is_object() && saved.contains("history") ? saved["history"]
+                                                                       : nlohmann::json())) {
+    history_.reset();
+    spdlog::warn("sync server: no usable history of accepted updates was saved with round {}; "
+                 "it starts over (the first round after the restart is not compared with it)",
+                 published_.round);
+  }
+  experts_.published(model_->tensors());
+  if (!experts_.restore(saved.is_object() && saved.contains("experts") ? saved["experts"]
+                                                                       : nlohmann::json())) {
+    experts_.reset(model_->tensors());
+    spdlog::warn("sync server: no usable per-expert drift state was saved with round {}; the "
+                 "experts' norms in the resumed model count as their start and no expert is "
+                 "flagged", published_.round);
+  }
+}
+
+nlohmann::json RoundState::drift_state() const {
+  nlohmann::json j = bounds_.to_json();
+  j["experts"] = experts_.to_json();
+  j["history"] = history_.to_json();
+  return j;
+}
+
+std::set<ExpertKey> RoundState::merge_exclusions() const {
+  // Flagged experts, and this round's experts of nodes whose upload was rejected.
+  std::set<ExpertKey> out = experts_.flagged();
+  for (const PlanTensor& t : model_->plan().tensors())
+    if (t.role == ParamRole::Expert && t.owner >= 0 &&
+        uploads_.state(static_cast<size_t>(t.owner)) == UploadStaging::State::Rejected)
+      out.insert({t.layer, t.expert});
+  return out;
+}
 
 int64_t RoundState::published_round() const {
   std::lock_guard<std::mutex> lk(mu_);
@@ -185,14 +224,16 @@ void RoundState::maybe_publish(bool deadline_check) {
   const int64_t N = static_cast<int64_t>(members_.size());
   auto decide = [&](int64_t& present) {
     present = 0;
-    int64_t out = 0;
+    int64_t out = 0, waiting = 0;  // waiting: joined and alive, not uploaded yet
     for (int64_t i = 0; i < N; ++i) {
       if (uploads_.arrived(i)) ++present;
       else if (uploads_.state(i) == UploadStaging::State::Rejected || members_[i].left ||
                members_.is_dead(i))
         ++out;
+      else if (members_[i].joined)
+        ++waiting;
     }
-    return round_.may_close(present, out, N, deadline_check);
+    return round_.may_close(present, out, waiting, N, deadline_check);
   };
   int64_t present = 0;
   OpenRound::Close close = decide(present);
@@ -210,8 +251,14 @@ void RoundState::maybe_publish(bool deadline_check) {
 }
 
 bool RoundState::screen_outliers() {
-  const std::vector<UpdateBounds::Outlier> outliers =
-      bounds_.outliers(uploads_.arrived_updates());
+  // Against the round's other uploads, then (the rest) against the accepted updates of the
+  // last rounds: the only check a round with a single upload has.
+  const auto arrived = uploads_.arrived_updates();
+  std::vector<UpdateBounds::Outlier> outliers = bounds_.outliers(arrived);
+  for (UpdateBounds::Outlier& o : history_.outliers(arrived))
+    if (std::none_of(outliers.begin(), outliers.end(),
+                     [&](const UpdateBounds::Outlier& p) { return p.node == o.node; }))
+      outliers.push_back(std::move(o));
   bool refold = false;
   for (const auto& o : outliers) {
     refold = refold || uploads_.state(o.node) == UploadStaging::State::Folded;
@@ -235,8 +282,10 @@ void RoundState::close_round() {
   const nlohmann::json missing = missing_nodes();
   nlohmann::json node_states = nlohmann::json::array();
   for (size_t i = 0; i < members_.size(); ++i) node_states.push_back(node_state(i));
+  std::set<ExpertKey> no_donors = merge_exclusions();
+  std::vector<double> update_medians = history_.round_medians(uploads_.arrived_updates());
   uploads_.close_round();
-  RoundOutcome o = round_.finish();
+  RoundOutcome o = round_.finish(std::move(no_donors));
   const bool compressed = model_->plan().compression() != Compression::None;
   std::unique_ptr<DeltaFileWriter> delta_file;
   const PublishedDelta delta = compressed ? quantise_publication_into(o, &delta_file)
@@ -250,6 +299,7 @@ void RoundState::close_round() {
   if (delta_file) commit_delta_file(o, delta, sha, *delta_file, &closing_->record);
   closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
   closing_->change = o.change;
+  closing_->update_medians = std::move(update_medians);
   closing_->closed_at = Clock::now();
   closing_->line = round_line(o, aggregate_s, missing, std::move(node_states));
   if (compressed) closing_->line["delta_write_s"] = seconds_since(t_delta);
@@ -304,6 +354,7 @@ nlohmann::json RoundState::round_line(const RoundOutcome& o, double aggregate_s,
                          {"node_states", std::move(node_states)},
                          {"missing", missing}};
   if (o.merged) line["gate_cos_before"] = o.gate_cos_before;
+  if (o.merged && !o.merge_excluded.empty()) line["merge_excluded"] = o.merge_excluded;
   return line;
 }
 
@@ -335,7 +386,9 @@ void RoundState::advance_to_closed_round() {
   published_ = p;
   // What the next round's checks need of this model (its norms), before anyone sees it.
   bounds_.published(c->change, model_->tensors());
-  store_.save_drift_window(p, bounds_.to_json());
+  experts_.published(model_->tensors());
+  history_.published(std::move(c->update_medians));
+  store_.save_drift_window(p, drift_state());
   uploads_.next_round(p.round + 1);
   // Unlinking four large files frees their blocks (slow on a disk mounted with discard): off
   // the publication's path.

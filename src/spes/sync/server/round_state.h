@@ -36,12 +36,14 @@
 #include "spes/model/initial_weights.h"
 #include "spes/sync/round/aggregate.h"
 #include "spes/sync/server/download_session.h"
+#include "spes/sync/server/expert_drift.h"
 #include "spes/sync/server/loss_history.h"
 #include "spes/sync/server/membership.h"
 #include "spes/sync/server/open_round.h"
 #include "spes/sync/server/round_log.h"
 #include "spes/sync/server/round_store.h"
 #include "spes/sync/server/update_bounds.h"
+#include "spes/sync/server/update_history.h"
 #include "spes/sync/server/upload_staging.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -122,6 +124,11 @@ class RoundState {
   // rounds.jsonl line; the save; the publication (the next round's bounds, the cleanup, the
   // log, waking waiters).
   void close_round();
+  // The drift window and the per-expert state (drift_window.json): restored when resuming,
+  // saved after each publication; the experts merging must not take from this round.
+  void restore_drift_state();
+  nlohmann::json drift_state() const;
+  std::set<ExpertKey> merge_exclusions() const;
   PublishedDelta quantise_publication_into(RoundOutcome& o,
                                            std::unique_ptr<DeltaFileWriter>* file);
   void commit_delta_file(const RoundOutcome& o, const PublishedDelta& delta,
@@ -147,6 +154,8 @@ class RoundState {
   Membership members_;
   RoundStore store_;
   UpdateBounds bounds_;
+  ExpertDrift experts_;  // the run-long bound per expert (expert_drift.h)
+  UpdateHistory history_;  // shared updates against the accepted ones (update_history.h)
   UploadStaging uploads_;
   OpenRound round_;
   std::unique_ptr<RoundLog> log_;
@@ -157,6 +166,7 @@ class RoundState {
     PublishedRound round;
     nlohmann::json line;
     std::vector<double> change;
+    std::vector<double> update_medians;  // the accepted updates, for history_
     DeltaRecord record;  // compression: the round's delta file, already in place
     std::chrono::steady_clock::time_point closed_at, last_try;
     std::string error;

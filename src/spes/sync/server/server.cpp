@@ -16,6 +16,7 @@
 #include <map>
 #include <thread>
 
+#include "spes/common/connection_guard.h"
 #include "spes/dashboard/dashboard_server.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
@@ -143,8 +144,12 @@ class SyncService final : public pb::SpesSync::Service {
   grpc::Status Status(grpc::ServerContext* ctx, const pb::StatusRequest*,
                       pb::StatusReply* rep) override {
     return guarded("Status", *ctx, [&] {
+      // Callers holding the read token have a budget of their own (per host): a flood of
+      // Status calls without it, from their host or any other, cannot starve them. The rest
+      // are held to their host's rate before their credentials are looked at.
+      const std::string host = peer_host(*ctx);
+      limit_rate("Status", auth_.holds_read_token(*ctx) ? "read-token holder at " + host : host);
       auth_.check_read(*ctx);
-      limit_rate("Status", peer_host(*ctx));
       call_status(st_, rep);
     });
   }
@@ -375,6 +380,8 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts,
   impl_->opts = std::move(opts);
   impl_->cfg = cfg;
   impl_->check_listen_security();
+  // Connections hold descriptors: as many as the system allows this process.
+  spdlog::info("sync server: up to {} open descriptors", raise_descriptor_limit());
   impl_->make_call_auth();
   impl_->limits = std::make_unique<StreamLimits>(impl_->opts.first_message_timeout_s,
                                                  impl_->opts.stream_idle_timeout_s);

@@ -16,14 +16,15 @@ std::vector<double> norms_of(const std::vector<torch::Tensor>& pub) {
   return n;
 }
 
-double median(std::vector<double> v) {
+}  // namespace
+
+double median_of(std::vector<double> v) {
   const size_t n = v.size();
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n / 2), v.end());
   const double hi = v[n / 2];
   if (n % 2 == 1) return hi;
   return 0.5 * (hi + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n / 2)));
 }
-}  // namespace
 
 UpdateBounds::UpdateBounds(const Config& cfg, const RoundPlan& plan,
                            const std::vector<torch::Tensor>& pub)
@@ -80,7 +81,7 @@ std::vector<UpdateBounds::Outlier> UpdateBounds::outliers(
       }
       if (others.empty()) continue;
       // A floor far below any real update: identical nodes (all zero) compare as equal.
-      const double m = std::max(median(others), 1e-6 * base(t, now));
+      const double m = std::max(median_of(others), 1e-6 * base(t, now));
       const double d = std::sqrt((*diff)[t]);
       if (d > k * m && d / m > worst) {
         worst = d / m;

@@ -31,6 +31,9 @@
 
 namespace spes::sync {
 
+// The median of `v` (not empty): the middle value, or the mean of the two middle ones.
+double median_of(std::vector<double> v);
+
 class UpdateBounds {
  public:
   UpdateBounds(const Config& cfg, const RoundPlan& plan, const std::vector<torch::Tensor>& pub);

@@ -39,6 +39,15 @@ double squared_distance(const torch::Tensor& run, const torch::Tensor& pub) {
   const torch::Tensor u = run.to(torch::kFloat32).contiguous();
   return squared_change(u.data_ptr<float>(), pp, n);
 }
+
+// ||run||^2 in double (finite: squared_distance checked the run first).
+double squared_norm(const torch::Tensor& run) {
+  const torch::Tensor u = run.to(torch::kFloat32).contiguous();
+  const float* p = u.data_ptr<float>();
+  double s = 0;
+  for (int64_t k = 0, n = u.numel(); k < n; ++k) s += static_cast<double>(p[k]) * p[k];
+  return s;
+}
 }  // namespace
 
 // One upload's state; kept in its node's slot while a broken stream waits for a resume.
@@ -58,6 +67,7 @@ struct UploadStream {
   std::unique_ptr<UploadAssembly> assembly;  // chunk checks, bytes received, whole digest
   double diff_sq = 0;  // ||upload - published||^2
   std::vector<double> tensor_diff_sq;  // the same per model tensor
+  std::vector<double> tensor_norm_sq;  // ||upload_t||^2 of the expert tensors (expert_drift.h)
 
   ~UploadStream() { close_file(); }
   void close_file() {
@@ -92,9 +102,9 @@ UploadResult UploadSession::finish(const std::string& expected_checksum) {
 
 // ---------------------------------------------------------------------------------------------
 UploadStaging::UploadStaging(const Config& cfg, const SyncModel& model,
-                             const UpdateBounds& bounds, std::string dir, bool keep_uploads,
-                             std::mutex& mu, UploadEvents events)
-    : cfg_(cfg), model_(model), bounds_(bounds), dir_(std::move(dir)),
+                             const UpdateBounds& bounds, ExpertDrift& experts, std::string dir,
+                             bool keep_uploads, std::mutex& mu, UploadEvents events)
+    : cfg_(cfg), model_(model), bounds_(bounds), experts_(experts), dir_(std::move(dir)),
       keep_uploads_(keep_uploads), mu_(mu),
       events_(std::move(events)), slots_(cfg.spes_config.num_peers) {
   fs::remove_all(run_layout::staging(dir_));
@@ -302,6 +312,7 @@ void UploadStaging::open_staged_file(UploadStream& s) {
       },
       nullptr, model_.plan().max_upload_header_bytes(s.node));
   s.tensor_diff_sq.assign(model_.tensors().size(), 0.0);
+  s.tensor_norm_sq.assign(model_.tensors().size(), 0.0);
   // Values are checked piece by piece as they arrive (memory: one chunk per upload), and
   // their distance from the published model is accumulated for the update-size bound. A
   // compressed upload is first rebuilt (P_prev + deq(q)), so every check sees what the node
@@ -321,6 +332,8 @@ void UploadStaging::open_staged_file(UploadStream& s) {
         if (!std::isfinite(d)) check_upload_run(e, run, origin);
         sp->diff_sq += d;
         sp->tensor_diff_sq[static_cast<size_t>(i)] += d;
+        if (experts_.tracks(static_cast<size_t>(i)))
+          sp->tensor_norm_sq[static_cast<size_t>(i)] += squared_norm(run);
       };
   s.decoder = std::make_unique<DeltaStreamDecoder>(
       model_.plan().compression(),
@@ -417,8 +430,9 @@ void UploadStaging::check_update_bounds(UploadStream& s) {
                 "{:.4g} x the norm of the published model, above "
                 "spes_config.max_update_norm_ratio={}; the upload is rejected", s.node, s.round,
                 ratio, limit);
-    bounds_.check_upload(s.node, s.tensor_diff_sq,
-                         fmt::format("upload of node {} round {}", s.node, s.round));
+    const std::string origin = fmt::format("upload of node {} round {}", s.node, s.round);
+    bounds_.check_upload(s.node, s.tensor_diff_sq, origin);
+    experts_.check_upload(s.node, s.tensor_norm_sq, origin);
   } catch (const std::exception& e) {
     reject_stream(s, e.what());
     throw;

@@ -19,6 +19,7 @@
 
 #include "spes/io/config.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/server/expert_drift.h"
 #include "spes/sync/server/update_bounds.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -65,6 +66,7 @@ class UploadStaging {
   enum class State { None, Uploading, Ready, Folded, Rejected };
   // Empties DIR/staging. Collects round 1 until next_round() says otherwise.
   UploadStaging(const Config& cfg, const SyncModel& model, const UpdateBounds& bounds,
+                ExpertDrift& experts,
                 std::string dir, bool keep_uploads, std::mutex& mu, UploadEvents events);
   ~UploadStaging();
 
@@ -88,6 +90,10 @@ class UploadStaging {
   // A ready upload's staged file; mark_folded once the aggregator took it.
   const std::string& staged_file(size_t node) const { return slots_[node].path; }
   void mark_folded(size_t node) { slots_[node].state = State::Folded; }
+  // A folded upload to be folded again (the round's sum starts over).
+  void mark_ready(size_t node) {
+    if (slots_[node].state == State::Folded) slots_[node].state = State::Ready;
+  }
   // Why the node's upload was rejected ("" if it was not).
   const std::string& rejection(size_t node) const { return slots_[node].detail; }
   // The accepted uploads (ready or folded): node and ||upload_t - published_t||^2 per tensor.
@@ -157,6 +163,7 @@ class UploadStaging {
   const Config& cfg_;
   const SyncModel& model_;
   const UpdateBounds& bounds_;
+  ExpertDrift& experts_;
   std::string dir_;
   bool keep_uploads_;
   std::mutex& mu_;
