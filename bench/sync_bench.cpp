@@ -52,6 +52,7 @@
 #include "spes/sync/round/delta_upload.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/wire/framing.h"
+#include "sync_shape.h"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -60,8 +61,7 @@ namespace {
 
 struct Args {
   int64_t nodes = 4, rounds = 6, merge_interval = 2;
-  int64_t d_model = 512, n_layers = 8, n_heads = 8, experts = 8, top_k = 2, hidden = 1024;
-  int64_t vocab = 8192, seq = 256;
+  spes::bench::SyncShape shape;
   std::string dtype = "fp32";
   std::string compression = "none";
   std::string wire_coding = "auto";
@@ -89,12 +89,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--compression") a.compression = v;
     else if (k == "--wire-coding") a.wire_coding = v;
-    else if (k == "--d-model") a.d_model = std::stoll(v);
-    else if (k == "--layers") a.n_layers = std::stoll(v);
-    else if (k == "--heads") a.n_heads = std::stoll(v);
-    else if (k == "--experts") a.experts = std::stoll(v);
-    else if (k == "--hidden") a.hidden = std::stoll(v);
-    else if (k == "--vocab") a.vocab = std::stoll(v);
+    else if (a.shape.parse(k, v)) continue;
     else if (k == "--spes") a.spes = v;
     else if (k == "--out") a.out = v;
     else usage();
@@ -104,14 +99,7 @@ Args parse(int argc, char** argv) {
 
 spes::Config bench_config(const Args& a) {
   spes::Config c;
-  c.model.d_model = a.d_model;
-  c.model.n_layers = a.n_layers;
-  c.model.n_heads = a.n_heads;
-  c.model.moe_num_experts = a.experts;
-  c.model.moe_top_k = a.top_k;
-  c.model.set_ffn_hidden_size(a.hidden);
-  c.model.vocab_size = a.vocab;
-  c.model.max_sequence_length = a.seq;
+  a.shape.apply(c);
   c.data.paths = {"unused-by-the-server"};
   c.spes_config.mode = "spes";
   c.spes_config.num_peers = a.nodes;
@@ -122,7 +110,7 @@ spes::Config bench_config(const Args& a) {
   c.spes_config.merging.interval = a.merge_interval;
   c.spes_config.merging.alpha_start = 0.01;
   c.spes_config.merging.decay_steps = 10000;
-  c.spes_config.merging.topk = std::min<int64_t>(4, a.experts - 1);
+  c.spes_config.merging.topk = std::min<int64_t>(4, a.shape.experts - 1);
   c.max_duration = std::to_string(a.rounds);
   return c;
 }

@@ -3,7 +3,9 @@
 // counts a run of it would have: total parameters, active parameters per token, what each node
 // trains, and each node's memory by part (JSON: the config's node, spes_config.peer_id)
 // (model/param_counts.h, model/memory_estimate.h). Both are closed-form: no model is built, so
-// even the 9B reference config allocates no weights.
+// even the 9B reference config allocates no weights. With a sync mode also this config's node's
+// bytes per round (report/transfer_formula.h, spes_config.compression as set, next to fp32)
+// and the round's transfer time at 100 and 20 Mbit/s (upload then download).
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 #include "spes/model/memory_estimate.h"
 #include "spes/model/ownership.h"
 #include "spes/model/param_counts.h"
+#include "spes/report/transfer_formula.h"
 
 namespace {
 
@@ -57,6 +60,31 @@ std::string owned_experts(const spes::Ownership& own, int64_t node) {
   std::string list;
   for (int64_t e : first) list += (list.empty() ? "" : ", ") + std::to_string(e);
   return fmt::format("expert{} {} of every layer", first.size() > 1 ? "s" : "", list);
+}
+
+// Seconds to move `bytes` at `mbit` Mbit/s.
+double transfer_s(int64_t bytes, double mbit) { return 8.0 * static_cast<double>(bytes) / (mbit * 1e6); }
+
+// "node 0 per round (compression topk): up 1.2 GiB, down ... ; fp32: ..." lines.
+void print_transfer(const spes::Config& cfg) {
+  if (cfg.spes_config.mode == spes::SyncMode::Centralized) return;
+  const int64_t me = cfg.spes_config.peer_id;
+  const spes::report::TransferFormula f = spes::report::transfer_formula(cfg, me);
+  spes::report::TransferFormula fp32 = f;
+  fp32.compression = spes::Compression::None;
+  fp32.value_bytes = 4;
+  const int64_t up = f.upload_bytes(), down = f.download_bytes(), merge = f.download_merge_bytes();
+  const int64_t ref = fp32.upload_bytes() + fp32.download_bytes();
+  fmt::print("sync per round, node {} (compression {}; report/transfer_formula.h): up {}, down "
+             "{} ({} in a merge round); {:.4f}x fp32's {}\n", me,
+             cfg.spes_config.transfer.compression, spes::human_bytes(up),
+             spes::human_bytes(down), spes::human_bytes(merge),
+             static_cast<double>(up + down) / static_cast<double>(ref),
+             spes::human_bytes(ref));
+  for (double mbit : {100.0, 20.0})
+    fmt::print("  at {:.0f} Mbit/s: {:.1f} s up + {:.1f} s down = {:.1f} s per round (fp32: "
+               "{:.1f} s)\n", mbit, transfer_s(up, mbit), transfer_s(down, mbit),
+               transfer_s(up + down, mbit), transfer_s(ref, mbit));
 }
 
 void print_text(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
@@ -104,6 +132,17 @@ void print_text(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
                spes::human_bytes(mems[i].activations), spes::human_bytes(mems[i].sync_state),
                spes::human_bytes(mems[i].total()));
   }
+  print_transfer(cfg);
+}
+
+nlohmann::json transfer_json(const spes::Config& cfg) {
+  const spes::report::TransferFormula f =
+      spes::report::transfer_formula(cfg, cfg.spes_config.peer_id);
+  return {{"compression", cfg.spes_config.transfer.compression.name()},
+          {"upload_bytes", f.upload_bytes()},
+          {"download_bytes", f.download_bytes()},
+          {"download_merge_bytes", f.download_merge_bytes()},
+          {"round_s_at_100mbit", transfer_s(f.upload_bytes() + f.download_bytes(), 100.0)}};
 }
 
 nlohmann::json to_json(const spes::Config& cfg, const std::vector<ParamCounts>& nodes,
@@ -138,6 +177,7 @@ nlohmann::json to_json(const spes::Config& cfg, const std::vector<ParamCounts>& 
             {"activations", mem.activations},
             {"sync_state", mem.sync_state},
             {"total", mem.total()}}},
+          {"transfer", transfer_json(cfg)},
           {"ignored_keys", ignored},
           {"config_yaml", spes::config_to_yaml(cfg)}};
 }

@@ -370,4 +370,28 @@ TEST(ReferenceConfig, SpesConfigJsonReportsTheCounts) {
   EXPECT_THAT(r.err, HasSubstr("'model.weight_tying' is true"));
 }
 
+// The paper's scale on paper (issue 37): the reference 1B-7B SPES node's bytes per round and
+// round time at 100 Mbit/s, fp32 against the default top-k setting (report/transfer_formula.h).
+TEST(ReferenceConfig, SpesConfigPrintsTheRoundsBytesAndTimeForTopk) {
+  spes::test::TempDir d;
+  const std::string path = reference_config("spes_moe_1b_7b_4nodes.yaml");
+  auto fp32 = interop_test::run_spes(d, {"config", "--config", path, "--json"});
+  auto topk = interop_test::run_spes(d, {"config", "--config", path, "--json", "--set",
+                                         "spes_config.compression=topk"});
+  ASSERT_EQ(fp32.code, 0) << fp32.err;
+  ASSERT_EQ(topk.code, 0) << topk.err;
+  const json f = json::parse(fp32.out)["transfer"], t = json::parse(topk.out)["transfer"];
+  EXPECT_EQ(t["compression"], "topk");
+  const double f_bytes = f["upload_bytes"].get<double>() + f["download_bytes"].get<double>();
+  const double t_bytes = t["upload_bytes"].get<double>() + t["download_bytes"].get<double>();
+  EXPECT_LT(t_bytes * 100, f_bytes);  // at most 1/100 of fp32's bytes
+  EXPECT_NEAR(t["round_s_at_100mbit"].get<double>(), 8 * t_bytes / 1e8, 1e-6);
+  auto text = interop_test::run_spes(d, {"config", "--config", path, "--set",
+                                         "spes_config.compression=topk"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("sync per round, node 0 (compression topk"));
+  EXPECT_THAT(text.out, HasSubstr("at 100 Mbit/s: "));
+  std::printf("%s", text.out.substr(text.out.find("sync per round")).c_str());
+}
+
 }  // namespace

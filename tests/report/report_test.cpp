@@ -84,6 +84,16 @@ TEST(TransferFormula, CompressedUploadsAndDownloadsCountTheirEncoding) {
   cfg.spes_config.transfer.compression = "bf16";
   EXPECT_EQ(transfer_formula(cfg, 0).upload_bytes(), 2 * n);
   EXPECT_EQ(transfer_formula(cfg, 0).download_bytes(), 2 * down);
+  // topk: the codec's expected payload, both ways, with the config's density and bits.
+  cfg.spes_config.transfer.compression = "topk";
+  cfg.spes_config.transfer.topk_density = 0.02;
+  cfg.spes_config.transfer.topk_bits = 3;
+  const TransferFormula t = transfer_formula(cfg, 0);
+  EXPECT_EQ(t.upload_bytes(),
+            static_cast<int64_t>(sync::topk_expected_bytes(n, sync::TopkParams{0.02, 3})));
+  EXPECT_EQ(t.download_bytes(),
+            static_cast<int64_t>(sync::topk_expected_bytes(down, sync::TopkParams{0.02, 3})));
+  EXPECT_LT(t.upload_bytes() * 50, 4 * n);  // 2% of the values at about 10 bits each
 }
 
 void write_lines(const std::filesystem::path& p, const std::vector<std::string>& lines) {

@@ -203,7 +203,7 @@ TEST(CompressedRound, UpdateBoundAppliesToTheRebuiltValues) {
 
 TEST(CompressedRound, ConfigAndJoinRefuseMismatches) {
   EXPECT_THAT(error_of([] { tiny_config({"spes_config.compression=fp8"}); }),
-              HasSubstr("spes_config.compression must be none, bf16 or int8"));
+              HasSubstr("spes_config.compression must be none, bf16, int8 or topk"));
   const std::string why = error_of([] {
     tiny_config({"spes_config.compression=int8", "spes_config.transfer_dtype=bf16"});
   });

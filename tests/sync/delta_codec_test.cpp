@@ -114,7 +114,7 @@ TEST(DeltaCodec, PayloadSizesAndNames) {
   EXPECT_EQ(Choice<Compression>::parse("int8"), Compression::Int8);
   EXPECT_STREQ(compression_name(Compression::Bf16), "bf16");
   EXPECT_THAT(error_of([] { config_parse("", {"spes_config.compression=fp8"}, "t"); }),
-              HasSubstr("spes_config.compression must be none, bf16 or int8, found 'fp8'"));
+              HasSubstr("spes_config.compression must be none, bf16, int8 or topk, found 'fp8'"));
 }
 
 TEST(DeltaCodec, NonFiniteDeltaIsRefusedOnTheNodeNamingTheTensor) {

@@ -63,3 +63,37 @@ TEST(JoinSettings, ConfigsThatDifferAreRefusedNamingTheRow) {
   old.protocol_version = kProtocolVersion - 1;
   EXPECT_THAT(error_of([&] { st.join(old); }), HasSubstr("protocol version"));
 }
+
+// The top-k settings (protocol 7): compared exactly under compression topk (a node with
+// another density, bits or decay is refused naming it), "unused" and so equal otherwise.
+TEST(JoinSettings, TopkSettingsMustMatchOnlyUnderTopk) {
+  const std::string fp = "model-fingerprint";
+  auto values = [&](std::vector<std::string> sets) {
+    const Config cfg = tiny_config(std::move(sets));
+    return join_setting_values(JoinSources{cfg, fp});
+  };
+  const JoinSettingValues server = values({"spes_config.compression=topk"});
+  EXPECT_EQ(server.at("spes_config.topk_density"), "0.015625");
+  EXPECT_EQ(server.at("spes_config.topk_bits"), "2");
+  EXPECT_EQ(server.at("spes_config.topk_decay"), "1");
+  check_join_settings(0, values({"spes_config.compression=topk"}), server);
+  const struct {
+    std::string set, key;
+  } cases[] = {
+      {"spes_config.topk_density=0.02", "spes_config.topk_density=0.02"},
+      {"spes_config.topk_bits=3", "spes_config.topk_bits=3"},
+      {"spes_config.topk_decay=0.95", "spes_config.topk_decay=0.94999999999999996"},
+  };
+  for (const auto& c : cases)
+    EXPECT_THAT(error_of([&] {
+                  check_join_settings(0, values({"spes_config.compression=topk", c.set}),
+                                      server);
+                }),
+                HasSubstr(c.key))
+        << c.set;
+  // Under int8 the top-k settings are not used, so nodes need not agree on them.
+  const JoinSettingValues int8 = values({"spes_config.compression=int8"});
+  EXPECT_EQ(int8.at("spes_config.topk_density"), "unused");
+  check_join_settings(0, values({"spes_config.compression=int8", "spes_config.topk_bits=4"}),
+                      int8);
+}

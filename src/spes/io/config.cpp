@@ -404,6 +404,13 @@ void validate_transfer(const TransferSettings& t, const std::string& o) {
   SPES_CHECK(t.compression == Compression::None || t.dtype == TransferDtype::Fp32,
              "{}: spes_config.compression {} needs spes_config.transfer_dtype fp32 (found {}): "
              "deltas are taken from the exact fp32 published model", o, t.compression, t.dtype);
+  SPES_CHECK(t.topk_density > 0 && t.topk_density <= 0.5, "{}: spes_config.topk_density must "
+             "be in (0, 0.5] (the share of each chunk's values a top-k delta carries; 0.01-0.03 "
+             "is SparseLoCo's range), found {}", o, t.topk_density);
+  SPES_CHECK(t.topk_bits >= 2 && t.topk_bits <= 4, "{}: spes_config.topk_bits must be 2, 3 or "
+             "4 (bits per sent value, sign included), found {}", o, t.topk_bits);
+  SPES_CHECK(t.topk_decay > 0 && t.topk_decay <= 1, "{}: spes_config.topk_decay must be in "
+             "(0, 1] (1: plain error feedback), found {}", o, t.topk_decay);
 }
 
 void validate_timing(const RoundTiming& t, const SpesConfig& s, const std::string& o) {
@@ -475,6 +482,19 @@ void validate_transport(const SyncTransport& t, const std::string& o) {
              "spes_config.tls_client_cert and tls_client_key go together", o);
 }
 
+// Top-k deltas: the robust aggregation modes take each node's value per position, and at 1-3%
+// density nearly every node sent nothing at a given position, so their median or trimmed
+// mean is zero almost everywhere: the combination is refused rather than given that meaning.
+void validate_sparse(const SpesConfig& s, const std::string& o) {
+  if (s.transfer.compression != Compression::Topk) return;
+  SPES_CHECK(s.bounds.aggregation == Aggregation::Mean, "{}: spes_config.aggregation={} with "
+             "compression: topk is refused: at topk_density {} nearly every node sent nothing at "
+             "a given position, so a per-position median or trimmed mean is zero almost "
+             "everywhere and would drop the updates; use aggregation: mean (the update bounds "
+             "and outlier checks still apply to each decoded upload) or compression: int8", o,
+             s.bounds.aggregation, s.transfer.topk_density);
+}
+
 void validate_dashboard(const DashboardSettings& d, const std::string& o) {
   SPES_CHECK(d.port >= -1 && d.port <= 65535, "{}: spes_config.dashboard_port must be -1 "
              "(off), 0 (any free port) or a port number, found {}", o, d.port);
@@ -489,6 +509,7 @@ void validate_spes(const SpesConfig& s, const std::string& o) {
   validate_outer_step(s, o);
   validate_merging(s.merging, o);
   validate_bounds(s.bounds, s.weighting, o);
+  validate_sparse(s, o);
   validate_transport(s.transport, o);
   validate_dashboard(s.dashboard, o);
 }

@@ -17,7 +17,7 @@ namespace spes {
 // The settings that take one of a few names, parsed once (io/choice.h).
 enum class SyncMode { Centralized, Spes, Fedavg, Diloco };
 enum class TransferDtype { Fp32, Bf16 };
-enum class Compression { None, Bf16, Int8 };
+enum class Compression { None, Bf16, Int8, Topk };
 enum class WireCoding { Auto, Zstd, Raw };
 enum class Weighting { Equal, Tokens };
 enum class Aggregation { Mean, TrimmedMean, Median };
@@ -38,8 +38,9 @@ template <> struct ChoiceNames<TransferDtype> {
       {{TransferDtype::Fp32, "fp32"}, {TransferDtype::Bf16, "bf16"}}};
 };
 template <> struct ChoiceNames<Compression> {
-  static constexpr std::array<std::pair<Compression, std::string_view>, 3> names{
-      {{Compression::None, "none"}, {Compression::Bf16, "bf16"}, {Compression::Int8, "int8"}}};
+  static constexpr std::array<std::pair<Compression, std::string_view>, 4> names{
+      {{Compression::None, "none"}, {Compression::Bf16, "bf16"}, {Compression::Int8, "int8"},
+       {Compression::Topk, "topk"}}};
 };
 template <> struct ChoiceNames<WireCoding> {
   static constexpr std::array<std::pair<WireCoding, std::string_view>, 3> names{
@@ -229,12 +230,20 @@ struct RoundTiming {
 // Compression: what a round's tensors travel as.
 struct TransferSettings {
   Choice<TransferDtype> dtype = TransferDtype::Fp32;      // transfer_dtype: fp32 | bf16
-  Choice<Compression> compression = Compression::None;  // none | bf16 | int8: uploads as deltas
+  Choice<Compression> compression = Compression::None;  // none | bf16 | int8 | topk: deltas
+  // compression: topk (sync/wire/topk_kernels.h): per chunk of 4096 values at most
+  // ceil(topk_density x 4096) entries, of topk_bits bits each (2..4), and the node's
+  // error-feedback accumulator decayed by topk_decay before each round's change is added
+  // (1: plain error feedback; SparseLoCo's beta below 1).
+  double topk_density = 1.0 / 64;
+  int64_t topk_bits = 2;
+  double topk_decay = 1.0;
   // Node: lossless zstd coding of its transfer chunks, both ways (sync/wire/chunk_coding.h):
   // auto = with compression bf16 or int8 (made for slow links), zstd = always, raw = never.
   Choice<WireCoding> wire_coding = WireCoding::Auto;
   template <class V> void visit(V& v) {
     v("transfer_dtype", dtype); v("compression", compression); v("wire_coding", wire_coding);
+    v("topk_density", topk_density); v("topk_bits", topk_bits); v("topk_decay", topk_decay);
   }
   // Whether a node codes its transfer chunks with zstd (wire_coding).
   bool codes_chunks() const {

@@ -18,6 +18,9 @@ int64_t TransferFormula::payload_bytes(int64_t numel) const {
   switch (compression) {
     case Compression::Bf16: return 2 * numel;
     case Compression::Int8: return numel + 4 * ((numel + 255) / 256);
+    case Compression::Topk:
+      return static_cast<int64_t>(
+          sync::topk_expected_bytes(numel, sync::TopkParams{topk_density, topk_bits}));
     default: return value_bytes * numel;
   }
 }
@@ -41,6 +44,8 @@ TransferFormula transfer_formula(const Config& cfg, int64_t node) {
   f.mode = cfg.spes_config.mode;
   f.value_bytes = cfg.spes_config.transfer.dtype == TransferDtype::Bf16 ? 2 : 4;
   f.compression = cfg.spes_config.transfer.compression;
+  f.topk_density = cfg.spes_config.transfer.topk_density;
+  f.topk_bits = static_cast<int>(cfg.spes_config.transfer.topk_bits);
   const ParamCounts c = param_counts(cfg, node);
   f.shared_numel = c.shared;
   f.expert_numel = c.experts;

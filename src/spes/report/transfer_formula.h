@@ -5,13 +5,16 @@
 // per round, SPES uploads S + X_i values and downloads P - X_i (P in merge rounds, when its own
 // experts changed too); FedAvg and DiLoCo move P each way; centralized training moves nothing.
 // With spes_config.compression both directions carry compressed deltas (a node holding the
-// previous round downloads the round's delta), counted at the codec's size.
+// previous round downloads the round's delta), counted at the codec's size; topk at the
+// payload size its formula expects (sync/wire/topk_kernels.h, topk_expected_bytes: every chunk
+// sends its k entries, both ways: the server publishes its change top-k sparse too).
 // The experiment report puts these next to what the runs measured.
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include "spes/io/config.h"
+#include "spes/sync/wire/topk_kernels.h"
 
 namespace spes::report {
 
@@ -23,6 +26,8 @@ struct TransferFormula {
   int64_t value_bytes = 4;        // transfer dtype: 4 (fp32) or 2 (bf16)
   Compression compression = Compression::None;  // uploads and downloads: bf16 2 bytes per
                                                 // value; int8 1 byte + a 4-byte scale per 256
+  double topk_density = 1.0 / 64;  // compression topk: spes_config.topk_density, topk_bits
+  int topk_bits = 2;
 
   int64_t total_numel() const { return shared_numel + expert_numel; }  // P
   int64_t trainable_numel() const;

@@ -17,6 +17,7 @@
 #include "spes/sync/node/node_calls.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/round/round_clock.h"
+#include "spes/sync/round/topk_feedback.h"
 #include "spes/sync/wire/auth.h"
 #include "spes/sync/wire/framing.h"
 
@@ -101,6 +102,7 @@ void SyncNode::on_start(Trainer& t) {
   SPES_CHECK(t.config().spes_config.mode != SyncMode::Centralized, "spes node: "
              "spes_config.mode is centralized; set it to spes, fedavg or diloco (the server uses "
              "the same config)");
+  refuse_topk_rounds(t.config().spes_config.transfer.compression);
   const auto t0 = Clock::now();
   connect(t);
   const JoinResult jr = join_server();

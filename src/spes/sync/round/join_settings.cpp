@@ -12,9 +12,16 @@ namespace {
 constexpr std::string_view kSameSpesConfig =
     "the server and every node must use the same spes_config";
 constexpr size_t kShownValueBytes = 80;  // a value from the network is shown cut to this
+
+// A top-k setting: its exact value with compression topk, "unused" otherwise (so that nodes
+// of an int8 run do not have to agree on settings they never use).
+std::string topk_setting(const JoinSources& s, double value) {
+  if (s.cfg.spes_config.transfer.compression != Compression::Topk) return "unused";
+  return fmt::format("{:.17g}", value);
+}
 }  // namespace
 
-const std::array<JoinSetting, 8> kJoinSettings{{
+const std::array<JoinSetting, 11> kJoinSettings{{
     {"spes_config.mode", "spes_config.mode",
      [](const JoinSources& s) { return s.cfg.spes_config.mode.name(); }, kSameSpesConfig},
     {"spes_config.num_peers", "spes_config.num_peers",
@@ -28,6 +35,19 @@ const std::array<JoinSetting, 8> kJoinSettings{{
      kSameSpesConfig},
     {"spes_config.compression", "spes_config.compression",
      [](const JoinSources& s) { return s.cfg.spes_config.transfer.compression.name(); },
+     kSameSpesConfig},
+    {"spes_config.topk_density", "spes_config.topk_density",
+     [](const JoinSources& s) {
+       return topk_setting(s, s.cfg.spes_config.transfer.topk_density);
+     },
+     kSameSpesConfig},
+    {"spes_config.topk_bits", "spes_config.topk_bits",
+     [](const JoinSources& s) {
+       return topk_setting(s, static_cast<double>(s.cfg.spes_config.transfer.topk_bits));
+     },
+     kSameSpesConfig},
+    {"spes_config.topk_decay", "spes_config.topk_decay",
+     [](const JoinSources& s) { return topk_setting(s, s.cfg.spes_config.transfer.topk_decay); },
      kSameSpesConfig},
     {"ownership", "expert ownership map",
      [](const JoinSources& s) { return Ownership::from_config(s.cfg).fingerprint(); },

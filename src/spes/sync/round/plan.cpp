@@ -9,6 +9,7 @@
 #include "spes/model/ownership.h"
 #include "spes/model/registry.h"
 #include "spes/sync/round/join_settings.h"
+#include "spes/sync/round/topk_feedback.h"
 #include "spes/sync/wire/protocol.h"
 
 namespace spes::sync {
@@ -20,6 +21,7 @@ RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
   SPES_CHECK(mode_ != SyncMode::Centralized,
              "spes_config.mode is centralized: a sync server needs mode spes, fedavg or diloco "
              "(centralized training has nothing to synchronise)");
+  refuse_topk_rounds(compression_);
   const Ownership ownership = Ownership::from_config(cfg);
   for (const auto& p : model.params()) {
     PlanTensor t;

@@ -13,8 +13,9 @@
 
 namespace spes::sync {
 
-// 4: chunk coding; 5: per-tensor model digest; 6: Join's must-match settings as one map.
-constexpr uint32_t kProtocolVersion = 6;
+// 4: chunk coding; 5: per-tensor model digest; 6: Join's must-match settings as one map;
+// 7: compression topk and its settings (topk_density, topk_bits, topk_decay) in that map.
+constexpr uint32_t kProtocolVersion = 7;
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
