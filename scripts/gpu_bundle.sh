@@ -3,7 +3,7 @@
 # builds spes, spes_tests and train_bench here (against the same PyTorch 2.11.0 CUDA 13.0 wheel
 # the GPU machine has), strips them, and packs them with every shared library they load that
 # is neither glibc/libstdc++ nor PyTorch's/CUDA's own (gRPC, protobuf, abseil, yaml-cpp, fmt,
-# spdlog, PCRE2, cpp-httplib, OpenSSL, ... from Debian) into .gpu/bundle.tar.xz (git-ignored).
+# spdlog, PCRE2, OpenSSL, ... from Debian) into .gpu/bundle.tar.xz (git-ignored).
 # On the GPU machine gpu_check.sh unpacks it and runs the binaries with LD_LIBRARY_PATH =
 # the bundle's lib/ + that machine's torch/lib (same torch version, so the same ABI).
 # Checks: every library the binaries need resolves inside the bundle, the torch directory or

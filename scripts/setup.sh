@@ -29,7 +29,7 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsentencepiece-dev sentencepiece libpcre2-dev libyaml-cpp-dev libcli11-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libzstd-dev libssl-dev zlib1g-dev libcpp-httplib-dev libxxhash-dev
+  libzstd-dev libssl-dev zlib1g-dev libxxhash-dev
   libgloo-dev
   bible-kjv sword-text-web diatheke
   iproute2

@@ -16,6 +16,7 @@
 #include "spes/io/config.h"
 #include "spes/io/run_lock.h"
 #include "spes/io/run_layout.h"
+#include "spes/model/model_size_guard.h"
 #include "spes/sync/server/server.h"
 #include "spes/train/device.h"
 
@@ -51,6 +52,9 @@ void run_serve(const ServeArgs& a) {
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);
   namespace layout = spes::run_layout;
+  // The server holds the model in this machine's memory: one larger than it is refused before
+  // the run directory (and its lock) exists.
+  spes::check_model_fits_memory(cfg.model, "model");
   const spes::RunDirLock lock(a.out);  // one writer per directory; --overwrite refuses a live one
   if (a.overwrite && fs::exists(layout::server_state(a.out))) {
     spdlog::info("--overwrite: starting over in '{}'", a.out);

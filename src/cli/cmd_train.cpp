@@ -15,6 +15,8 @@
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
 #include "spes/io/run_lock.h"
+#include "spes/model/model_size_guard.h"
+#include "spes/train/device.h"
 #include "spes/train/trainer.h"
 
 namespace {
@@ -34,6 +36,8 @@ void run_train(const TrainArgs& a) {
                  "applies to `spes launch` and `spes node`)", cfg.spes_config.mode);
     cfg.spes_config.mode = spes::SyncMode::Centralized;
   }
+  // A model larger than the machine is refused before the run directory (and its lock) exists.
+  if (spes::select_device(cfg).is_cpu()) spes::check_model_fits_memory(cfg.model, "model");
   // One writer per run directory (the ranks of --nproc-per-node write under their parent's).
   std::optional<spes::RunDirLock> lock;
   if (!spes::running_as_rank()) lock.emplace(a.out);
