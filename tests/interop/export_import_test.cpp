@@ -130,6 +130,9 @@ TEST(InteropExport, SentencePieceTokenizerIsCopiedForLlamaTokenizerWithANote) {
   const HfExportResult r = hf_export(d.file("ckpt"), d.file("hf"), {});
   ASSERT_EQ(r.notes.size(), 1u);
   EXPECT_THAT(r.notes[0], HasSubstr("no tokenizer.json was written"));
+  // Every Python package that transformers' SentencePieceExtractor requires (its
+  // requires_backends: sentencepiece and protobuf) is named with the command that installs it.
+  EXPECT_THAT(r.notes[0], HasSubstr("pip install transformers sentencepiece protobuf"));
   EXPECT_EQ(file_read(d.file("hf/tokenizer.model")), file_read(d.file("sp.model")));
   EXPECT_FALSE(fs::exists(d.file("hf/tokenizer.json")));
   const json tc = json::parse(file_read(d.file("hf/tokenizer_config.json")));

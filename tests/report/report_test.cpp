@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
 
 #include "../data/data_test_util.h"
 #include "../model/tiny_model_config.h"
+#include "interop/cli_run.h"
 #include "spes/common/error.h"
 #include "spes/report/run_compare.h"
 #include "spes/report/run_data.h"
@@ -149,6 +151,82 @@ TEST(RunData, RefusesADirectoryWithoutARun) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a run directory"), std::string::npos);
   }
+}
+
+// The x tick labels of an SVG chart (the centred texts under the plot, less the axis label).
+std::vector<std::string> x_tick_labels(const std::string& svg, const std::string& axis_label) {
+  std::vector<std::string> ticks;
+  const std::regex text(R"re(<text x="[0-9.]+" y="[0-9.]+" text-anchor="middle">([^<]*)</text>)re");
+  for (std::sregex_iterator it(svg.begin(), svg.end(), text), e; it != e; ++it)
+    if ((*it)[1] != axis_label) ticks.push_back((*it)[1]);
+  return ticks;
+}
+
+TEST(RunPlots, RoundAndTokenAxesTickAtWholeNumbers) {
+  // Three rounds and runs of a few tokens: nice steps alone would put ticks at 1.5 and 2.5.
+  spes::test::TempDir dir;
+  for (const char* run : {"a", "b"}) {
+    write_lines(dir.path / run / "node0/metrics.jsonl",
+                {R"({"step":1,"tokens":2,"loss":5,"val_loss":5.5})",
+                 R"({"step":2,"tokens":4,"loss":4,"val_loss":4.5})"});
+    write_lines(dir.path / run / "server/rounds.jsonl",
+                {R"({"round":1,"bytes_in":1048576,"seconds":1,"alpha":0})",
+                 R"({"round":2,"bytes_in":1048576,"seconds":2,"alpha":0})",
+                 R"({"round":3,"bytes_in":1048576,"seconds":1,"alpha":0.1})"});
+  }
+  const auto one = spes::interop_test::run_spes(dir, {"plot", dir.file("a")});
+  ASSERT_EQ(one.code, 0) << one.err;
+  const auto several = spes::interop_test::run_spes(
+      dir, {"plot", dir.file("a"), dir.file("b"), "--out", dir.file("both.svg"), "--smooth", "1"});
+  ASSERT_EQ(several.code, 0) << several.err;
+  const std::vector<std::pair<std::string, std::string>> charts = {
+      {dir.file("a/plots/rounds.svg"), "round"},
+      {dir.file("a/plots/round_time.svg"), "round"},
+      {dir.file("a/plots/loss.svg"), "tokens (whole cluster)"},
+      {dir.file("both.svg"), "tokens (whole cluster)"}};
+  for (const auto& [path, axis] : charts) {
+    const auto ticks = x_tick_labels(spes::interop_test::slurp(path), axis);
+    EXPECT_GE(ticks.size(), 2u) << path;
+    for (const auto& t : ticks)
+      EXPECT_TRUE(std::regex_match(t, std::regex("-?[0-9]+"))) << path << ": tick " << t;
+  }
+}
+
+TEST(RunPlots, TheLegendOfSeveralRunsFitsInTheChart) {
+  // Long run names (directories as users name them) and more runs than the default height
+  // has legend rows for: every label must end inside the chart, every row above its bottom.
+  spes::test::TempDir dir;
+  std::vector<std::string> args = {"plot"};
+  std::vector<std::string> labels;
+  for (int i = 0; i < 24; ++i) {
+    const std::string run =
+        fmt::format("olmoe-4node-compressed-overlap-lr3e-4-warmup100-{:02d}", i);
+    write_lines(dir.path / run / "metrics.jsonl",
+                {fmt::format(R"({{"step":1,"tokens":1000,"loss":5,"val_loss":{}}})", 5 + i * 0.01),
+                 fmt::format(R"({{"step":2,"tokens":2000,"loss":4,"val_loss":{}}})",
+                             4 + i * 0.01)});
+    args.push_back(dir.file(run));
+    labels.push_back(run);
+  }
+  args.insert(args.end(), {"--out", dir.file("all.svg")});
+  const auto r = spes::interop_test::run_spes(dir, args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string svg = spes::interop_test::slurp(dir.file("all.svg"));
+  std::smatch size;
+  const std::regex svg_size(R"re(<svg [^>]*width="([0-9]+)" height="([0-9]+)")re");
+  ASSERT_TRUE(std::regex_search(svg, size, svg_size));
+  const double width = std::stod(size[1]), height = std::stod(size[2]);
+  // 12 px DejaVu Sans: lower case, digits and '-' advance at most 0.65 em (7.8 px).
+  size_t found = 0;
+  const std::regex text(R"re(<text x="([0-9.]+)" y="([0-9.]+)">([^<]*)</text>)re");
+  for (std::sregex_iterator it(svg.begin(), svg.end(), text), e; it != e; ++it) {
+    const std::string label = (*it)[3];
+    if (std::find(labels.begin(), labels.end(), label) == labels.end()) continue;
+    ++found;
+    EXPECT_LE(std::stod((*it)[1]) + 7.8 * label.size(), width) << label;
+    EXPECT_LE(std::stod((*it)[2]), height - 4) << label;
+  }
+  EXPECT_EQ(found, labels.size());
 }
 
 }  // namespace

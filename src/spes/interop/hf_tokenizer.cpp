@@ -65,10 +65,13 @@ std::vector<std::string> hf_write_tokenizer(const std::string& dir,
       const int64_t want = std::string(key) == "eos_token" ? m.eos_token_id : 0;
       set_token(key, want, id == want ? piece : "");
     }
+    // transformers reads tokenizer.model through its SentencePieceExtractor, which requires
+    // both packages (convert_slow_tokenizer.py, transformers 5.24).
     notes.push_back("the tokenizer is SentencePiece: wrote tokenizer.model with a "
-                    "tokenizer_config.json for LlamaTokenizer (slow tokenizer, needs the Python "
-                    "sentencepiece package); no tokenizer.json was written (making one needs "
-                    "the Python converters of transformers)");
+                    "tokenizer_config.json for LlamaTokenizer; no tokenizer.json was written, so "
+                    "loading it in Python (AutoTokenizer.from_pretrained) needs the packages "
+                    "sentencepiece and protobuf besides transformers: "
+                    "pip install transformers sentencepiece protobuf");
   }
   file_write_atomic(dir + "/tokenizer_config.json", tc.dump(2) + "\n");
   file_write_atomic(dir + "/special_tokens_map.json", special.dump(2) + "\n");

@@ -18,6 +18,7 @@ ChartOptions titled(const std::string& title, const std::string& x, const std::s
   o.title = title;
   o.x_label = x;
   o.y_label = y;
+  o.integer_x = true;  // every run chart's x counts something: tokens, rounds or steps
   return o;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include "spes/common/error.h"
 
@@ -39,22 +40,44 @@ bool usable(double x, double y, bool log_y) {
 // plot area inside the margins.
 struct Axes {
   bool log_y = false;
+  bool integer_x = false;
   double x0 = 0, x1 = 0;    // x range
   double y0 = 0, y1 = 0;    // y range of the data
   double ly0 = 0, ly1 = 0;  // y range drawn: padded, log10 on a log scale
-  int left = 78, right = 190, top = 42, bottom = 56;  // margins (px)
+  int left = 78, right = 190, top = 42, bottom = 56;  // margins (px); right holds the legend
   double pw = 0, ph = 0;    // plot area (px)
+  int width = 0, height = 0;  // the whole chart (px): the options' size, grown for the legend
 
   double fy(double y) const { return log_y ? std::log10(y) : y; }
   double px(double x) const { return left + (x - x0) / (x1 - x0) * pw; }
   double py(double y) const { return top + (1 - (fy(y) - ly0) / (ly1 - ly0)) * ph; }
 };
 
+constexpr int kLegendRow = 18;     // px between legend rows
+constexpr int kLegendText = 38;    // px from the plot's right edge to a legend label
+constexpr int kLegendPadding = 12; // px right of the longest label
+
+// Widens the right margin (and so the chart) until the longest legend label fits, and lengthens
+// the plot until every legend row fits beside it.
+void fit_legend(const std::vector<Series>& series, Axes& a) {
+  double widest = 0;
+  int rows = 0;
+  for (const auto& s : series) {
+    widest = std::max(widest, legend_text_width(s.label));
+    ++rows;
+  }
+  a.right = std::max(a.right, static_cast<int>(std::ceil(kLegendText + widest + kLegendPadding)));
+  a.ph = std::max(a.ph, static_cast<double>(10 + kLegendRow * rows));
+  a.width = static_cast<int>(a.left + a.pw) + a.right;
+  a.height = static_cast<int>(std::ceil(a.top + a.ph)) + a.bottom;
+}
+
 // The axes that hold every usable point of every series, the y range padded by 4% (or by 0.5
-// around a single value).
+// around a single value), in a chart large enough for the legend.
 Axes axes_for(const std::vector<Series>& series, const ChartOptions& o) {
   Axes a;
   a.log_y = o.log_y;
+  a.integer_x = o.integer_x;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const auto& s : series) {
     SPES_CHECK(s.x.size() == s.y.size(), "chart series '{}': {} x values but {} y values",
@@ -84,6 +107,7 @@ Axes axes_for(const std::vector<Series>& series, const ChartOptions& o) {
   }
   a.pw = o.width - a.left - a.right;
   a.ph = o.height - a.top - a.bottom;
+  fit_legend(series, a);
   return a;
 }
 
@@ -94,13 +118,13 @@ std::string chart_header(const ChartOptions& o, const Axes& a) {
       "viewBox=\"0 0 {0} {1}\" font-family=\"sans-serif\" font-size=\"12\">\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       "<text x=\"{2}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{3}</text>\n",
-      o.width, o.height, a.left, xml_escape(o.title));
+      a.width, a.height, a.left, xml_escape(o.title));
 }
 
 // Vertical grid lines with their tick labels below the plot.
 std::string x_grid(const Axes& a) {
   std::string svg;
-  for (double t : nice_ticks(a.x0, a.x1, 8)) {
+  for (double t : nice_ticks(a.x0, a.x1, 8, a.integer_x ? 1 : 0)) {
     if (t < a.x0 || t > a.x1) continue;
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
                        "stroke=\"#e5e5e5\"/>\n<text x=\"{0:.1f}\" y=\"{3:.1f}\" "
@@ -145,7 +169,7 @@ std::string frame_and_labels(const ChartOptions& o, const Axes& a) {
                                 "fill=\"none\" stroke=\"#444\"/>\n",
                                 a.left, a.top, a.pw, a.ph);
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                     a.left + a.pw / 2, o.height - 12, xml_escape(o.x_label));
+                     a.left + a.pw / 2, a.height - 12, xml_escape(o.x_label));
   svg += fmt::format("<text transform=\"translate(18,{:.1f}) rotate(-90)\" "
                      "text-anchor=\"middle\">{}</text>\n",
                      a.top + a.ph / 2, xml_escape(o.y_label + (o.log_y ? " (log scale)" : "")));
@@ -173,21 +197,21 @@ std::string series_and_legend(const std::vector<Series>& series, const Axes& a) 
     svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
                        "points=\"{}\"/>\n{}",
                        color, points, dots);
-    const double ly = a.top + 10 + 18 * legend_row++;
+    const double ly = a.top + 10 + kLegendRow * legend_row++;
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" "
                        "stroke=\"{3}\" stroke-width=\"3\"/>\n<text x=\"{4:.1f}\" y=\"{5:.1f}\">"
                        "{6}</text>\n",
-                       a.left + a.pw + 12, ly, a.left + a.pw + 32, color, a.left + a.pw + 38,
-                       ly + 4, xml_escape(s.label));
+                       a.left + a.pw + 12, ly, a.left + a.pw + 32, color,
+                       a.left + a.pw + kLegendText, ly + 4, xml_escape(s.label));
   }
   return svg;
 }
 
 }  // namespace
 
-std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
+std::vector<double> nice_ticks(double lo, double hi, int max_ticks, double min_step) {
   if (!(hi > lo)) return {lo};
-  const double raw = (hi - lo) / std::max(1, max_ticks - 1);
+  const double raw = std::max((hi - lo) / std::max(1, max_ticks - 1), min_step);
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   double step = 10 * mag;
   for (double m : {1.0, 2.0, 5.0}) {
@@ -200,6 +224,27 @@ std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
   for (double t = std::ceil(lo / step - 1e-9) * step; t <= hi + step * 1e-9; t += step)
     ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
   return ticks;
+}
+
+double legend_text_width(const std::string& label) {
+  // Advance widths in em of DejaVu Sans (the usual sans-serif on Linux) and Arial, rounded up:
+  // m, w, M, W, @ and % are the widest; other capitals up to 0.8; digits, lower case and
+  // punctuation up to 0.65; a character outside ASCII counts as a full em.
+  constexpr double kFontPx = 12;
+  double em = 0;
+  for (size_t i = 0; i < label.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(label[i]);
+    if (c >= 0x80) {
+      if ((c & 0xC0) != 0x80) em += 1.0;  // the first byte of a UTF-8 character
+    } else if (std::string_view("mwMW@%").find(static_cast<char>(c)) != std::string_view::npos) {
+      em += 1.0;
+    } else if (c >= 'A' && c <= 'Z') {
+      em += 0.8;
+    } else {
+      em += 0.65;
+    }
+  }
+  return em * kFontPx;
 }
 
 std::string tick_label(double v) {

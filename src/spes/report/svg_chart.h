@@ -1,5 +1,6 @@
 // Self-contained SVG line charts (no fonts, scripts or network needed to view them): several
-// labelled series on shared axes with "nice" ticks, a legend and optional log-scale y. Used by
+// labelled series on shared axes with "nice" ticks, a legend that the chart widens (and
+// lengthens) to fit, and optional log-scale y. Used by
 // `spes plot` for loss curves and round statistics.
 #pragma once
 #include <string>
@@ -20,13 +21,19 @@ struct ChartOptions {
   int width = 820;
   int height = 460;
   bool log_y = false;
+  bool integer_x = false;  // x counts things (rounds, steps, tokens): ticks at whole numbers
 };
 
 // The chart as a complete SVG document. Fails when no series has a finite point.
 std::string render_line_chart(const std::vector<Series>& series, const ChartOptions& opts);
 
-// Up to `max_ticks` round tick values covering [lo, hi] (steps of 1, 2 or 5 x 10^k).
-std::vector<double> nice_ticks(double lo, double hi, int max_ticks);
+// Up to `max_ticks` round tick values covering [lo, hi] (steps of 1, 2 or 5 x 10^k, at least
+// `min_step`: 1 for axes that count things).
+std::vector<double> nice_ticks(double lo, double hi, int max_ticks, double min_step = 0);
+
+// The width in px that a legend label of 12 px sans-serif takes at most (a bound for the
+// widest common glyphs, so that a legend sized by it is never cut).
+double legend_text_width(const std::string& label);
 
 // A compact label for a tick value: 1.2M, 400k, 3.5, 0.02.
 std::string tick_label(double v);
