@@ -253,15 +253,19 @@ TEST_F(SyncReliability, NodeStoppedWhileItsRoundWaitsCheckpointsAndDoesThatRound
   ASSERT_EQ(before.size(), 5u);
   EXPECT_EQ(before.back()["sync_stopped"]["round"], 1);
 
-  // Back, with node 1: node 0 does round 1 first, then both run to the end on one model.
+  // Back: node 0 does round 1 first (node 1 starts only then: had it uploaded round 1 before
+  // node 0 returned, the round would close with node 0's earlier upload and node 0 would load
+  // it at its join instead), then both run to the end on one model.
   auto n0b = start_node(cfg, 0, address, dir + "/node0");
+  all = {srv.get(), n0b.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n0b->saw("doing that round first"); }, 120))
+      << all_logs(all);
   auto n1 = start_node(cfg, 1, address, dir + "/node1");
   all = {srv.get(), n0b.get(), n1.get()};
   ASSERT_TRUE(pump_until(all, [&] { return n0b->exited && n1->exited && srv->exited; }, 180))
       << all_logs(all);
   ASSERT_EQ(n0b->code, 0) << all_logs(all);
   ASSERT_EQ(n1->code, 0) << all_logs(all);
-  EXPECT_TRUE(n0b->saw("doing that round first")) << n0b->log();
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
   ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
   // Its metrics kept the lines before the stop: every step once, in order.
