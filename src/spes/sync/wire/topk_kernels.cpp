@@ -242,11 +242,25 @@ int64_t topk_encode(const float* v, int64_t n, const TopkParams& p, std::string*
   return -1;
 }
 
-std::string topk_decode(const uint8_t* b, int64_t size, int64_t n, const TopkParams& p,
-                        TopkSparse* out) {
-  out->index.clear();
-  out->value.clear();
-  const int64_t chunks = topk_chunks(n);
+namespace {
+
+// What the 8-byte fixed header says about the index coding.
+struct TopkHeader {
+  TopkIndexCoding coding = TopkIndexCoding::Bitmap;
+  int rice = 0;
+};
+
+// Per chunk: how many entries it carries and the scale of its values.
+struct TopkChunkTable {
+  std::vector<uint16_t> counts;
+  std::vector<float> scales;
+};
+
+constexpr const char* kPayloadTooShort = "the payload ends before its last index or value";
+
+// The fixed header: format, value bits, index coding, Rice parameter and chunk count.
+std::string read_fixed_header(const uint8_t* b, int64_t size, int64_t n, const TopkParams& p,
+                              TopkHeader* h) {
   if (size < kTopkFixedHeader)
     return "the payload has " + std::to_string(size) + " bytes, fewer than its 8-byte header";
   if (b[0] != kTopkFormat)
@@ -257,100 +271,154 @@ std::string topk_decode(const uint8_t* b, int64_t size, int64_t n, const TopkPar
            std::to_string(p.bits);
   if (b[2] > static_cast<uint8_t>(TopkIndexCoding::Rice))
     return "unknown index coding " + std::to_string(b[2]);
-  const auto coding = static_cast<TopkIndexCoding>(b[2]);
-  const int rice = b[3];
-  if ((coding == TopkIndexCoding::Rice && rice > kMaxRice) ||
-      (coding != TopkIndexCoding::Rice && rice != 0))
-    return "Rice parameter " + std::to_string(rice) + " is not valid for index coding " +
-           topk_index_coding_name(coding);
+  h->coding = static_cast<TopkIndexCoding>(b[2]);
+  h->rice = b[3];
+  if ((h->coding == TopkIndexCoding::Rice && h->rice > kMaxRice) ||
+      (h->coding != TopkIndexCoding::Rice && h->rice != 0))
+    return "Rice parameter " + std::to_string(h->rice) + " is not valid for index coding " +
+           topk_index_coding_name(h->coding);
   uint32_t hdr_chunks;
   std::memcpy(&hdr_chunks, b + 4, 4);
+  const int64_t chunks = topk_chunks(n);
   if (static_cast<int64_t>(hdr_chunks) != chunks)
     return "the header counts " + std::to_string(hdr_chunks) + " chunks; a tensor of " +
            std::to_string(n) + " values has " + std::to_string(chunks);
+  return "";
+}
+
+// The per-chunk counts and scales after the fixed header, each checked against the density.
+std::string read_chunk_table(const uint8_t* b, int64_t size, int64_t n, const TopkParams& p,
+                             TopkChunkTable* t) {
+  const int64_t chunks = topk_chunks(n);
   const int64_t head = kTopkFixedHeader + chunks * 6;
   if (size < head)
     return "the payload has " + std::to_string(size) + " bytes, fewer than the " +
            std::to_string(head) + " its header and per-chunk counts and scales need";
-  std::vector<uint16_t> counts(static_cast<size_t>(chunks));
-  std::vector<float> scales(static_cast<size_t>(chunks));
-  std::memcpy(counts.data(), b + kTopkFixedHeader, static_cast<size_t>(chunks) * 2);
-  std::memcpy(scales.data(), b + kTopkFixedHeader + chunks * 2, static_cast<size_t>(chunks) * 4);
+  t->counts.resize(static_cast<size_t>(chunks));
+  t->scales.resize(static_cast<size_t>(chunks));
+  std::memcpy(t->counts.data(), b + kTopkFixedHeader, static_cast<size_t>(chunks) * 2);
+  std::memcpy(t->scales.data(), b + kTopkFixedHeader + chunks * 2,
+              static_cast<size_t>(chunks) * 4);
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t len = chunk_len(n, c), k = topk_chunk_k(p.density, len);
     const std::string where = "chunk " + std::to_string(c);
-    if (counts[c] > k)
-      return where + " carries " + std::to_string(counts[c]) + " entries; topk_density " +
+    const uint16_t count = t->counts[c];
+    const float s = t->scales[c];
+    if (count > k)
+      return where + " carries " + std::to_string(count) + " entries; topk_density " +
              std::to_string(p.density) + " allows at most " + std::to_string(k) + " of its " +
              std::to_string(len) + " values";
-    const float s = scales[c];
     if (!std::isfinite(s)) return where + ": its scale is not finite (" + std::to_string(s) + ")";
-    if (counts[c] > 0 && !(s > 0.0f && s <= kMaxTopkScale))
+    if (count > 0 && !(s > 0.0f && s <= kMaxTopkScale))
       return where + ": scale " + std::to_string(s) + " is not in (0, FLT_MAX/8]";
-    if (counts[c] == 0 && s != 0.0f)
+    if (count == 0 && s != 0.0f)
       return where + ": carries no entries but a scale of " + std::to_string(s);
   }
-  BitReader r(b + head, size - head);
-  const char* missing = "the payload ends before its last index or value";
-  std::vector<int64_t> local;
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t len = chunk_len(n, c), base = c * kTopkChunk;
-    const std::string where = "chunk " + std::to_string(c);
-    uint64_t x;
-    local.clear();
-    if (coding == TopkIndexCoding::Bitmap) {
-      for (int64_t i = 0; i < len; ++i) {
-        if (!r.get(1, &x)) return missing;
-        if (x) local.push_back(i);
-      }
-      if (static_cast<int64_t>(local.size()) != counts[c])
-        return where + ": its bitmap holds " + std::to_string(local.size()) +
-               " entries but its count says " + std::to_string(counts[c]);
-    } else {
-      int64_t prev = -1;
-      for (int j = 0; j < counts[c]; ++j) {
-        int64_t i;
-        if (coding == TopkIndexCoding::Positions) {
-          if (!r.get(position_bits(len), &x)) return missing;
-          i = static_cast<int64_t>(x);
-          if (i == prev)
-            return where + ": position " + std::to_string(i) + " is repeated";
-          if (i < prev)
-            return where + ": positions are not ascending (" + std::to_string(i) + " after " +
-                   std::to_string(prev) + ")";
-        } else {
-          uint64_t q = 0;
-          for (;;) {
-            if (!r.get(1, &x)) return missing;
-            if (!x) break;
-            if ((++q << rice) >= static_cast<uint64_t>(len))
-              return where + ": an index gap runs past the chunk's " + std::to_string(len) +
-                     " values";
-          }
-          uint64_t low = 0;
-          if (!r.get(rice, &low)) return missing;
-          i = prev + 1 + static_cast<int64_t>((q << rice) | low);
-        }
-        if (i >= len)
-          return where + ": index " + std::to_string(i) + " is out of range (the chunk has " +
-                 std::to_string(len) + " values)";
-        local.push_back(i);
-        prev = i;
-      }
-    }
-    for (int64_t i : local) out->index.push_back(base + i);
+  return "";
+}
+
+// A chunk's entries as a bitmap of its `len` values: exactly `count` set bits.
+std::string read_bitmap_indices(BitReader& r, int64_t len, int64_t count, const std::string& where,
+                                std::vector<int64_t>* local) {
+  uint64_t x;
+  for (int64_t i = 0; i < len; ++i) {
+    if (!r.get(1, &x)) return kPayloadTooShort;
+    if (x) local->push_back(i);
   }
-  // Values, in entry order: sign (bit bits-1) and magnitude - 1.
-  const uint64_t sign = 1u << (p.bits - 1);
-  size_t e = 0;
-  for (int64_t c = 0; c < chunks; ++c)
-    for (int j = 0; j < counts[c]; ++j, ++e) {
+  if (static_cast<int64_t>(local->size()) != count)
+    return where + ": its bitmap holds " + std::to_string(local->size()) +
+           " entries but its count says " + std::to_string(count);
+  return "";
+}
+
+// The next index after `prev` as a Rice-coded gap (unary quotient, `rice` low bits).
+std::string read_rice_index(BitReader& r, int rice, int64_t len, int64_t prev,
+                            const std::string& where, int64_t* i) {
+  uint64_t x, q = 0;
+  for (;;) {
+    if (!r.get(1, &x)) return kPayloadTooShort;
+    if (!x) break;
+    if ((++q << rice) >= static_cast<uint64_t>(len))
+      return where + ": an index gap runs past the chunk's " + std::to_string(len) + " values";
+  }
+  uint64_t low = 0;
+  if (!r.get(rice, &low)) return kPayloadTooShort;
+  *i = prev + 1 + static_cast<int64_t>((q << rice) | low);
+  return "";
+}
+
+// A chunk's `count` entries as fixed-width positions or Rice-coded gaps: ascending, no repeats,
+// inside the chunk.
+std::string read_listed_indices(BitReader& r, const TopkHeader& h, int64_t len, int64_t count,
+                                const std::string& where, std::vector<int64_t>* local) {
+  int64_t prev = -1;
+  for (int64_t j = 0; j < count; ++j) {
+    int64_t i;
+    if (h.coding == TopkIndexCoding::Positions) {
       uint64_t x;
-      if (!r.get(p.bits, &x)) return missing;
-      const float mag = static_cast<float>((x & (sign - 1)) + 1);
-      const float v = mag * scales[c];
-      out->value.push_back((x & sign) ? -v : v);
+      if (!r.get(position_bits(len), &x)) return kPayloadTooShort;
+      i = static_cast<int64_t>(x);
+      if (i == prev) return where + ": position " + std::to_string(i) + " is repeated";
+      if (i < prev)
+        return where + ": positions are not ascending (" + std::to_string(i) + " after " +
+               std::to_string(prev) + ")";
+    } else if (std::string e = read_rice_index(r, h.rice, len, prev, where, &i); !e.empty()) {
+      return e;
     }
+    if (i >= len)
+      return where + ": index " + std::to_string(i) + " is out of range (the chunk has " +
+             std::to_string(len) + " values)";
+    local->push_back(i);
+    prev = i;
+  }
+  return "";
+}
+
+// Every chunk's indices, as positions in the whole tensor.
+std::string read_indices(BitReader& r, const TopkHeader& h, const TopkChunkTable& t, int64_t n,
+                         std::vector<int64_t>* index) {
+  std::vector<int64_t> local;
+  for (int64_t c = 0; c < static_cast<int64_t>(t.counts.size()); ++c) {
+    const int64_t len = chunk_len(n, c), count = t.counts[c];
+    const std::string where = "chunk " + std::to_string(c);
+    local.clear();
+    const std::string e = h.coding == TopkIndexCoding::Bitmap
+                              ? read_bitmap_indices(r, len, count, where, &local)
+                              : read_listed_indices(r, h, len, count, where, &local);
+    if (!e.empty()) return e;
+    for (int64_t i : local) index->push_back(c * kTopkChunk + i);
+  }
+  return "";
+}
+
+// The values, in entry order: sign (bit bits-1) and magnitude - 1, times the chunk's scale.
+std::string read_values(BitReader& r, const TopkChunkTable& t, int bits,
+                        std::vector<float>* value) {
+  const uint64_t sign = 1u << (bits - 1);
+  for (size_t c = 0; c < t.counts.size(); ++c)
+    for (int j = 0; j < t.counts[c]; ++j) {
+      uint64_t x;
+      if (!r.get(bits, &x)) return kPayloadTooShort;
+      const float v = static_cast<float>((x & (sign - 1)) + 1) * t.scales[c];
+      value->push_back((x & sign) ? -v : v);
+    }
+  return "";
+}
+
+}  // namespace
+
+std::string topk_decode(const uint8_t* b, int64_t size, int64_t n, const TopkParams& p,
+                        TopkSparse* out) {
+  out->index.clear();
+  out->value.clear();
+  TopkHeader h;
+  TopkChunkTable t;
+  if (std::string e = read_fixed_header(b, size, n, p, &h); !e.empty()) return e;
+  if (std::string e = read_chunk_table(b, size, n, p, &t); !e.empty()) return e;
+  const int64_t head = kTopkFixedHeader + topk_chunks(n) * 6;
+  BitReader r(b + head, size - head);
+  if (std::string e = read_indices(r, h, t, n, &out->index); !e.empty()) return e;
+  if (std::string e = read_values(r, t, p.bits, &out->value); !e.empty()) return e;
   if (r.size_bits() - r.pos() >= 8 || !r.rest_zero())
     return "the payload holds " + std::to_string((r.size_bits() - r.pos()) / 8) +
            " bytes (or padding bits) after its last value";
