@@ -12,11 +12,13 @@
 // model digest on one thread and on all cores. Defaults: the d_model 512 shape of
 // bench/train_bench (about 117M parameters, 8 experts) with 4 nodes owning 2 experts each.
 //   build/bench/sync_bench [--nodes 4] [--rounds 6] [--merge-interval 2] [--dtype fp32|bf16]
-//                          [--compression none|bf16|int8] [--wire-coding auto|zstd|raw]
+//                          [--compression none|bf16|int8|topk] [--wire-coding auto|zstd|raw]
+//                          [--topk-density D] [--topk-bits B]
 // Each round every node adds seeded Gaussian noise (standard deviation 1e-4) to its trainable
 // tensors: real training moves weights less uniformly, so the coded sizes here are indicative
 // (docs/PERFORMANCE.md, "Chunk coding", gives the ratios on deltas of a real run).
-// With --compression the simulated nodes upload quantised deltas (with error feedback) from the
+// With --compression the simulated nodes upload quantised (topk: sparse) deltas (with error
+// feedback) from the
 // published model and download the round's delta, which they apply and check against the
 // published digest (outside the timed download), as spes node does. Without compression only
 // the bytes and the server's work are representative (the nodes do not load what they
@@ -52,6 +54,7 @@
 #include "spes/sync/round/delta_upload.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/topk_codec.h"
 #include "sync_shape.h"
 
 namespace fs = std::filesystem;
@@ -64,6 +67,8 @@ struct Args {
   spes::bench::SyncShape shape;
   std::string dtype = "fp32";
   std::string compression = "none";
+  double topk_density = 1.0 / 64;
+  int64_t topk_bits = 2;
   std::string wire_coding = "auto";
   std::string spes;  // path of the spes executable (default: ../spes next to this bench)
   std::string out = "runs/sync_bench";
@@ -72,7 +77,7 @@ struct Args {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: sync_bench [--nodes N] [--rounds R] [--merge-interval I] [--dtype fp32|bf16]"
-               "\n  [--compression none|bf16|int8] [--wire-coding auto|zstd|raw] [--d-model D] [--layers L] [--heads H] [--experts E] [--hidden F] "
+               "\n  [--compression none|bf16|int8|topk] [--topk-density D] [--topk-bits B] [--wire-coding auto|zstd|raw] [--d-model D] [--layers L] [--heads H] [--experts E] [--hidden F] "
                "[--vocab V]\n  [--spes PATH] [--out DIR]\n");
   std::exit(2);
 }
@@ -88,6 +93,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--merge-interval") a.merge_interval = std::stoll(v);
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--compression") a.compression = v;
+    else if (k == "--topk-density") a.topk_density = std::stod(v);
+    else if (k == "--topk-bits") a.topk_bits = std::stoll(v);
     else if (k == "--wire-coding") a.wire_coding = v;
     else if (a.shape.parse(k, v)) continue;
     else if (k == "--spes") a.spes = v;
@@ -106,6 +113,8 @@ spes::Config bench_config(const Args& a) {
   c.spes_config.sync_steps = 1;  // round r is step r
   c.spes_config.transfer.dtype = a.dtype;
   c.spes_config.transfer.compression = a.compression;
+  c.spes_config.transfer.topk_density = a.topk_density;
+  c.spes_config.transfer.topk_bits = a.topk_bits;
   c.spes_config.transfer.wire_coding = a.wire_coding;
   c.spes_config.merging.interval = a.merge_interval;
   c.spes_config.merging.alpha_start = 0.01;
@@ -234,7 +243,9 @@ int main(int argc, char** argv) {
           client.join(spes::sync::node_join_info(cfg, reg, id, 0));
           auto discard = [](const char*, size_t) {};
           auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 + i));
-          spes::sync::DeltaUpload delta(spes::Choice<spes::Compression>(a.compression));
+          const spes::TransferSettings& transfer = cfg.spes_config.transfer;
+          spes::sync::DeltaUpload delta(transfer.compression, spes::sync::topk_params(transfer),
+                                        transfer.topk_decay);
           if (delta.enabled()) {  // deltas need the published model: load it, as spes node
             spes::sync::Download d(reg, 0, spes::sync::Selection::All, wire);
             d.attempt(client);

@@ -16,10 +16,36 @@
 namespace {
 
 struct AggregateArgs {
-  std::string config, out, previous, momentum, momentum_out;
+  std::string config, out, previous, momentum, momentum_out, residual, residual_out;
   int64_t step = 0;
   std::vector<std::string> inputs, sets;
 };
+
+// compression: topk publishes topk(P_agg - P_prev + R): after round 1 the server's residual R
+// of the previous round is needed (it keeps it in rounds/<round-1>/residual.safetensors).
+void load_residual(const AggregateArgs& a, const spes::Config& cfg,
+                   spes::sync::SyncModel& model) {
+  const spes::sync::RoundClock clock(cfg);
+  if (!model.sparse()) {
+    SPES_CHECK(a.residual.empty() && a.residual_out.empty(), "--residual and --residual-out "
+               "belong to spes_config.compression: topk (this config has {})",
+               cfg.spes_config.transfer.compression);
+    return;
+  }
+  const int64_t prev_round = clock.round_at(a.step) - 1;
+  if (a.residual.empty()) {
+    SPES_CHECK(prev_round == 0, "compression: topk after round 1 needs --residual: the server's "
+               "residual after round {} (it keeps it in rounds/{}/residual.safetensors with "
+               "--keep-uploads); without it the published model cannot be reproduced",
+               prev_round, prev_round);
+    return;
+  }
+  SPES_CHECK(model.load_sparse_residual(a.residual, prev_round, model.weights_sha256()),
+             "'{}' is not the residual after round {} of the model given by --previous (it is "
+             "missing, damaged, of another round or of another model): use "
+             "rounds/{}/residual.safetensors of the same run", a.residual, prev_round,
+             prev_round);
+}
 
 void run_aggregate(const AggregateArgs& a) {
   const spes::Config cfg = spes::config_load(a.config, a.sets);
@@ -36,8 +62,10 @@ void run_aggregate(const AggregateArgs& a) {
                  a.step == spes::sync::RoundClock(cfg).step_of(1),
              "the outer step (mode diloco, or spes with outer_step) after round 1 needs "
              "--momentum (the server keeps it in rounds/<round-1>/momentum.safetensors)");
+  load_residual(a, cfg, model);
   const spes::sync::RoundOutcome o = spes::sync::aggregate_offline(model, a.inputs, a.step);
   const std::string sha = model.weights_sha256();
+  if (!a.residual_out.empty()) model.save_sparse_residual(a.residual_out, o.round, sha);
   spes::sync::write_stream_file(a.out, spes::sync::published_writer(model, o.round, o.step, sha));
   if (!a.momentum_out.empty())
     spes::sync::write_stream_file(
@@ -60,6 +88,9 @@ spes::cli::SubcommandRegistrar register_aggregate("aggregate",
                  "Published model of the previous round (default: the initial model)");
   sub.add_option("--momentum", a->momentum, "outer step: its momentum after the previous round");
   sub.add_option("--momentum-out", a->momentum_out, "outer step: write the new momentum");
+  sub.add_option("--residual", a->residual,
+                 "compression topk: the server's residual after the previous round");
+  sub.add_option("--residual-out", a->residual_out, "compression topk: write the new residual");
   spes::cli::add_set_option(sub, a->sets);
   sub.add_option("inputs", a->inputs, "Uploads of the round (node<i>.safetensors)")->required();
   sub.callback([a] { run_aggregate(*a); });

@@ -83,6 +83,12 @@ class FaultyUploadStreams : public UploadStreamFilter {
   FaultyUploadStreams(const NodeFaults& f, int64_t node) : f_(f), node_(node) {}
 
   uint64_t open_stream(int64_t round, uint64_t total_bytes) override {
+    if (round == f_.stall_round && !stall_done_) {
+      stall_done_ = true;
+      spdlog::warn("node {}: fault injection: stalling {:.1f} s before round {}", node_,
+                   f_.stall_s, round);
+      std::this_thread::sleep_for(std::chrono::duration<double>(f_.stall_s));
+    }
     round_ = round;
     index_ = 0;
     repeated_.data.clear();
@@ -137,7 +143,7 @@ class FaultyUploadStreams : public UploadStreamFilter {
   int64_t node_;
   int64_t round_ = -1;
   int index_ = 0, cut_after_ = -1, repeat_ = -1;
-  bool cut_done_ = false, dup_done_ = false, corrupt_done_ = false;
+  bool cut_done_ = false, dup_done_ = false, corrupt_done_ = false, stall_done_ = false;
   OutgoingChunk repeated_;
 };
 
@@ -153,11 +159,6 @@ std::optional<SafetensorsStreamWriter> NodeFaultInjection::payload(const ParamRe
                                                                    const UploadMeta& meta,
                                                                    WireDtype wire) const {
   const int64_t r = meta.round;
-  if (r == f_.stall_round) {
-    spdlog::warn("node {}: fault injection: stalling {:.1f} s before round {}", node_, f_.stall_s,
-                 r);
-    std::this_thread::sleep_for(std::chrono::duration<double>(f_.stall_s));
-  }
   const bool grow = f_.grow_round >= 0 && r >= f_.grow_round;
   if (r != f_.nan_round && r != f_.foreign_round && r != f_.scaled_round &&
       r != f_.badname_round && r != f_.poison_round && !grow)

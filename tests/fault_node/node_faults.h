@@ -20,9 +20,9 @@
 //                (as if the connection broke); the retry resumes where the server stopped
 //   dup@R        round R's upload goes in 8 chunks and chunk 1 is sent again after chunk 2
 // Unset means no fault. The faults wrap what the node does, never change it: NodeFaultInjection
-// hands the node its payload (nan, foreign, scaled, badname, poison, after stall's sleep), wraps
-// the client's upload streams (corrupt, cut, dup: an UploadStreamFilter) and acts after a
-// published round (replay). Leaves out: the server, which has no fault hooks.
+// hands the node its payload (nan, foreign, scaled, badname, poison), wraps the client's upload
+// streams (stall, corrupt, cut, dup: an UploadStreamFilter, which compressed uploads go through
+// too) and acts after a published round (replay). Leaves out: the server, which has no fault hooks.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -49,10 +49,11 @@ NodeFaults node_faults_from_env();
 class NodeFaultInjection : public NodeRoundHooks {
  public:
   NodeFaultInjection(const NodeFaults& faults, int64_t node);
-  // Wraps the client's upload streams: corrupt, cut, dup (and their chunks of an eighth).
+  // Wraps the client's upload streams: stall (before round R's first stream), corrupt, cut, dup
+  // (and their chunks of an eighth).
   std::shared_ptr<UploadStreamFilter> upload_filter() const override { return filter_; }
   // A deliberately bad upload of meta.round (nan, foreign, scaled, badname, poison, grow), or none
-  // (the node's own); after stall@R's sleep.
+  // (the node's own).
   std::optional<SafetensorsStreamWriter> payload(const ParamRegistry& registry,
                                                  const UploadMeta& meta,
                                                  WireDtype wire) const override;

@@ -6,7 +6,8 @@
 // nothing, and the honest nodes' next round publishes exactly the model an untouched server
 // publishes from the same uploads. Messages are encoded by hand (protobuf wire format) and
 // sent through a generic stub, so that nothing on the client side cleans them up. Also: a
-// failed save shows in the Status reply and in `spes status` (publish_error).
+// failed save shows in the Status reply and in `spes status` (publish_error). And a damaged
+// top-k sparse upload, refused with its reason.
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -26,6 +27,8 @@
 #include "spes/sync/server/server.h"
 #include "spes/sync/wire/framing.h"
 #include "spes_sync.grpc.pb.h"
+#include "spes/sync/wire/topk_codec.h"
+#include "sync/compressed_upload_parts.h"
 #include "sync/serve_fixture.h"
 #include "sync/sync_process_util.h"
 #include "sync/sync_test_util.h"
@@ -517,4 +520,56 @@ TEST(HostileRpc, AFailedSaveShowsInStatusAndInSpesStatus) {
   EXPECT_EQ(json.code, 0) << json.log();
   EXPECT_TRUE(json.saw("\"publish_error\": \"")) << json.log();
   EXPECT_TRUE(json.saw("disk full")) << json.log();
+}
+
+// compression: topk over gRPC (docs/PROTOCOL.md "Sparse deltas"): a sparse upload whose
+// payload is damaged (a NaN chunk scale, then bytes left over) is refused by the real server
+// with the reason, naming the tensor, before anything is applied; the honest node's upload
+// then publishes the round without it, and its digest is the one both nodes can rebuild.
+TEST(HostileRpc, AHostileSparseUploadIsRefusedWithItsReason) {
+  ServeSetup setup;
+  setup.extra_config = "  compression: topk\n";
+  ServeFixture f(setup);
+  ASSERT_FALSE(f.address.empty()) << f.srv->log();
+  FakeNode a(f.cfg, 0, 1), b(f.cfg, 1, 2);
+  a.id.auth_token = ServeFixture::token(0);
+  b.id.auth_token = ServeFixture::token(1);
+  SyncClient ca(f.address, a.id), cb(f.address, b.id);
+  const JoinResult ja = ca.join(a.join_info());
+  cb.join(b.join_info());
+  const std::string embed = "model.embed_tokens.weight";
+  auto upload = [&](const FakeNode& n, const std::function<void(std::string&)>& spoil) {
+    NamedTensors t = compressed_upload_parts(n, Compression::Topk, [&](const RegistryEntry& e) {
+      return spoil ? torch::full(e.tensor.sizes(), 0.01f) : torch::zeros_like(e.tensor);
+    });
+    for (auto& [name, v] : t)
+      if (name == embed && spoil) {
+        std::string s = topk_payload_of(v);
+        spoil(s);
+        v = topk_payload_tensor(s);
+      }
+    UploadMeta m{n.id.node_id, 1, 10, 80, n.id.incarnation, n.reg->fingerprint()};
+    m.compression = Compression::Topk;
+    return SafetensorsStreamWriter::as_stored(std::move(t), upload_metadata(m));
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::string why = error_of([&] {
+    ca.upload(1, 10, upload(a, [&](std::string& s) {
+      std::memcpy(&s[kTopkFixedHeader + 2 * static_cast<size_t>(topk_chunks(8192 * 32))], &nan,
+                  4);
+    }));
+  });
+  EXPECT_THAT(why, HasSubstr("tensor 'model.embed_tokens.weight': its topk delta is refused: "
+                             "chunk 0: its scale is not finite"));
+  // The node is out of the round: a second hostile try is refused too.
+  EXPECT_NE(error_of([&] { ca.upload(1, 10, upload(a, [](std::string& s) { s += '\0'; })); }),
+            "");
+  ASSERT_TRUE(cb.upload(1, 10, upload(b, nullptr)).accepted);
+  RoundStatus st;
+  for (int i = 0; i < 100 && !st.published; ++i) st = cb.wait_round(1, 2000);
+  ASSERT_TRUE(st.published) << f.srv->log();
+  EXPECT_EQ(st.nodes, std::vector<int64_t>{1});
+  EXPECT_EQ(st.model_sha256, ja.model_sha256) << "a zero change publishes the same model";
+  f.srv->poll();
+  EXPECT_TRUE(f.srv->saw("its topk delta is refused")) << f.srv->log();
 }

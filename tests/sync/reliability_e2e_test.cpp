@@ -42,6 +42,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 std::string g_dir;  // corpus and tokens, shared by the tests of this suite
 
+// `extra`: more lines of spes_config (merging is off unless they set merge_interval).
 std::string write_config(const std::string& dir, int nodes, const std::string& extra) {
   fs::create_directories(dir);
   const std::string path = dir + "/config.yaml";
@@ -53,7 +54,8 @@ std::string write_config(const std::string& dir, int nodes, const std::string& e
          "scheduler:\n  t_warmup: 5\n"
          "data:\n  paths: [" << g_dir << "/tokens]\n  validation_fraction: 0.05\n"
          "spes_config:\n  mode: spes\n  num_peers: " << nodes << "\n  sync_steps: 5\n"
-         "  merge_interval: 0\n  heartbeat_timeout: 20\n" << extra <<
+      << (extra.find("merge_interval") == std::string::npos ? "  merge_interval: 0\n" : "")
+      << "  heartbeat_timeout: 20\n" << extra <<
          "max_duration: 25\nsave_interval: 5\nglobal_train_batch_size: 2\n"
          "device_train_microbatch_size: 2\neval_interval: 0\neval_batches: 1\nthreads: 1\n";
   return path;
@@ -176,6 +178,78 @@ TEST_F(SyncReliability, NodeKilledMidRoundRestartsFromItsCheckpointAndRejoins) {
     if (l.contains("sync_join") && l["sync_join"]["round"].get<int64_t>() >= 2) rejoined = true;
   EXPECT_TRUE(rejoined);
   expect_same_weights_at_the_end(dir, 2);
+}
+
+// spes_config.compression: topk through real rounds (docs/PROTOCOL.md "Sparse deltas"): a
+// server (--keep-uploads) and 2 nodes for 5 rounds, merging at steps 10 and 20 (rounds 2 and
+// 4); node 1 is killed while round 3 is open and restarted from its checkpoint. Every sync of
+// every node reports the published digest of its round, each download from the previous round
+// being the round's sparse delta (none refused), the restarted node continues on the published
+// model, and `spes aggregate` on the kept uploads (with the kept residual of the round before)
+// reproduces rounds 1, 2 and 4 byte for byte.
+TEST_F(SyncReliability, TopkRoundsKeepEveryNodeOnThePublishedModelThroughAMergeAndARestart) {
+  const std::string dir = g_dir + "/topk";
+  const std::string cfg = write_config(
+      dir, 2, "  round_timeout: 4\n  min_nodes: 1\n  compression: topk\n  merge_interval: 10\n"
+              "  merge_alpha_start: 0.1\n  merge_decay_steps: 1000\n  merge_topk: 1\n");
+  auto srv = start_server(cfg, dir + "/server", "127.0.0.1:0", {"--keep-uploads"});
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "stall@3:60"}});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n1->saw("stalling"); }, 120)) << all_logs(all);
+  n1->kill9();
+  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 3 (step 15) published"); }, 60))
+      << all_logs(all);
+  auto n1b = start_node(cfg, 1, address, dir + "/node1");
+  all.push_back(n1b.get());
+  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1b->exited && srv->exited; }, 180))
+      << all_logs(all);
+  ASSERT_EQ(n0->code, 0) << all_logs(all);
+  ASSERT_EQ(n1b->code, 0) << all_logs(all);
+  const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
+  for (size_t r = 0; r < 5; ++r)
+    EXPECT_EQ(rounds[r]["merged"].get<bool>(), r == 1 || r == 3) << "round " << r + 1;
+  EXPECT_EQ(rounds[2]["nodes"].get<std::vector<int64_t>>(), std::vector<int64_t>{0});
+  std::vector<int64_t> synced[2];
+  for (int i = 0; i < 2; ++i)
+    for (const auto& l : read_jsonl(dir + "/node" + std::to_string(i) + "/metrics.jsonl")) {
+      if (!l.contains("sync")) continue;
+      const auto& s = l["sync"];
+      const int64_t r = s["round"];
+      synced[i].push_back(r);
+      EXPECT_EQ(s["model_sha256"], rounds[r - 1]["model_sha256"]) << "node " << i << " round " << r;
+      EXPECT_EQ(s["compression"], "topk");
+      EXPECT_FALSE(s.value("delta_refused", true)) << "node " << i << " round " << r;
+      // Node 0 held every previous round: every download is the sparse delta.
+      if (i == 0) EXPECT_TRUE(s.value("download_delta", false)) << "round " << r;
+    }
+  EXPECT_THAT(synced[0], ElementsAre(1, 2, 3, 4, 5));
+  // Killed in round 3, back from round 4 (its upload may miss round 4's deadline: it then
+  // takes the published model, still with the round's digest).
+  EXPECT_THAT(synced[1], ElementsAre(1, 2, 4, 5));
+  EXPECT_TRUE(n1b->saw("joined at round")) << n1b->log();
+  expect_same_weights_at_the_end(dir, 2);
+  const std::string kept = dir + "/server/rounds/";
+  for (int r : {1, 2, 4}) {
+    std::vector<std::string> argv = {SPES_BINARY, "aggregate", "--config", cfg, "--step",
+                                     std::to_string(5 * r), "--out", dir + "/agg.safetensors"};
+    if (r > 1)
+      for (const std::string& a :
+           {std::string("--previous"), kept + std::to_string(r - 1) + "/published.safetensors",
+            std::string("--residual"), kept + std::to_string(r - 1) + "/residual.safetensors"})
+        argv.push_back(a);
+    for (int64_t i : rounds[r - 1]["nodes"].get<std::vector<int64_t>>())
+      argv.push_back(kept + std::to_string(r) + "/node" + std::to_string(i) + ".safetensors");
+    Proc agg("aggregate", argv);
+    ASSERT_TRUE(pump_until({&agg}, [&] { return agg.exited; }, 120)) << agg.log();
+    ASSERT_EQ(agg.code, 0) << agg.log();
+    EXPECT_EQ(sha256_hex(file_read(dir + "/agg.safetensors")),
+              sha256_hex(file_read(kept + std::to_string(r) + "/published.safetensors")))
+        << "round " << r;
+  }
 }
 
 TEST_F(SyncReliability, ServerKilledMidRoundRestartsFromItsDirAndNothingIsLost) {

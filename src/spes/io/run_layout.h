@@ -3,7 +3,8 @@
 //   training run (`spes train --out`, `spes node --out`): metrics.jsonl, checkpoint/
 //   checkpoint: state.json (written last: marks a complete checkpoint), config.yaml, weights
 //   sync server (`spes serve --out`): state.json, published.safetensors, rounds.jsonl,
-//     server.json, drift_window.json, delta.safetensors (compression), momentum-<r>.safetensors,
+//     server.json, drift_window.json, delta.safetensors (compression),
+//     residual.safetensors (topk), momentum-<r>.safetensors,
 //     staging/, rounds/<r>/ (--keep-uploads)
 //   local cluster (`spes launch --out`): config.yaml, summary.json, server/ (a sync server's
 //     directory), node<i>/ (training runs)
@@ -32,6 +33,11 @@ inline std::string server_state(const std::string& dir) { return dir + "/" + kSe
 inline std::string published(const std::string& dir) { return dir + "/" + kPublishedName; }
 // With compression: the latest published round's delta from the round before it.
 inline std::string published_delta(const std::string& dir) { return dir + "/delta.safetensors"; }
+// With compression: topk: the server's residual of the published change after the latest
+// published round (round/sparse_publication.h).
+inline std::string sparse_residual(const std::string& dir) {
+  return dir + "/residual.safetensors";
+}
 inline std::string rounds_log(const std::string& dir) { return dir + "/" + kRoundsLogName; }
 inline std::string server_info(const std::string& dir) { return dir + "/server.json"; }
 inline std::string drift_window(const std::string& dir) { return dir + "/drift_window.json"; }
@@ -46,7 +52,8 @@ inline std::string momentum(const std::string& dir, int64_t round) {
 inline std::string staged_upload(const std::string& dir, int64_t round, int64_t node) {
   return fmt::format("{}/staging/round{}.node{}.safetensors", dir, round, node);
 }
-// What --keep-uploads keeps of round r: every upload, the published model, diloco's momentum.
+// What --keep-uploads keeps of round r: every upload, the published model, diloco's momentum,
+// topk's residual.
 inline std::string kept_upload(const std::string& dir, int64_t round, int64_t node) {
   return fmt::format("{}/node{}.safetensors", kept_round(dir, round), node);
 }
@@ -55,6 +62,9 @@ inline std::string kept_published(const std::string& dir, int64_t round) {
 }
 inline std::string kept_momentum(const std::string& dir, int64_t round) {
   return kept_round(dir, round) + "/momentum.safetensors";
+}
+inline std::string kept_residual(const std::string& dir, int64_t round) {
+  return kept_round(dir, round) + "/residual.safetensors";
 }
 
 // A local cluster's directory (and its copy of the config).

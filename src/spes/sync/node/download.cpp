@@ -74,7 +74,6 @@ void DownloadReceiver::check_delta_header(const StreamHeader& h) {
               "but the node asked for round {} from round {} ({})", origin_,
               printable(meta("round"), 24), printable(meta("from_round"), 24),
               printable(meta("compression"), 24), round_, from_round_, compression_name(c));
-  const torch::ScalarType dtype = delta_wire_dtype(c);
   const RegistryEntry* last = nullptr;
   for (const StreamEntry& e : delta_tensor_entries(h.entries, c, origin_)) {
     const RegistryEntry* r = reg_.find(e.name);
@@ -85,13 +84,10 @@ void DownloadReceiver::check_delta_header(const StreamHeader& h) {
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is out of model order or repeated",
                 origin_, e.name);
     last = r;
-    if (e.shape != r->tensor.sizes().vec())
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has the wrong shape", origin_,
-                e.name);
-    if (e.dtype != dtype)
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {}, a {} delta carries {}",
-                origin_, e.name, safetensors_dtype_name(e.dtype), compression_name(c),
-                safetensors_dtype_name(dtype));
+    const std::string why =
+        delta_entry_problem(e, r->tensor.sizes().vec(), c, delta_->topk_params());
+    if (!why.empty())
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': {}", origin_, e.name, why);
   }
   delta_stream_ = true;
   decoder_ = std::make_unique<DeltaStreamDecoder>(
@@ -101,7 +97,7 @@ void DownloadReceiver::check_delta_header(const StreamHeader& h) {
         reg_.find(e.name)->tensor.view({-1}).slice(0, first, first + out.numel()).copy_(out);
         if (last_run) names_.insert(e.name);
       },
-      origin_);
+      origin_, delta_->topk_params());
 }
 
 torch::Tensor DownloadReceiver::prev_of(const StreamEntry& e) {

@@ -102,12 +102,13 @@ void SyncNode::on_start(Trainer& t) {
   SPES_CHECK(t.config().spes_config.mode != SyncMode::Centralized, "spes node: "
              "spes_config.mode is centralized; set it to spes, fedavg or diloco (the server uses "
              "the same config)");
-  refuse_topk_rounds(t.config().spes_config.transfer.compression);
   const auto t0 = Clock::now();
   connect(t);
   const JoinResult jr = join_server();
   heartbeat_ms_ = jr.heartbeat_interval_ms;
-  delta_ = std::make_unique<DeltaUpload>(t.config().spes_config.transfer.compression);
+  const TransferSettings& transfer = t.config().spes_config.transfer;
+  delta_ = std::make_unique<DeltaUpload>(transfer.compression, topk_params(transfer),
+                                         transfer.topk_decay);
   const bool keep = keeps_checkpoint(t, jr);
   const HeldModel held = keep ? keep_checkpoint(t, jr) : take_published_model(t, jr);
   mark_synced(t, /*reset_residual=*/true);

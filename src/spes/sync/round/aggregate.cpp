@@ -103,6 +103,8 @@ SyncModel::SyncModel(const Config& cfg, std::optional<InitialWeights> initial) :
   plan_ = std::make_unique<RoundPlan>(cfg_, *model_);  // also clears requires_grad
   for (const auto& p : model_->params()) tensors_.push_back(p.tensor);
   momentum_.resize(tensors_.size());
+  if (plan_->compression() == Compression::Topk)
+    sparse_ = std::make_unique<SparsePublisher>(plan_->topk(), tensors_.size());
   // The published model is what nodes receive: values representable in the transfer dtype.
   for (const auto& t : tensors_) wire_round_(t, plan_->wire());
 }
@@ -123,6 +125,26 @@ void SyncModel::load(const NamedTensors& tensors, const std::string& origin) {
 std::string SyncModel::weights_sha256() const { return registry_->weights_sha256(); }
 std::string SyncModel::flat_weights_sha256() const { return registry_->flat_weights_sha256(); }
 std::string SyncModel::model_fingerprint() const { return registry_->fingerprint(); }
+
+void SyncModel::save_sparse_residual(const std::string& path, int64_t round,
+                                     const std::string& model_sha256) const {
+  if (!sparse_) return;
+  std::vector<std::string> names;
+  for (const auto& t : plan_->tensors()) names.push_back(t.name);
+  sparse_->save(path, names, round, model_sha256);
+}
+
+bool SyncModel::load_sparse_residual(const std::string& path, int64_t round,
+                                     const std::string& model_sha256) {
+  if (!sparse_) return false;
+  std::vector<std::string> names;
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    names.push_back(plan_->tensors()[i].name);
+    numels.push_back(tensors_[i].numel());
+  }
+  return sparse_->load(path, names, numels, round, model_sha256);
+}
 
 NamedTensors SyncModel::momentum_named() const {
   NamedTensors out;
@@ -282,6 +304,7 @@ void RoundAggregator::keep_owner_delta(const RoundPlan& plan, int64_t node,
   StagedDelta& d = out_.owner_deltas[static_cast<size_t>(i)];
   d.file = path;
   (scale ? d.scales_at : d.q_at) = header_bytes + e.begin;
+  if (!scale) d.bytes = e.end - e.begin;
 }
 
 RoundOutcome RoundAggregator::finish() {
@@ -338,7 +361,7 @@ void RoundAggregator::copy_owner_delta_upload(int64_t node, const std::string& p
         out_.change[i] += copy_with_squared_change(v.data_ptr<float>(),
                                                    pub[i].data_ptr<float>() + first, v.numel());
       },
-      path);
+      path, plan.topk());
   reader.set_slice_handler([&](const StreamEntry& e, int64_t first, const torch::Tensor& run,
                                bool last) {
     if (first == 0) keep_owner_delta(plan, node, path, reader.header().header_bytes, e);
@@ -463,7 +486,7 @@ UploadMeta fold_upload_file(RoundAggregator& agg, const RoundPlan& plan, const s
         if (!values_checked) check_upload_run(e, run, path);
         agg.add_run(e.name, first, run, last);
       },
-      path);
+      path, plan.topk());
   reader.set_slice_handler(
       [&](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
         decoder(e, first, run, last);

@@ -31,6 +31,7 @@
 #include "spes/model/transformer.h"
 #include "spes/sync/round/merge.h"
 #include "spes/sync/round/plan.h"
+#include "spes/sync/round/sparse_publication.h"
 
 namespace spes::sync {
 
@@ -61,6 +62,15 @@ class SyncModel {
   std::vector<torch::Tensor>& momentum() { return momentum_; }
   NamedTensors momentum_named() const;  // defined entries only
   void load_momentum(const NamedTensors& tensors, const std::string& origin);
+  // compression: topk: the published change's encoder and its dense residual R
+  // (sparse_publication.h; null otherwise), carried from round to round.
+  SparsePublisher* sparse() { return sparse_.get(); }
+  // R to `path` for the published model of (round, model_sha256), or back from it (false, R
+  // = 0, when the file is missing, damaged or of another round). No-ops without topk.
+  void save_sparse_residual(const std::string& path, int64_t round,
+                            const std::string& model_sha256) const;
+  bool load_sparse_residual(const std::string& path, int64_t round,
+                            const std::string& model_sha256);
 
  private:
   Config cfg_;
@@ -69,6 +79,7 @@ class SyncModel {
   std::unique_ptr<RoundPlan> plan_;
   std::vector<torch::Tensor> tensors_;
   std::vector<torch::Tensor> momentum_;
+  std::unique_ptr<SparsePublisher> sparse_;
   std::string ownership_fingerprint_;
 };
 
@@ -77,6 +88,7 @@ class SyncModel {
 struct StagedDelta {
   std::string file;
   uint64_t q_at = 0, scales_at = 0;
+  uint64_t bytes = 0;  // the q entry's length (topk: the payload's, which varies)
 };
 
 struct RoundOutcome {

@@ -40,7 +40,12 @@ DeltaFileWriter::DeltaFileWriter(const RoundPlan& plan, std::string path,
     first_entry_[i] = static_cast<int64_t>(entries_.size());
     if (c == Compression::Int8)
       entries_.push_back({delta_scale_name(t.name), torch::kFloat32, {delta_blocks(numel)}});
-    entries_.push_back({t.name, delta_wire_dtype(c), t.shape});
+    // topk: room for the longest payload (the header reserved below is then the widest).
+    entries_.push_back({t.name, delta_wire_dtype(c),
+                        c == Compression::Topk
+                            ? std::vector<int64_t>{static_cast<int64_t>(
+                                  topk_max_bytes(numel, plan_.topk()))}
+                            : t.shape});
   }
   // The largest header: every candidate exact, digests of their fixed length.
   DeltaRecord widest;
@@ -105,11 +110,24 @@ void DeltaFileWriter::write(size_t i, int64_t first, int64_t n, const void* q,
   }
 }
 
+void DeltaFileWriter::write_payload(size_t i, const std::string& payload) {
+  SPES_CHECK(plan_.compression() == Compression::Topk && payloads_ < tensors_.size() &&
+                 tensors_[payloads_] == i,
+             "delta file: payload of tensor {} out of order (internal)", i);
+  SafetensorsEntry& e = entries_[first_entry_[i]];
+  e.shape = {static_cast<int64_t>(payload.size())};
+  pwrite_all(payload.data(), payload.size(), reserved_ + payload_end_);
+  payload_end_ += payload.size();
+  ++payloads_;
+}
+
 void DeltaFileWriter::commit(const DeltaRecord& r) {
   SPES_CHECK(!committed_ && fd_ >= 0, "delta file: '{}' committed twice (internal)", path_);
   SPES_CHECK(r.tensors == tensors_, "delta file: the record's tensors are not the file's "
              "(internal)");
   if (!error_.empty()) fail("{}", error_);
+  SPES_CHECK(plan_.compression() != Compression::Topk || payloads_ == tensors_.size(),
+             "delta file: {} of {} payloads written (internal)", payloads_, tensors_.size());
   std::vector<SafetensorsEntry> entries = entries_;
   std::string header = safetensors_header_encode(entries, metadata(r, join_indices(r.owner_exact)));
   SPES_CHECK(header.size() <= reserved_, "delta file: header of {} bytes, {} reserved "
@@ -119,7 +137,7 @@ void DeltaFileWriter::commit(const DeltaRecord& r) {
   const uint64_t json = reserved_ - 8;
   for (int k = 0; k < 8; ++k) header[k] = static_cast<char>((json >> (8 * k)) & 0xff);
   pwrite_all(header.data(), header.size(), 0);
-  const uint64_t total = reserved_ + (entries_.empty() ? 0 : entries_.back().end);
+  const uint64_t total = reserved_ + (entries.empty() ? 0 : entries.back().end);
   if (error_.empty() && ::ftruncate(fd_, static_cast<off_t>(total)) != 0)
     error_ = fmt::format("cannot size '{}': {}", tmp_, std::strerror(errno));
   if (error_.empty() && ::fsync(fd_) != 0)
@@ -168,10 +186,11 @@ DeltaRecord delta_record_of(const RoundPlan& plan, const StreamHeader& h,
   r.from_round = parse_index(get("from_round"), "from_round", origin);
   r.model_sha256 = get("model_sha256");
   r.from_sha256 = get("from_sha256");
-  const torch::ScalarType dtype = delta_wire_dtype(plan.compression());
   for (const StreamEntry& e : delta_tensor_entries(h.entries, plan.compression(), origin)) {
     const int64_t i = plan.index(e.name);
-    if (i < 0 || e.shape != plan.tensors()[i].shape || e.dtype != dtype ||
+    if (i < 0 ||
+        !delta_entry_problem(e, plan.tensors()[i].shape, plan.compression(), plan.topk())
+             .empty() ||
         (!r.tensors.empty() && static_cast<size_t>(i) <= r.tensors.back()))
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not a {} delta of the model in "
                 "model order", origin, printable(e.name), compression_name(plan.compression()));

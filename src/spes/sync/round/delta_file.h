@@ -1,6 +1,6 @@
 // The file of a published round's delta D (DIR/delta.safetensors, docs/PROTOCOL.md "Compressed
 // deltas"): per tensor of D, in model order, int8: "NAME:scale" (F32) then NAME (I8); bf16:
-// NAME (BF16); metadata format "spes-delta-v1", round, from_round, model_sha256, from_sha256,
+// NAME (BF16); topk: NAME (U8, [payload bytes], each its own length); metadata format "spes-delta-v1", round, from_round, model_sha256, from_sha256,
 // compression, owner_exact (comma-separated model indices). Here: writing it while D is
 // computed, piece by piece, without holding D (DeltaFileWriter), the record a server keeps of
 // it, read back from its header, and the check that a file still holds a given record's delta.
@@ -45,6 +45,9 @@ class DeltaFileWriter {
   // Values [first, first + n) of tensor i's q (n values of the delta dtype) and, with int8,
   // the scales of their blocks (`first` a multiple of kDeltaBlock).
   void write(size_t i, int64_t first, int64_t n, const void* q, const float* scales);
+  // topk: tensor i's whole payload (its entry U8 [bytes]); tensors come in the order given at
+  // construction, each once (the header, written by commit(), gives each its length).
+  void write_payload(size_t i, const std::string& payload);
   // Completes the file with `record` (its tensors those given at construction, its
   // owner_exact among the candidates) and renames it into place. Throws when a write failed.
   void commit(const DeltaRecord& record);
@@ -59,6 +62,8 @@ class DeltaFileWriter {
   std::vector<size_t> tensors_;
   std::vector<SafetensorsEntry> entries_;  // the layout (begin/end in the data section)
   std::vector<int64_t> first_entry_;       // per model tensor: its first entry (-1: not in D)
+  size_t payloads_ = 0;                    // topk: payloads written so far
+  uint64_t payload_end_ = 0;               // topk: data bytes written so far
   uint64_t reserved_ = 0;                  // header bytes, length prefix included
   int fd_ = -1;
   std::string error_;  // the first failed write

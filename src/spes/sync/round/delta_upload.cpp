@@ -3,6 +3,7 @@
 #include "spes/sync/round/delta_upload.h"
 
 #include "spes/common/error.h"
+#include "spes/sync/wire/topk_codec.h"
 
 namespace spes::sync {
 
@@ -15,15 +16,45 @@ void DeltaUpload::set_base(const ParamRegistry& reg, bool reset_residual) {
       base_index_[e.name] = base_.size();
       base_.push_back(e.tensor.detach().to(torch::kCPU, torch::kFloat32, false, true).contiguous());
     }
-  if (reset_residual || residual_.size() != base_.size()) {
+  if (c_ == Compression::Topk) {
+    if (reset_residual || topk_.size() != base_.size()) topk_.reset(base_.size());
+  } else if (reset_residual || residual_.size() != base_.size()) {
     residual_.clear();
     for (const auto& b : base_) residual_.push_back(torch::zeros_like(b));
   }
   sent_.clear();
+  sent_topk_.clear();
+}
+
+SafetensorsStreamWriter DeltaUpload::encode_topk(const ParamRegistry& reg, const UploadMeta& meta) {
+  torch::NoGradGuard ng;
+  NamedTensors out;
+  std::vector<std::string> sent;
+  const std::vector<torch::Tensor> before = topk_.state();  // encode() replaces, never mutates
+  try {
+    size_t k = 0;
+    for (const auto& e : reg.entries()) {
+      if (!e.trainable) continue;
+      SPES_CHECK(k < base_.size(), "node: no base model for its compressed upload (internal)");
+      const torch::Tensor w = e.tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      TopkEncoded q = topk_.encode(k, w - base_[k], e.name);
+      out.emplace_back(e.name, topk_payload_tensor(q.payload));
+      sent.push_back(std::move(q.payload));
+      ++k;
+    }
+  } catch (...) {
+    topk_.restore(before);  // only a complete encode changes the node's state
+    throw;
+  }
+  sent_topk_ = std::move(sent);
+  UploadMeta m = meta;
+  m.compression = c_;
+  return SafetensorsStreamWriter::as_stored(std::move(out), upload_metadata(m));
 }
 
 SafetensorsStreamWriter DeltaUpload::encode(const ParamRegistry& reg, const UploadMeta& meta) {
   SPES_CHECK(enabled(), "DeltaUpload::encode without compression");
+  if (c_ == Compression::Topk) return encode_topk(reg, meta);
   torch::NoGradGuard ng;
   NamedTensors out;
   std::vector<EncodedDelta> sent;
@@ -54,6 +85,14 @@ void DeltaUpload::apply_rebuilt(const ParamRegistry& reg) const {
   size_t k = 0;
   for (const auto& e : reg.entries()) {
     if (!e.trainable) continue;
+    if (c_ == Compression::Topk) {
+      SPES_CHECK(k < sent_topk_.size(), "node: no compressed upload to apply (internal)");
+      const TopkSparse sp = topk_decode_checked(sent_topk_[k], base_[k].numel(), topk_params(),
+                                                e.name, "the node's own upload");
+      e.tensor.detach().copy_(topk_rebuild_tensor(base_[k], sp).view(e.tensor.sizes()));
+      ++k;
+      continue;
+    }
     SPES_CHECK(k < sent_.size(), "node: no compressed upload to apply (internal)");
     e.tensor.detach().copy_(delta_rebuild(base_[k], sent_[k], c_).view(e.tensor.sizes()));
     ++k;
@@ -62,6 +101,10 @@ void DeltaUpload::apply_rebuilt(const ParamRegistry& reg) const {
 
 uint64_t DeltaUpload::upload_data_bytes(const ParamRegistry& reg) const {
   uint64_t n = 0;
+  if (c_ == Compression::Topk) {  // the payloads of the last upload (their size varies)
+    for (const auto& p : sent_topk_) n += p.size();
+    return n;
+  }
   for (const auto& e : reg.entries())
     if (e.trainable) n += delta_payload_bytes(c_, e.tensor.numel());
   return n;
@@ -73,6 +116,7 @@ torch::Tensor DeltaUpload::base(const std::string& name) const {
 }
 
 double DeltaUpload::residual_sq() const {
+  if (c_ == Compression::Topk) return topk_.held_sq();
   double s = 0;
   for (const auto& r : residual_) s += r.pow(2).sum().item<double>();
   return s;

@@ -14,16 +14,22 @@
 
 #include "spes/model/registry.h"
 #include "spes/sync/round/plan.h"
+#include "spes/sync/round/topk_feedback.h"
 #include "spes/sync/wire/delta_codec.h"
 #include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
 
+// compression: topk: the residual is the TopkFeedback accumulator a (a = topk_decay x a +
+// (W - base); the upload carries topk(a), one U8 payload per tensor; a keeps what was not sent),
+// and the rebuilt tensors are base + deq(payload) by the same decode and rebuild as the server's.
 class DeltaUpload {
  public:
-  explicit DeltaUpload(Compression c) : c_(c) {}
+  explicit DeltaUpload(Compression c, TopkParams topk = {}, double topk_decay = 1.0)
+      : c_(c), topk_(topk, topk_decay) {}
   bool enabled() const { return c_ != Compression::None; }
   Compression compression() const { return c_; }
+  const TopkParams& topk_params() const { return topk_.params(); }
   // The node now holds the published model: base = its trainable tensors. `reset_residual`:
   // e = 0 (at the start and after a catch-up or any full download: the residual belongs to a
   // model the node no longer holds).
@@ -42,9 +48,12 @@ class DeltaUpload {
   torch::Tensor base(const std::string& name) const;
 
  private:
+  SafetensorsStreamWriter encode_topk(const ParamRegistry& reg, const UploadMeta& meta);
   Compression c_;
   std::vector<torch::Tensor> base_, residual_;  // per trainable entry, registry order
   std::vector<EncodedDelta> sent_;              // q of the last encode()
+  TopkFeedback topk_;                           // topk: the accumulator (residual_ unused)
+  std::vector<std::string> sent_topk_;          // topk: the payloads of the last encode()
   std::unordered_map<std::string, size_t> base_index_;  // name -> index in base_
 };
 

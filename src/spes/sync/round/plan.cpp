@@ -9,7 +9,7 @@
 #include "spes/model/ownership.h"
 #include "spes/model/registry.h"
 #include "spes/sync/round/join_settings.h"
-#include "spes/sync/round/topk_feedback.h"
+#include "spes/sync/wire/topk_codec.h"
 #include "spes/sync/wire/protocol.h"
 
 namespace spes::sync {
@@ -17,11 +17,11 @@ namespace spes::sync {
 RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
     : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
       wire_(wire_dtype_of(cfg.spes_config.transfer.dtype)),
-      compression_(cfg.spes_config.transfer.compression) {
+      compression_(cfg.spes_config.transfer.compression),
+      topk_(topk_params(cfg.spes_config.transfer)) {
   SPES_CHECK(mode_ != SyncMode::Centralized,
              "spes_config.mode is centralized: a sync server needs mode spes, fedavg or diloco "
              "(centralized training has nothing to synchronise)");
-  refuse_topk_rounds(compression_);
   const Ownership ownership = Ownership::from_config(cfg);
   for (const auto& p : model.params()) {
     PlanTensor t;
@@ -82,7 +82,7 @@ uint64_t RoundPlan::upload_data_bytes(int64_t node) const {
     for (int64_t d : tensors_[i].shape) numel *= static_cast<uint64_t>(d);
     n += compression_ == Compression::None
              ? numel * c10::elementSize(wire_scalar_type(wire_))
-             : delta_payload_bytes(compression_, static_cast<int64_t>(numel));
+             : delta_payload_bytes(compression_, static_cast<int64_t>(numel), topk_);
   }
   return n;
 }
@@ -182,6 +182,12 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
     if (k >= want.size() || want[k] != static_cast<size_t>(idx))
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is out of order or duplicated (an "
                 "upload lists the node's tensors once each, in model order)", origin, e.name);
+    if (comp == Compression::Topk) {
+      const std::string why = delta_entry_problem(e, t.shape, comp, plan.topk());
+      if (!why.empty())
+        sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': {}", origin, e.name, why);
+      continue;
+    }
     if (e.shape != t.shape)
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has shape [{}], the model has [{}]",
                 origin, e.name, fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));

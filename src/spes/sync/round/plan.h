@@ -49,6 +49,8 @@ class RoundPlan {
   WireDtype wire() const { return wire_; }
   // spes_config.compression: how uploads carry their tensors (delta_codec.h).
   Compression compression() const { return compression_; }
+  // With compression: topk, the codec's settings (topk_density, topk_bits).
+  const TopkParams& topk() const { return topk_; }
   // Indices (model order) of the tensors `node` uploads each round.
   const std::vector<size_t>& upload_of(int64_t node) const { return upload_.at(node); }
   // The longest safetensors header a node's upload can need (its tensors' names, shapes and
@@ -59,7 +61,7 @@ class RoundPlan {
   // the published value).
   std::vector<size_t> download_for(int64_t node, bool merged) const;
   // Exact byte sizes of a node's upload data (fp32 in memory x wire element size, or the
-  // compressed deltas with their scales).
+  // compressed deltas with their scales; topk: the most its payloads can take).
   uint64_t upload_data_bytes(int64_t node) const;
 
  private:
@@ -70,6 +72,7 @@ class RoundPlan {
   SyncMode mode_;
   WireDtype wire_ = WireDtype::F32;
   Compression compression_ = Compression::None;
+  TopkParams topk_;
 };
 
 // Metadata of an upload stream (strings in the safetensors header).
@@ -82,7 +85,8 @@ struct UploadMeta {
 Metadata upload_metadata(const UploadMeta& m);
 // Checks an upload's header against the plan: format, metadata, exactly the node's upload
 // set in model order, shapes, wire dtype (with compression: each tensor's delta dtype, and
-// for int8 its scales right before it, F32, one per block). `expect_node` < 0: take the node from the metadata.
+// for int8 its scales right before it, F32, one per block; topk: one U8 entry per tensor, of a
+// byte count a valid payload can have). `expect_node` < 0: take the node from the metadata.
 UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header,
                                int64_t expect_node, const std::string& origin);
 // Checks values received for a tensor (the whole tensor or a run of it): all finite. Shapes

@@ -8,6 +8,7 @@
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/io/files.h"
+#include "spes/sync/wire/topk_codec.h"
 
 namespace spes::sync {
 
@@ -75,6 +76,50 @@ bool PublicationQuantiser::owner_exact(size_t i, const StagedDelta& own,
   return true;
 }
 
+bool PublicationQuantiser::topk_owner_exact(size_t i, const StagedDelta& own,
+                                            const torch::Tensor& prev, std::string* payload) {
+  const RoundPlan& plan = model_.plan();
+  const torch::Tensor& agg = model_.tensors()[i];
+  const ReadFile file = ReadFile::try_open(own.file);
+  if (!file || own.bytes == 0) return false;
+  try {
+    payload->assign(own.bytes, '\0');
+    file_pread_exact(file.fd(), payload->data(), own.bytes, own.q_at, "'" + own.file + "'");
+    const TopkSparse s = topk_decode_checked(*payload, agg.numel(), plan.topk(),
+                                             plan.tensors()[i].name, own.file);
+    const torch::Tensor u = topk_rebuild_tensor(prev, s);
+    return std::memcmp(u.data_ptr<float>(), agg.data_ptr<float>(),
+                       static_cast<size_t>(agg.numel()) * 4) == 0;
+  } catch (const std::exception&) {
+    return false;  // unreadable: D is computed from the values instead
+  }
+}
+
+void PublicationQuantiser::topk_tensor(size_t i, const PrevReader& read_prev) {
+  const std::string& name = model_.plan().tensors()[i].name;
+  SparsePublisher* pub = model_.sparse();
+  SPES_CHECK(pub, "publication: topk without its publisher (internal)");
+  torch::Tensor agg = model_.tensors()[i];
+  const int64_t n = agg.numel();
+  torch::Tensor prev = torch::empty({n}, torch::kFloat32);
+  for (int64_t first = 0; first < n; first += kPieceValues)
+    read_prev(first, std::min(kPieceValues, n - first), prev.data_ptr<float>() + first);
+  std::string payload;
+  auto own = owner_.find(i);
+  if (own != owner_.end()) {
+    const bool exact = topk_owner_exact(i, own->second, prev, &payload);
+    owner_.erase(own);
+    if (exact) {
+      pub->publish_exact(i);
+      exact_[i] = true;
+      if (file_) file_->write_payload(i, payload);
+      return;
+    }
+  }
+  payload = pub->publish(i, prev, agg, name);
+  if (file_) file_->write_payload(i, payload);
+}
+
 void PublicationQuantiser::tensor(size_t i, const PrevReader& read_prev) {
   const RoundPlan& plan = model_.plan();
   SPES_CHECK(wants(i), "publication: tensor {} is not expected (internal)", i);
@@ -94,6 +139,7 @@ void PublicationQuantiser::tensor(size_t i, const PrevReader& read_prev) {
     q_.resize(piece * 2);
   }
   done_[i] = true;
+  if (c == Compression::Topk) return topk_tensor(i, read_prev);
   // An owner copy is its owner's rebuilt upload P_prev + deq(q): that q is D, exactly (checked).
   auto own = owner_.find(i);
   if (own != owner_.end()) {

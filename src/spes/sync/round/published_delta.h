@@ -8,7 +8,8 @@
 // holds that value, is not sent it. Here: computing D and P_new (from P_prev in a file or in
 // memory), piece by piece, each piece of D going straight to the delta file (delta_file.h), so
 // that D is never held whole. Leaves out: the file's format and record (delta_file.h), serving
-// (server/download_session.h), applying on a node (node/download.h).
+// (server/download_session.h), applying on a node (node/download.h). With topk, D of a tensor
+// is computed whole (P_prev read into one tensor) by the model's SparsePublisher.
 #pragma once
 #include <torch/torch.h>
 
@@ -58,6 +59,11 @@ class PublicationQuantiser {
   // True (its q written to the file) when tensor i, given by its owner, is P_prev + deq(q) of
   // the owner's staged q exactly; false (nothing usable written) otherwise.
   bool owner_exact(size_t i, const StagedDelta& own, const PrevReader& read_prev);
+  // compression: topk: D = the SparsePublisher's topk(P_agg - P_prev + R), or the owner's staged
+  // payload exactly when it rebuilds the aggregate bit for bit (sparse_publication.h).
+  void topk_tensor(size_t i, const PrevReader& read_prev);
+  bool topk_owner_exact(size_t i, const StagedDelta& own, const torch::Tensor& prev,
+                        std::string* payload);
   SyncModel& model_;
   bool merged_;
   DeltaFileWriter* file_;

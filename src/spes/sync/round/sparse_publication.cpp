@@ -4,6 +4,7 @@
 #include "spes/common/error.h"
 #include "spes/io/files.h"
 #include "spes/io/safetensors.h"
+#include "spes/sync/wire/framing.h"
 
 namespace spes::sync {
 
@@ -38,9 +39,11 @@ void SparsePublisher::save(const std::string& path, const std::vector<std::strin
   NamedTensors out;
   for (size_t i = 0; i < held.size(); ++i)
     if (held[i].defined()) out.emplace_back(names[i], held[i].flatten());
-  file_write_atomic(path, safetensors_serialize(out, {{"format", "spes-residual-v1"},
-                                                      {"round", std::to_string(round)},
-                                                      {"model_sha256", model_sha256}}));
+  // Streamed piece by piece (never a second copy of R in memory), atomically and durably.
+  write_stream_file(path, SafetensorsStreamWriter(std::move(out), torch::kFloat32,
+                                                  {{"format", "spes-residual-v1"},
+                                                   {"round", std::to_string(round)},
+                                                   {"model_sha256", model_sha256}}));
 }
 
 bool SparsePublisher::load(const std::string& path, const std::vector<std::string>& names,

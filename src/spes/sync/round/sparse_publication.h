@@ -32,7 +32,7 @@ class SparsePublisher {
   void publish_exact(size_t i);
   const TopkFeedback& residual() const { return residual_; }
   // R to `path` (safetensors, tensors named by `names`, metadata round and model_sha256 of the
-  // published model it belongs to), written to a temporary file, fsynced and renamed.
+  // published model it belongs to), streamed to a temporary file, fsynced and renamed.
   void save(const std::string& path, const std::vector<std::string>& names, int64_t round,
             const std::string& model_sha256) const;
   // Takes R back from `path` when it belongs to (round, model_sha256) and matches `names` and

@@ -5,13 +5,6 @@
 
 namespace spes::sync {
 
-void refuse_topk_rounds(Compression c) {
-  SPES_CHECK(c != Compression::Topk, "spes_config.compression: topk is not carried by sync "
-             "rounds in this build yet (the codec and its error feedback exist, "
-             "sync/wire/topk_codec.h and sync/round/topk_feedback.h; the server's and the node's "
-             "round paths read bf16 and int8 deltas only): use compression: int8 for slow links");
-}
-
 void TopkFeedback::reset(size_t tensors) {
   held_.assign(tensors, torch::Tensor());
 }

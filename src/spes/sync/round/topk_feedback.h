@@ -4,7 +4,7 @@
 // sender sends topk(a) and keeps a = a - deq(sent). With topk_decay = 1 what was sent over the
 // rounds plus what is held equals the sum of the changes; below 1 it is SparseLoCo's decayed
 // accumulator. The node keeps one for its upload, the server one for the published change (its
-// dense residual, round/ and server/ code of issue 37 item 2). Leaves out: the codec
+// dense residual, sparse_publication.h). Leaves out: the codec
 // (wire/topk_codec.h).
 #pragma once
 #include <torch/torch.h>
@@ -15,12 +15,6 @@
 #include "spes/sync/wire/topk_codec.h"
 
 namespace spes::sync {
-
-// Sync rounds do not carry top-k deltas yet (issue 37 item 2: the server's and the node's round
-// paths read bf16 and int8 deltas only): the server, `spes aggregate` and a node refuse
-// compression: topk at start, naming what to use instead. `spes config` and `spes compare`
-// take the setting (their transfer formula knows its size).
-void refuse_topk_rounds(Compression c);
 
 class TopkFeedback {
  public:

@@ -61,6 +61,11 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
   }
   if (resumed && model_->plan().compression() != Compression::None)
     if (std::optional<DeltaRecord> d = store_.load_delta(published_)) delta_ = std::move(*d);
+  if (resumed && model_->sparse() &&
+      !model_->load_sparse_residual(store_.residual_path(), published_.round, published_.sha256))
+    spdlog::warn("sync server: no residual of round {} in '{}' (missing, damaged or of another "
+                 "round): the published change's residual restarts at zero", published_.round,
+                 store_.residual_path());
   if (resumed) restore_drift_state();
   uploads_.next_round(published_.round + 1);
   round_.begin(published_.round + 1);
@@ -297,12 +302,26 @@ void RoundState::close_round() {
   // computes it while the model file is written.
   const std::string sha = compressed ? model_->weights_sha256() : std::string();
   if (delta_file) commit_delta_file(o, delta, sha, *delta_file, &closing_->record);
+  // topk: the residual of this publication, saved before the round is (a restarted server
+  // takes it back only when it belongs to the round it resumes).
+  save_sparse_residual(o.round, sha);
   closing_->round = PublishedRound{o.round, o.step, sha, o.alpha, o.merged, o.nodes};
   closing_->change = o.change;
   closing_->update_medians = std::move(update_medians);
   closing_->closed_at = Clock::now();
   closing_->line = round_line(o, aggregate_s, missing, std::move(node_states));
   if (compressed) closing_->line["delta_write_s"] = seconds_since(t_delta);
+}
+
+void RoundState::save_sparse_residual(int64_t round, const std::string& sha) {
+  if (!model_->sparse()) return;
+  try {
+    model_->save_sparse_residual(store_.residual_path(), round, sha);
+  } catch (const std::exception& e) {
+    // Costs a restarted server its residual (it restarts at zero), not the round.
+    spdlog::error("round {}: cannot save the residual of the published change to '{}': {}",
+                  round, store_.residual_path(), e.what());
+  }
 }
 
 PublishedDelta RoundState::quantise_publication_into(RoundOutcome& o,

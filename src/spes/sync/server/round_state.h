@@ -129,6 +129,8 @@ class RoundState {
   void restore_drift_state();
   nlohmann::json drift_state() const;
   std::set<ExpertKey> merge_exclusions() const;
+  // topk: the model's residual of the published change to the round store (a failure is logged).
+  void save_sparse_residual(int64_t round, const std::string& sha);
   PublishedDelta quantise_publication_into(RoundOutcome& o,
                                            std::unique_ptr<DeltaFileWriter>* file);
   void commit_delta_file(const RoundOutcome& o, const PublishedDelta& delta,

@@ -33,13 +33,14 @@ RoundStore::RoundStore(const Config& cfg, std::string dir, bool keep_copies, Syn
 void RoundStore::remove_leftovers() const {
   // What a crash of this server can leave: temporary files of its atomic writes
   // (state.json.tmp.PID, published.safetensors.tmp.PID, delta.safetensors.tmp.PID,
-  // momentum-R.safetensors.tmp.PID) and
+  // momentum-R.safetensors.tmp.PID, residual.safetensors.tmp.PID) and
   // partial kept uploads (rounds/<r>/node<i>.safetensors.partial<k>). Only the server's own
   // names: DIR may also hold the nodes' folders of a local cluster.
   auto own_tmp = [](const std::string& name) {
     return name.find(".tmp.") != std::string::npos &&
            (starts_with(name, "state.json.") || starts_with(name, "published.safetensors.") ||
-            starts_with(name, "delta.safetensors.") || starts_with(name, "momentum-"));
+            starts_with(name, "delta.safetensors.") || starts_with(name, "momentum-") ||
+            starts_with(name, "residual.safetensors."));
   };
   std::error_code ec;
   std::vector<fs::path> doomed;
@@ -339,6 +340,10 @@ void RoundStore::keep_round_copies(int64_t round, bool outer) {
   };
   keep(published_path(), run_layout::kept_published(dir_, round));
   if (outer && round > 0) keep(momentum_path(round), run_layout::kept_momentum(dir_, round));
+  // topk: the residual after this round (saved before the round was persisted), which
+  // `spes aggregate --residual` needs to reproduce the next round.
+  if (cfg_.spes_config.transfer.compression == Compression::Topk && fs::exists(residual_path()))
+    keep(residual_path(), run_layout::kept_residual(dir_, round));
 }
 
 }  // namespace spes::sync

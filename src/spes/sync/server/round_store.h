@@ -71,6 +71,7 @@ class RoundStore {
   // restarted server then serves full tensors once).
   std::optional<DeltaRecord> load_delta(const PublishedRound& p) const;
   std::string delta_path() const { return run_layout::published_delta(dir_); }
+  std::string residual_path() const { return run_layout::sparse_residual(dir_); }
   // The update bounds' drift window after round `p` (UpdateBounds::to_json), saved atomically
   // beside the round in the background; a failure is logged (a restart then starts the window
   // empty).

@@ -340,7 +340,7 @@ void UploadStaging::open_staged_file(UploadStream& s) {
       [this](const StreamEntry& e) {
         return model_.tensors()[model_.plan().index(e.name)].view({-1});
       },
-      on_value, origin);
+      on_value, origin, model_.plan().topk());
   s.reader->set_slice_handler(
       [sp](const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last) {
         (*sp->decoder)(e, first, run, last);

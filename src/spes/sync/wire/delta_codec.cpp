@@ -8,6 +8,7 @@
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/sync/wire/protocol.h"
+#include "spes/sync/wire/topk_codec.h"
 
 namespace spes::sync {
 
@@ -21,17 +22,39 @@ torch::ScalarType delta_wire_dtype(Compression c) {
   switch (c) {
     case Compression::Bf16: return torch::kBFloat16;
     case Compression::Int8: return torch::kInt8;
+    case Compression::Topk: return torch::kUInt8;
     default: return torch::kFloat32;
   }
 }
 
-uint64_t delta_payload_bytes(Compression c, int64_t numel) {
+uint64_t delta_payload_bytes(Compression c, int64_t numel, const TopkParams& p) {
   const uint64_t n = static_cast<uint64_t>(numel);
   switch (c) {
     case Compression::Bf16: return 2 * n;
     case Compression::Int8: return n + 4 * static_cast<uint64_t>(delta_blocks(numel));
+    case Compression::Topk: return topk_max_bytes(numel, p);
     default: return 4 * n;
   }
+}
+
+std::string delta_entry_problem(const StreamEntry& e, const std::vector<int64_t>& shape,
+                                Compression c, const TopkParams& p) {
+  const torch::ScalarType want = delta_wire_dtype(c);
+  if (e.dtype != want)
+    return fmt::format("it is {}, a {} delta carries {}", safetensors_dtype_name(e.dtype),
+                       compression_name(c), safetensors_dtype_name(want));
+  if (c != Compression::Topk)
+    return e.shape == shape ? "" : fmt::format("its shape is [{}], the model's [{}]",
+                                               fmt::join(e.shape, ", "), fmt::join(shape, ", "));
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const uint64_t most = topk_max_bytes(numel, p);
+  if (e.shape.size() == 1 && e.shape[0] >= kTopkFixedHeader &&
+      static_cast<uint64_t>(e.shape[0]) <= most)
+    return "";
+  return fmt::format("its shape is [{}], but a topk payload of a tensor of {} values is one "
+                     "dimension of {} to {} bytes", fmt::join(e.shape, ", "), numel,
+                     kTopkFixedHeader, most);
 }
 
 EncodedDelta delta_encode(const torch::Tensor& d, Compression c, const std::string& name) {
@@ -110,12 +133,50 @@ std::vector<StreamEntry> delta_tensor_entries(const std::vector<StreamEntry>& al
 
 // ---------------------------------------------------------------------------------------------
 DeltaStreamDecoder::DeltaStreamDecoder(Compression c, PrevFn prev,
-                                       SafetensorsStreamReader::SliceFn out, std::string origin)
-    : c_(c), prev_(std::move(prev)), out_(std::move(out)), origin_(std::move(origin)) {}
+                                       SafetensorsStreamReader::SliceFn out, std::string origin,
+                                       TopkParams topk)
+    : c_(c), topk_(topk), prev_(std::move(prev)), out_(std::move(out)),
+      origin_(std::move(origin)) {}
+
+void DeltaStreamDecoder::topk_run(const StreamEntry& e, int64_t first, const torch::Tensor& run,
+                                  bool last) {
+  if (e.dtype != torch::kUInt8)
+    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but a topk delta stream carries "
+              "it as U8", origin_, printable(e.name), safetensors_dtype_name(e.dtype));
+  if (first == 0) {
+    payload_.clear();
+    filling_ = e.name;
+  }
+  SPES_CHECK(filling_ == e.name && static_cast<uint64_t>(first) == payload_.size(),
+             "{}: bytes of '{}' arrive out of place", origin_, printable(e.name));
+  payload_.append(static_cast<const char*>(run.data_ptr()), static_cast<size_t>(run.numel()));
+  if (!last) return;
+  const torch::Tensor prev = prev_(e);
+  SPES_CHECK(prev.is_contiguous() && prev.scalar_type() == torch::kFloat32 &&
+                 prev.device().is_cpu(),
+             "delta decoder: published values of '{}' must be contiguous fp32 on CPU", e.name);
+  const int64_t n = prev.numel();
+  // Every check of the payload before any value is passed on.
+  const TopkSparse s = topk_decode_checked(payload_, n, topk_, e.name, origin_);
+  payload_.clear();
+  filling_.clear();
+  StreamEntry values = e;
+  values.dtype = torch::kFloat32;
+  values.shape = {n};
+  if (n == 0) return out_(values, 0, torch::empty({0}, torch::kFloat32), true);
+  torch::Tensor out = torch::empty({std::min(n, kOutValues)}, torch::kFloat32);
+  for (int64_t off = 0; off < n; off += kOutValues) {
+    const int64_t m = std::min(kOutValues, n - off);
+    const torch::Tensor piece = out.slice(0, 0, m);
+    topk_rebuild(prev.data_ptr<float>() + off, s, off, m, piece.data_ptr<float>());
+    out_(values, off, piece, off + m == n);
+  }
+}
 
 void DeltaStreamDecoder::operator()(const StreamEntry& e, int64_t first, const torch::Tensor& run,
                                     bool last) {
   if (c_ == Compression::None) return out_(e, first, run, last);
+  if (c_ == Compression::Topk) return topk_run(e, first, run, last);
   const int64_t n = run.numel();
   if (c_ == Compression::Int8 && e.dtype == torch::kFloat32) {
     // A scale run ("NAME:scale"; the header check placed it right before NAME).

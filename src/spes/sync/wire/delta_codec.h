@@ -16,18 +16,27 @@
 
 #include "spes/sync/wire/delta_kernels.h"
 #include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/topk_kernels.h"
 
 namespace spes::sync {
 
-// spes_config.compression (io/config.h) names the encoding: none, bf16 or int8.
+// spes_config.compression (io/config.h) names the encoding: none, bf16, int8 or topk (a
+// tensor's top-k payload travels as one U8 entry NAME of its own length, [bytes]; the layout
+// in topk_kernels.h).
 const char* compression_name(Compression c);
 
 // The companion tensor carrying NAME's int8 scales.
 std::string delta_scale_name(const std::string& tensor);
 // The dtype NAME itself travels in (F32 without compression).
 torch::ScalarType delta_wire_dtype(Compression c);
-// Payload bytes of one tensor of `numel` values (with its scales).
-uint64_t delta_payload_bytes(Compression c, int64_t numel);
+// Payload bytes of one tensor of `numel` values (with its scales); topk: the most a valid
+// payload can take (topk_max_bytes).
+uint64_t delta_payload_bytes(Compression c, int64_t numel, const TopkParams& p = {});
+// Why stream entry `e` cannot be the delta of a model tensor of `shape` ("" when it can): the
+// delta dtype, and the tensor's shape (topk: one dimension, a byte count a valid payload can
+// have, kTopkFixedHeader to topk_max_bytes).
+std::string delta_entry_problem(const StreamEntry& e, const std::vector<int64_t>& shape,
+                                Compression c, const TopkParams& p);
 
 // One tensor's quantised delta: q (I8 or BF16, shape of the tensor) and, for int8, its scales
 // (F32, [blocks]).
@@ -58,16 +67,22 @@ std::vector<StreamEntry> delta_tensor_entries(const std::vector<StreamEntry>& al
 // kOutValues long (one reused buffer: a consumer must not keep a run); scale entries are
 // consumed here (held for one tensor at a time). With Compression::None runs pass through.
 // `prev(entry)`: the tensor's published fp32 values (CPU, contiguous, flattened).
+// topk: a tensor's payload bytes are held until its entry is complete (at most topk_max_bytes),
+// then decoded with every check of topk_decode (a refusal names `origin` and the tensor) before
+// any value is passed on, as runs of an entry of the same name, F32, shape [values].
 class DeltaStreamDecoder {
  public:
   static constexpr int64_t kOutValues = int64_t{1} << 18;  // 1 MiB of fp32
   using PrevFn = std::function<torch::Tensor(const StreamEntry&)>;
   DeltaStreamDecoder(Compression c, PrevFn prev, SafetensorsStreamReader::SliceFn out,
-                     std::string origin);
+                     std::string origin, TopkParams topk = {});
   void operator()(const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last);
 
  private:
+  void topk_run(const StreamEntry& e, int64_t first, const torch::Tensor& run, bool last);
   Compression c_;
+  TopkParams topk_;
+  std::string payload_;        // topk: the bytes of tensor filling_ so far
   PrevFn prev_;
   SafetensorsStreamReader::SliceFn out_;
   std::string origin_;

@@ -1,6 +1,9 @@
 // Top-k sparse deltas as tensors (see topk_codec.h).
 #include "spes/sync/wire/topk_codec.h"
 
+#include <cstring>
+
+#include "spes/common/error.h"
 #include "spes/common/strings.h"
 #include "spes/sync/wire/protocol.h"
 
@@ -36,6 +39,18 @@ TopkSparse topk_decode_checked(const std::string& payload, int64_t numel, const 
     sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': its topk delta is refused: {}",
               origin, printable(name), why);
   return s;
+}
+
+torch::Tensor topk_payload_tensor(const std::string& payload) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(payload.size())}, torch::kUInt8);
+  if (!payload.empty()) std::memcpy(t.data_ptr(), payload.data(), payload.size());
+  return t;
+}
+
+std::string topk_payload_of(const torch::Tensor& bytes) {
+  const torch::Tensor b = bytes.to(torch::kCPU).contiguous();
+  SPES_CHECK(b.scalar_type() == torch::kUInt8 && b.dim() == 1, "a topk payload is U8 [bytes]");
+  return std::string(static_cast<const char*>(b.data_ptr()), static_cast<size_t>(b.numel()));
 }
 
 torch::Tensor topk_rebuild_tensor(const torch::Tensor& prev, const TopkSparse& s) {

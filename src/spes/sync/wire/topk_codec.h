@@ -32,6 +32,10 @@ TopkEncoded topk_encode_tensor(const torch::Tensor& d, const TopkParams& p,
 TopkSparse topk_decode_checked(const std::string& payload, int64_t numel, const TopkParams& p,
                                const std::string& name, const std::string& origin);
 
+// A payload as the U8 tensor [bytes] it travels as in a stream entry, and back.
+torch::Tensor topk_payload_tensor(const std::string& payload);
+std::string topk_payload_of(const torch::Tensor& bytes);
+
 // prev + deq as a new fp32 CPU tensor of prev's shape (the exact bits every side rebuilds).
 torch::Tensor topk_rebuild_tensor(const torch::Tensor& prev, const TopkSparse& s);
 

@@ -204,6 +204,22 @@ uint64_t topk_expected_bytes(int64_t n, const TopkParams& p) {
   return static_cast<uint64_t>(kTopkFixedHeader + topk_chunks(n) * 6 + std::ceil(bits / 8));
 }
 
+uint64_t topk_max_bytes(int64_t n, const TopkParams& p) {
+  uint64_t bits = 0;
+  for (int64_t first = 0; first < n; first += kTopkChunk) {
+    const int64_t len = std::min(kTopkChunk, n - first);
+    const uint64_t k = static_cast<uint64_t>(topk_chunk_k(p.density, len));
+    // Rice with the largest parameter: the gaps' quotients add up to at most len ones, plus a
+    // stop bit and kMaxRice low bits per entry; a bitmap is len bits, positions their width.
+    const uint64_t rice = static_cast<uint64_t>(len) + k * (1 + kMaxRice);
+    const uint64_t index = std::max({static_cast<uint64_t>(len),
+                                     k * static_cast<uint64_t>(position_bits(len)), rice});
+    bits += index + k * static_cast<uint64_t>(p.bits);
+  }
+  return static_cast<uint64_t>(kTopkFixedHeader) + static_cast<uint64_t>(topk_chunks(n)) * 6 +
+         (bits + 7) / 8;
+}
+
 const char* topk_index_coding_name(TopkIndexCoding c) {
   switch (c) {
     case TopkIndexCoding::Bitmap: return "bitmap";
@@ -224,10 +240,10 @@ int64_t topk_encode(const float* v, int64_t n, const TopkParams& p, std::string*
   const std::vector<uint32_t> g = gaps(s);
   int rice = 0;
   TopkIndexCoding ic = cheapest(s, n, g, &rice);
-  if (coding >= 0) {
-    ic = static_cast<TopkIndexCoding>(coding);
-    if (ic != TopkIndexCoding::Rice) rice = 0;
-  }
+  if (coding >= 0) ic = static_cast<TopkIndexCoding>(coding);
+  // The Rice parameter goes with Rice coding only (the decoder refuses it with another one):
+  // the tensors of a real model include short ones whose positions or bitmap are cheapest.
+  if (ic != TopkIndexCoding::Rice) rice = 0;
   payload->clear();
   payload->push_back(static_cast<char>(kTopkFormat));
   payload->push_back(static_cast<char>(p.bits));

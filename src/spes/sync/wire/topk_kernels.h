@@ -50,6 +50,11 @@ struct TopkSparse {
 // deltas are within a few percent of it (tests/sync/topk_codec_test.cpp).
 uint64_t topk_expected_bytes(int64_t n, const TopkParams& p);
 
+// The most bytes a payload for a tensor of n values can hold and still pass topk_decode (every
+// chunk at its k entries in the most expensive index coding): a stream entry longer than this
+// is refused from its header, before its bytes are buffered.
+uint64_t topk_max_bytes(int64_t n, const TopkParams& p);
+
 // Selects, quantises and codes `v` (n values). `coding` < 0: the smallest index coding for
 // this tensor; else that one (for measurements and tests). Writes the payload to *payload and,
 // when `deq` is not null, the dense dequantised values (0 where nothing was sent) to deq[0, n).
