@@ -17,6 +17,7 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
                                    [](CLI::App& sub) {
   auto a = std::make_shared<spes::LaunchOptions>();
   auto no_summary = std::make_shared<bool>(false);
+  auto progress = std::make_shared<std::string>("auto");
   sub.add_option("--config", a->config, "YAML config (default: the built-in configs/default.yaml)");
   sub.add_option("--nodes", a->nodes, "Number of nodes (0: spes_config.num_peers, or 4)")
       ->check(CLI::Range(int64_t{0}, int64_t{1024}));
@@ -36,9 +37,18 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
                  "Seconds the nodes and the server get to write their checkpoints after Ctrl-C "
                  "or SIGTERM (or a failed part) before they are killed")
       ->check(CLI::PositiveNumber);
+  sub.add_option("--progress", *progress,
+                 "auto (live on a terminal, else plain), live (a line per part redrawn in "
+                 "place), plain (a line every --progress-every seconds), all (every line of "
+                 "every part); each part's lines are in --out/<part>/log.txt")
+      ->check(CLI::IsMember({"auto", "live", "plain", "all"}));
+  sub.add_option("--progress-every", a->progress_every_s,
+                 "Seconds between the lines of the plain view (default 10)")
+      ->check(CLI::PositiveNumber);
   sub.add_flag("--no-summary", *no_summary,
                "Skip the final model's baseline comparison and sample");
-  sub.callback([a, no_summary] {
+  sub.callback([a, no_summary, progress] {
+    a->progress = spes::launch_view_mode_from_string(*progress);
     const int code = spes::launch_cluster(*a);
     if (spes::stop_signal() != 0 && code == spes::stop_exit_code(spes::stop_signal())) {
       std::string cmd = spes::cli::continue_command();

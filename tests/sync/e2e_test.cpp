@@ -11,7 +11,11 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +27,7 @@
 #include <random>
 #include <thread>
 
+#include "io/tensorboard_read_back.h"
 #include "spes/cluster/run_report.h"
 #include "spes/cluster/subprocess.h"
 #include "spes/io/files.h"
@@ -434,19 +439,123 @@ TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
                               "max_duration=20", "--set", "spes_config.merge_interval=0"},
                              &out);
   ASSERT_EQ(code, 0) << out;
-  EXPECT_THAT(out, ::testing::HasSubstr("[node 1]"));
   EXPECT_THAT(out, ::testing::HasSubstr("every node held the published model after every sync: yes"));
+  // Not a terminal: the plain view, a line for the whole cluster every --progress-every
+  // seconds (10 by default) and the last one at the end, instead of every part's lines; those
+  // are in each part's log.txt.
+  EXPECT_THAT(out, ::testing::HasSubstr("logs: " + dir + "/server/log.txt"));
+  EXPECT_THAT(out, ::testing::HasSubstr("round 2/2 | step 20/20 | loss "));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("[node 1] step")));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("[info]")));
+  for (const std::string part : {"server", "node0", "node1"})
+    EXPECT_THAT(file_read(dir + "/" + part + "/log.txt"),
+                ::testing::HasSubstr(part == "server" ? "round 2 (step 20) published"
+                                                      : "step 20/20 | loss"));
   const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
   EXPECT_EQ(summary["server"]["rounds"], 2);
   EXPECT_EQ(summary["verify"]["equal"], 2);
   EXPECT_EQ(summary["nodes"].size(), 2u);
   EXPECT_TRUE(fs::exists(dir + "/node1/metrics.jsonl"));
+  // TensorBoard's reader finds the server's round figures and each node's step figures, at
+  // their steps, equal to rounds.jsonl's and metrics.jsonl's.
+  const nlohmann::json tb_server = spes::test::read_tensorboard(dir + "/server");
+  if (tb_server.contains("skip")) {
+    std::printf("(TensorBoard read-back skipped: %s)\n", tb_server["skip"].dump().c_str());
+  } else {
+    EXPECT_TRUE(spes::test::scalars_equal_lines(
+        tb_server, read_jsonl(dir + "/server/rounds.jsonl"),
+        {{"round", "round/number"}, {"seconds", "round/seconds"}, {"bytes_in", "round/bytes_in"},
+         {"bytes_out", "round/bytes_out"}, {"publish_s", "round/publish_s"}}));
+    EXPECT_EQ(tb_server["scalars"]["round/nodes"], nlohmann::json::parse("[[10, 2, " +
+        read_jsonl(dir + "/server/rounds.jsonl")[0]["time"].dump() + "], [20, 2, " +
+        read_jsonl(dir + "/server/rounds.jsonl")[1]["time"].dump() + "]]"));
+    std::vector<nlohmann::json> steps;
+    for (const auto& l : read_jsonl(dir + "/node1/metrics.jsonl"))
+      if (l.contains("loss")) steps.push_back(l);
+    EXPECT_TRUE(spes::test::scalars_equal_lines(spes::test::read_tensorboard(dir + "/node1"), steps,
+                                                {{"loss", "train/loss"}, {"lr", "train/lr"}}));
+  }
   // A failing part fails the launch: an impossible config for the nodes.
   std::string out2;
   const int bad = run_child({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes",
                              "4", "--out", g_dir + "/launch_bad"},
                             &out2);
   EXPECT_NE(bad, 0) << out2;  // 6 experts cannot be split over 4 nodes
+  // The failing part's own words are shown, and its last lines with where its whole log is.
+  EXPECT_THAT(out2, ::testing::HasSubstr("[server] error: spes_config: 6 experts cannot be split"));
+  EXPECT_THAT(out2, ::testing::HasSubstr("launch: FAILED: the sync server did not start (exit code 1)"));
+  EXPECT_THAT(out2, ::testing::ContainsRegex("--- last lines of server \\(all of them: .*/launch_bad/server/log.txt\\) ---"));
+}
+
+// Runs argv on a pseudo-terminal of 160 columns (a terminal as a user's) until it exits or
+// timeout_s passes; returns its exit code and *out all it wrote.
+int run_on_terminal(const std::vector<std::string>& argv, std::string* out, double timeout_s) {
+  winsize ws{};
+  ws.ws_row = 50;
+  ws.ws_col = 160;
+  int master = -1;
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, &ws);
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    ::setenv("TERM", "xterm-256color", 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{master, POLLIN, 0};
+    if (::poll(&pfd, 1, 200) > 0) {
+      const ssize_t n = ::read(master, buf, sizeof buf);
+      if (n > 0) {
+        out->append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      break;  // EIO: the child side is closed
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::duration<double>(timeout_s)) {
+      ::kill(pid, SIGKILL);
+      *out += "(killed after timeout)";
+      break;
+    }
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(master);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_F(SyncEndToEnd, LaunchOnATerminalRedrawsOneLinePerPartInPlace) {
+  const std::string dir = g_dir + "/launch_tty";
+  std::string out;
+  const int code = run_on_terminal({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml",
+                                    "--nodes", "2", "--out", dir, "--no-summary", "--set",
+                                    "max_duration=20", "--set", "spes_config.merge_interval=0"},
+                                   &out, 300);
+  ASSERT_EQ(code, 0) << out;
+  // The header, the logs and the dashboard, then the rows redrawn in place: the cursor goes
+  // back up over the 4 rows (server, 2 nodes, the cluster) and clears each before drawing it.
+  EXPECT_THAT(out, ::testing::HasSubstr("launch: 2 nodes"));
+  EXPECT_THAT(out, ::testing::HasSubstr("logs: " + dir + "/server/log.txt"));
+  EXPECT_THAT(out, ::testing::HasSubstr("dashboard: http://127.0.0.1:"));
+  EXPECT_THAT(out, ::testing::HasSubstr("\r\x1b[4A\x1b[2Kserver  | "));
+  // The last frame: every part at its end, then the summary below it.
+  const size_t last = out.rfind("\r\x1b[4A");
+  ASSERT_NE(last, std::string::npos) << out;
+  const std::string frame = out.substr(last, out.find("=== summary", last) - last);
+  EXPECT_THAT(frame, ::testing::HasSubstr("server  | round 2/2 published (2 nodes) | 2 joined, 2 left"));
+  for (int i = 0; i < 2; ++i)
+    EXPECT_THAT(frame, ::testing::ContainsRegex(fmt::format(
+        "node {}  \\| \\[#+\\] 20/20 \\| loss [0-9.]+ \\| val [0-9.]+ \\| [0-9]+ tok/s \\| round 2/2 \\| done", i)))
+        << frame;
+  EXPECT_THAT(out.substr(last), ::testing::HasSubstr("every node held the published model after every sync: yes"));
+  // No part's info or progress line is relayed.
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("[node 0]")));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("[info]")));
 }
 
 TEST_F(SyncEndToEnd, CtrlCStopsTheLaunchInOrderAndEveryNodeCheckpoints) {

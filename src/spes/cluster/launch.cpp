@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "spes/cluster/launch_view.h"
 #include "spes/cluster/run_report.h"
 #include "spes/cluster/subprocess.h"
 #include "spes/common/error.h"
@@ -35,6 +36,7 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 
 struct Part {
   std::string name;  // "server", "node 3"
+  size_t index = 0;  // in the view: 0 the server, i + 1 node i
   std::unique_ptr<Subprocess> proc;
   std::ofstream log;
   std::vector<std::string> tail;  // last lines, shown when the part fails
@@ -47,29 +49,39 @@ struct ServerAddress {
   std::string address, dashboard;
 };
 
-void pump(Part& p) {
+// Moves the part's new lines into its log.txt, its tail and the view.
+void pump(Part& p, LaunchView& view) {
   std::vector<std::string> lines;
   p.proc->read_lines(&lines);
   for (const auto& l : lines) {
-    std::fprintf(stdout, "[%s] %s\n", p.name.c_str(), l.c_str());
     p.log << l << "\n";
     p.tail.push_back(l);
     if (p.tail.size() > 20) p.tail.erase(p.tail.begin());
+    view.line(p.index, l);
   }
-  if (!lines.empty()) {
-    std::fflush(stdout);
-    p.log.flush();
+  if (!lines.empty()) p.log.flush();
+  view.tick();
+}
+
+// Whether the part has exited (told to the view once).
+bool part_exited(Part& p, LaunchView& view) {
+  if (!p.done && p.proc->poll_exit(&p.code)) {
+    pump(p, view);
+    p.done = true;
+    view.exited(p.index, p.code);
   }
+  return p.done;
 }
 
 // Relays every part's output until the parts [from, to) have exited or the deadline passed.
-void wait_parts(std::vector<Part>& parts, size_t from, size_t to, Clock::time_point deadline) {
+void wait_parts(std::vector<Part>& parts, LaunchView& view, size_t from, size_t to,
+                Clock::time_point deadline) {
   for (;;) {
     bool running = false;
     for (size_t k = 0; k < parts.size(); ++k) {
       if (!parts[k].proc) continue;
-      pump(parts[k]);
-      if (k >= from && k < to && !parts[k].proc->poll_exit(nullptr)) running = true;
+      pump(parts[k], view);
+      if (k >= from && k < to && !part_exited(parts[k], view)) running = true;
     }
     if (!running || Clock::now() >= deadline) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -79,24 +91,26 @@ void wait_parts(std::vector<Part>& parts, size_t from, size_t to, Clock::time_po
 // Passes `sig` (an orderly stop: SIGINT or SIGTERM, common/stop_signal.h) to the nodes, which
 // write their checkpoints, then to the server, and waits up to `timeout_s` in all before
 // killing what still runs.
-void stop_all(std::vector<Part>& parts, int sig, double timeout_s) {
+void stop_all(std::vector<Part>& parts, LaunchView& view, int sig, double timeout_s) {
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(timeout_s));
   for (size_t k = 1; k < parts.size(); ++k)
     if (parts[k].proc && parts[k].proc->running()) parts[k].proc->kill(sig);
-  wait_parts(parts, 1, parts.size(), deadline);
+  wait_parts(parts, view, 1, parts.size(), deadline);
   if (parts[0].proc && parts[0].proc->running()) parts[0].proc->kill(sig);
-  wait_parts(parts, 0, 1, deadline);
+  wait_parts(parts, view, 0, 1, deadline);
   for (auto& p : parts) {
     if (!p.proc) continue;
-    if (p.proc->running() && !p.proc->poll_exit(nullptr)) {
-      fmt::print(stderr, "launch: {} did not stop within {:.0f} s (--stop-timeout); killing it\n",
-                 p.name, timeout_s);
+    if (!part_exited(p, view)) {
+      view.message(fmt::format("launch: {} did not stop within {:.0f} s (--stop-timeout); "
+                               "killing it", p.name, timeout_s));
       p.proc->kill(SIGKILL);
     }
-    p.proc->wait();
-    pump(p);
+    p.code = p.proc->wait();
+    if (!p.done) view.exited(p.index, p.code);
+    p.done = true;
+    pump(p, view);
   }
 }
 
@@ -183,10 +197,11 @@ void write_run_config(const LaunchOptions& o, const Config& cfg) {
 }
 
 // Starts argv as `p`, its output kept in DIR/log.txt.
-void start_part(Part& p, const std::string& name, const std::string& dir,
+void start_part(Part& p, size_t index, const std::string& name, const std::string& dir,
                 const std::vector<std::string>& argv, const Env& env = {}) {
   fs::create_directories(dir);
   p.name = name;
+  p.index = index;
   p.log.open(dir + "/log.txt");
   // Its own process group: a Ctrl-C reaches only the launcher, which passes one stop on.
   p.proc = std::make_unique<Subprocess>(argv, env, /*own_process_group=*/true);
@@ -200,16 +215,17 @@ void start_server(Part& server, const LaunchOptions& o, const std::string& exe,
                                    "127.0.0.1:0"};
   if (!o.resume) argv.push_back("--overwrite");
   if (o.keep_uploads) argv.push_back("--keep-uploads");
-  start_part(server, "server", run_layout::cluster_server(o.out), argv);
+  start_part(server, 0, "server", run_layout::cluster_server(o.out), argv);
 }
 
 // The server's address once it has written server.json; nothing when it exits, the launch is
 // interrupted or two minutes pass first.
-std::optional<ServerAddress> wait_for_server(Part& server, const std::string& server_dir) {
+std::optional<ServerAddress> wait_for_server(Part& server, LaunchView& view,
+                                             const std::string& server_dir) {
   const auto t0 = Clock::now();
   for (;;) {
-    pump(server);
-    if (server.proc->poll_exit(&server.code) || stop_signal() != 0 ||
+    pump(server, view);
+    if (part_exited(server, view) || stop_signal() != 0 ||
         Clock::now() - t0 > std::chrono::seconds(120))
       return std::nullopt;
     const std::string sj = run_layout::server_info(server_dir);
@@ -238,14 +254,14 @@ void start_node(Part& node, int64_t i, const LaunchOptions& o, const std::string
   if (!o.resume) argv.insert(argv.end(), {"--resume", "none"});
   if (o.nproc_per_node > 1)
     argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
-  start_part(node, fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
+  start_part(node, static_cast<size_t>(i) + 1, fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
              tokens.empty() ? Env() : Env{{"SPES_NODE_TOKEN", tokens[static_cast<size_t>(i)]}});
 }
 
 // The combined view until every node has exited; returns the first failure ("" when none): a
 // part exiting with an error, the server gone for 30 s while nodes still run (they lost it),
 // or an interrupt.
-std::string watch_nodes(std::vector<Part>& parts) {
+std::string watch_nodes(std::vector<Part>& parts, LaunchView& view) {
   std::string failure;
   Clock::time_point server_exit;
   for (;;) {
@@ -256,10 +272,8 @@ std::string watch_nodes(std::vector<Part>& parts) {
     bool nodes_done = true;
     for (size_t k = 0; k < parts.size(); ++k) {
       Part& p = parts[k];
-      pump(p);
-      if (!p.done && p.proc->poll_exit(&p.code)) {
-        pump(p);
-        p.done = true;
+      pump(p, view);
+      if (!p.done && part_exited(p, view)) {
         if (p.code != 0 && failure.empty())
           failure = fmt::format("{} exited with code {}", p.name, p.code);
         if (k == 0) server_exit = Clock::now();
@@ -275,11 +289,11 @@ std::string watch_nodes(std::vector<Part>& parts) {
 }
 
 // Every node left: the server exits by itself within a minute, with code 0 ("" when it did).
-std::string wait_for_server_exit(Part& server) {
+std::string wait_for_server_exit(Part& server, LaunchView& view) {
   const auto t0 = Clock::now();
   while (!server.done && Clock::now() - t0 < std::chrono::seconds(60)) {
-    pump(server);
-    if (server.proc->poll_exit(&server.code)) server.done = true;
+    pump(server, view);
+    part_exited(server, view);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   if (!server.done) return "the sync server did not exit after every node left";
@@ -287,29 +301,41 @@ std::string wait_for_server_exit(Part& server) {
   return "";
 }
 
-// Stops every part and prints the failure with the last lines of each part that failed;
-// returns the exit code.
-int fail_launch(std::vector<Part>& parts, const std::string& failure, double stop_timeout_s) {
-  stop_all(parts, SIGTERM, stop_timeout_s);
+// Stops every part and prints the failure with the last lines of each part that failed by
+// itself (exited with an error before the stop; `also`: a part that failed without exiting, the
+// server that did not start) and where its whole log is; returns the exit code.
+int fail_launch(std::vector<Part>& parts, LaunchView& view, const std::string& failure,
+                const LaunchOptions& o, std::optional<size_t> also = std::nullopt) {
+  std::vector<size_t> failed;
+  for (size_t k = 0; k < parts.size(); ++k)
+    if ((parts[k].done && parts[k].code != 0) || also == k) failed.push_back(k);
+  stop_all(parts, view, SIGTERM, o.stop_timeout_s);
+  view.finish();
+  std::fflush(stdout);
   fmt::print(stderr, "launch: FAILED: {}\n", failure);
-  for (const auto& p : parts)
-    if (p.done && p.code != 0) {
-      fmt::print(stderr, "--- last lines of {} ---\n", p.name);
-      for (const auto& l : p.tail) fmt::print(stderr, "{}\n", l);
-    }
+  for (size_t k : failed) {
+    const Part& p = parts[k];
+    fmt::print(stderr, "--- last lines of {} (all of them: {}/log.txt) ---\n", p.name,
+               k == 0 ? run_layout::cluster_server(o.out)
+                      : run_layout::cluster_node(o.out, static_cast<int64_t>(k) - 1));
+    for (const auto& l : p.tail) fmt::print(stderr, "{}\n", l);
+  }
   return 1;
 }
 
 // A stop requested by a signal: passed on to every part (each writes its checkpoint), then
 // the exit code 128 + signal.
-int stop_launch(std::vector<Part>& parts, const LaunchOptions& o) {
+int stop_launch(std::vector<Part>& parts, LaunchView& view, const LaunchOptions& o) {
   const int sig = stop_signal();
+  view.finish();
+  std::fflush(stdout);
   fmt::print(stderr, "launch: stopped by {}: passing it to the nodes, then the server (they "
              "write their checkpoints; waiting up to {:.0f} s, --stop-timeout; a second {} "
              "ends everything at once)\n", signal_name(sig), o.stop_timeout_s,
              signal_name(sig));
   std::fflush(stderr);
-  stop_all(parts, sig, o.stop_timeout_s);
+  stop_all(parts, view, sig, o.stop_timeout_s);
+  std::fflush(stdout);
   for (const auto& p : parts)
     if (p.proc) fmt::print(stderr, "launch: {} exited with code {}\n", p.name, p.proc->wait());
   return stop_exit_code(sig);
@@ -342,33 +368,43 @@ int launch_cluster(const LaunchOptions& o) {
   install_stop_handlers();
 
   std::vector<Part> parts(N + 1);  // the server, then node i at i + 1
+  std::vector<std::string> names = {"server"};
+  for (int64_t i = 0; i < N; ++i) names.push_back(fmt::format("node {}", i));
+  const int64_t sync_steps = std::max<int64_t>(1, cfg.spes_config.sync_steps);
+  LaunchView view(o.progress, names, cfg.total_steps() / sync_steps, o.progress_every_s);
   const std::vector<std::string> tokens =
       cfg.spes_config.transport.auth_tokens_file.empty()
           ? std::vector<std::string>()
           : sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, N);
+  view.message(fmt::format("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}{}",
+                           N, cfg.spes_config.mode, cfg.total_steps(),
+                           cfg.spes_config.sync_steps, o.out,
+                           o.resume ? " (continuing the run there)" : ""));
+  view.message(fmt::format("logs: {}/log.txt and {}/log.txt (every line of each part)",
+                           run_layout::cluster_server(o.out),
+                           N == 1 ? run_layout::cluster_node(o.out, 0)
+                                  : run_layout::cluster_node(o.out, 0) + " ... node" +
+                                        std::to_string(N - 1)));
   start_server(parts[0], o, exe, cfg_path);
-  fmt::print("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}{}\n", N,
-             cfg.spes_config.mode, cfg.total_steps(), cfg.spes_config.sync_steps, o.out,
-             o.resume ? " (continuing the run there)" : "");
-  std::fflush(stdout);
   const std::optional<ServerAddress> server =
-      wait_for_server(parts[0], run_layout::cluster_server(o.out));
-  if (!server && stop_signal() != 0) return stop_launch(parts, o);
-  if (!server) {
-    stop_all(parts, SIGTERM, o.stop_timeout_s);
-    fmt::print(stderr, "launch: the sync server did not start (exit code {})\n", parts[0].code);
-    return 1;
-  }
-  if (!server->dashboard.empty()) fmt::print("dashboard: {}\n", server->dashboard);
-  std::fflush(stdout);
+      wait_for_server(parts[0], view, run_layout::cluster_server(o.out));
+  if (!server && stop_signal() != 0) return stop_launch(parts, view, o);
+  if (!server)
+    return fail_launch(parts, view, fmt::format("the sync server did not start{}",
+                                                parts[0].done ? fmt::format(" (exit code {})",
+                                                                            parts[0].code)
+                                                              : " within 2 minutes"),
+                       o, size_t{0});
+  if (!server->dashboard.empty()) view.message("dashboard: " + server->dashboard);
   for (int64_t i = 0; i < N; ++i)
     start_node(parts[static_cast<size_t>(i) + 1], i, o, exe, cfg_path, server->address, tokens);
 
-  std::string failure = watch_nodes(parts);
-  if (stop_signal() != 0) return stop_launch(parts, o);
-  if (failure.empty()) failure = wait_for_server_exit(parts[0]);
-  if (!failure.empty()) return fail_launch(parts, failure, o.stop_timeout_s);
-  for (auto& p : parts) pump(p);
+  std::string failure = watch_nodes(parts, view);
+  if (stop_signal() != 0) return stop_launch(parts, view, o);
+  if (failure.empty()) failure = wait_for_server_exit(parts[0], view);
+  if (!failure.empty()) return fail_launch(parts, view, failure, o);
+  for (auto& p : parts) pump(p, view);
+  view.finish();
   return summarise(o, cfg, N);
 }
 

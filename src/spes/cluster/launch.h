@@ -1,8 +1,9 @@
 // A local SPES cluster: `spes serve` and N `spes node` processes on localhost (fork/exec of
 // this executable, the server on a free loopback port; its status page's URL is printed as
-// "dashboard: http://..." once the server is up), one combined progress view (every
-// child line prefixed "[server]" or "[node i]", also kept in DIR/<part>/log.txt), failure
-// handling (any part failing stops the rest; the exit code says so) and the end-of-run summary
+// "dashboard: http://..." once the server is up), one progress view (launch_view.h: a line per
+// part redrawn in place on a terminal, a plain line every few seconds otherwise; every line of
+// a part in DIR/<part>/log.txt), failure handling (any part failing stops the rest, its last
+// lines are printed; the exit code says so) and the end-of-run summary
 // (run_report.h). The parts run in process groups of their own: SIGINT/SIGTERM to the launcher
 // is passed on once, to the nodes first (each writes its checkpoint) and then the server,
 // which get stop_timeout_s to exit; the launcher then exits with 128 + signal (130: Ctrl-C).
@@ -14,6 +15,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "spes/cluster/launch_view.h"
 
 namespace spes {
 
@@ -29,6 +32,9 @@ struct LaunchOptions {
                                      // directories; the config of DIR/config.yaml)
   std::string executable;            // default: this executable
   int64_t nproc_per_node = 1;        // processes per node (`spes node --nproc-per-node`)
+  LaunchViewMode progress = LaunchViewMode::Auto;  // launch_view.h: live on a terminal, else
+                                                   // plain
+  double progress_every_s = 10;      // plain view: one line this often
   double stop_timeout_s = 600;       // after a stop (or a failure), how long the parts get to
                                      // write their checkpoints before they are killed
 };

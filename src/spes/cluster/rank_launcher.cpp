@@ -98,7 +98,10 @@ int launch_ranks(const Config& cfg, const RankLaunchOptions& opts) {
       if (done[r] || !ranks[r]->poll_exit(&code)) continue;
       done[r] = true;
       ++finished;
-      if (code != 0 && result == 0) {
+      // After a stop, rank 0's code is the node's (130/143 for its checkpoint and stop): a
+      // rank waiting for rank 0 in a collective when rank 0 stopped (rank 0 was still joining
+      // the sync server) fails with "connection closed", which must not hide the stop.
+      if (code != 0 && (result == 0 || (forwarded && r == 0))) {
         result = code;
         if (forwarded) continue;  // a stop: the others end by themselves at the same step
         // A failed rank leaves the others inside a collective that cannot complete.

@@ -5,7 +5,7 @@
 // The ranks run in a process group of their own: SIGINT/SIGTERM to this process is passed
 // on to every rank once (an orderly stop at the same step, common/stop_signal.h). When a rank
 // fails the others are killed (they wait in a collective that cannot complete); the exit
-// code is the first failure's (0 when all succeeded). Leaves out: restarting failed ranks, ranks on other machines.
+// code is the first failure's (0 when all succeeded; after a stop, rank 0's). Leaves out: restarting failed ranks, ranks on other machines.
 #pragma once
 #include <string>
 #include <vector>

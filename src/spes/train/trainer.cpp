@@ -27,6 +27,16 @@ namespace {
 int64_t data_nodes(const Config& cfg) {
   return cfg.spes_config.mode == SyncMode::Centralized ? 1 : cfg.spes_config.num_peers;
 }
+
+// The figures of a step's metrics.jsonl line that go to TensorBoard, and their tags.
+const std::vector<ScalarKey> kStepScalars = {
+    {"loss", "train/loss"},         {"ce", "train/ce"},
+    {"lb_loss", "train/lb_loss"},   {"z_loss", "train/z_loss"},
+    {"router_z_loss", "train/router_z_loss"},
+    {"lr", "train/lr"},             {"grad_norm", "train/grad_norm"},
+    {"tokens_per_s", "train/tokens_per_s"}, {"step_s", "train/step_s"},
+    {"tokens", "train/tokens"},     {"val_loss", "eval/loss"},
+    {"val_ppl", "eval/perplexity"}};
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions opts,
@@ -101,6 +111,7 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   }
   if (is_rank0()) {
     metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_));
+    tensorboard_ = std::make_unique<TensorBoardWriter>(out_dir_);
     // A restart keeps the history and says where it continues from.
     if (metrics_->had_lines())
       metrics_->write({{"event", "restart"}, {"from_step", state_.step},
@@ -318,6 +329,7 @@ EvalResult Trainer::run() {
       evaluated_last = true;
     }
     if (metrics_) metrics_->write(rec);
+    if (tensorboard_) tensorboard_->write(step, rec.value("time", unix_time()), rec, kStepScalars);
     progress.update(step, rec["loss"].get<double>(), rec["tokens_per_s"].get<double>(), val);
     if (save_now) {
       save_checkpoint(run_layout::checkpoint(out_dir_));

@@ -19,6 +19,7 @@
 #include "spes/train/checkpoint.h"
 #include "spes/train/distributed.h"
 #include "spes/train/grad_allreduce.h"
+#include "spes/io/tensorboard_writer.h"
 #include "spes/train/metrics.h"
 #include "spes/train/micro_batch_workers.h"
 #include "spes/train/optimizer.h"
@@ -135,6 +136,7 @@ class Trainer {
   std::unique_ptr<GradientAllReduce> reducer_;  // with opts_.dist
   std::unique_ptr<BatchLoader> train_loader_, val_loader_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // metrics.jsonl's figures as scalars
   TrainState state_;
   // Data-parallel ranks: every rank's final weights hash equal rank 0's (or this throws).
   void check_ranks_agree() const;

@@ -19,10 +19,20 @@ using Clock = std::chrono::steady_clock;
 bool all_true(const std::vector<bool>& v) {
   return std::all_of(v.begin(), v.end(), [](bool b) { return b; });
 }
+
+// The figures of a rounds.jsonl line that go to TensorBoard, and their tags.
+const std::vector<ScalarKey> kRoundScalars = {
+    {"round", "round/number"},       {"seconds", "round/seconds"},
+    {"bytes_in", "round/bytes_in"},  {"bytes_out", "round/bytes_out"},
+    {"aggregate_s", "round/aggregate_s"}, {"persist_s", "round/persist_s"},
+    {"publish_s", "round/publish_s"}, {"download_s", "round/download_s"},
+    {"alpha", "round/alpha"},        {"peak_rss_mb", "round/peak_rss_mb"},
+    {"nodes_used", "round/nodes"}};
 }  // namespace
 
 RoundLog::RoundLog(const std::string& dir, bool resumed, int64_t published_round,
-                   const nlohmann::json& saved_line) {
+                   const nlohmann::json& saved_line)
+    : tensorboard_(dir) {
   const std::string path = run_layout::rounds_log(dir);
   file_ = std::fopen(path.c_str(), resumed ? "a" : "w");
   SPES_CHECK(file_, "cannot open '{}/rounds.jsonl' for writing", dir);
@@ -113,6 +123,10 @@ void RoundLog::append(const nlohmann::json& line) {
   if (std::fwrite(s.data(), 1, s.size(), file_) != s.size() || std::fflush(file_) != 0)
     spdlog::error("cannot append round {} to rounds.jsonl (disk full?); the round is published "
                   "and saved in state.json", line.value("round", int64_t{-1}));
+  nlohmann::json figures = line;
+  if (line.contains("nodes") && line["nodes"].is_array()) figures["nodes_used"] = line["nodes"].size();
+  tensorboard_.write(line.value("step", int64_t{0}), line.value("time", unix_time()), figures,
+                     kRoundScalars);
 }
 
 void RoundLog::remember(const nlohmann::json& line) {

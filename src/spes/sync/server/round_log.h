@@ -4,6 +4,7 @@
 // (lines stay in round order), or at close; history() has it from publication on. After a
 // restart the file is appended to, its lines come back into the history, and the line of the
 // last published round is written from state.json if the crash lost it (marked recovered).
+// Each line's figures also go to DIR's TensorBoard event file (io/tensorboard_writer.h).
 // Not thread-safe: RoundState's lock guards it. Leaves out: what a line says (RoundState).
 #pragma once
 #include <chrono>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "spes/io/tensorboard_writer.h"
 
 namespace spes::sync {
 
@@ -52,6 +55,7 @@ class RoundLog {
   void append(const nlohmann::json& line);
   void remember(const nlohmann::json& line);
   std::FILE* file_ = nullptr;
+  TensorBoardWriter tensorboard_;  // each line's figures, at the round's training step
   std::vector<Pending> pending_;
   std::deque<nlohmann::json> history_;
 };
