@@ -33,6 +33,7 @@ struct ServeArgs {
   bool insecure = false, bind_client_certs = false;
   std::string read_token_file;
   double first_message_timeout = 10;
+  spes::GuardSettings guard = spes::sync::default_guard();
 };
 
 void run_serve(const ServeArgs& a) {
@@ -76,6 +77,7 @@ void run_serve(const ServeArgs& a) {
   o.read_token_file = a.read_token_file;
   o.bind_client_certs = a.bind_client_certs;
   o.first_message_timeout_s = a.first_message_timeout;
+  o.guard = a.guard;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
@@ -104,6 +106,18 @@ spes::cli::SubcommandRegistrar register_serve("serve", "Run the SPES sync server
   sub.add_option("--first-message-timeout", a->first_message_timeout, "Seconds an upload "
                  "stream may take to send its first message before the server ends it")
       ->check(CLI::Range(0.1, 3600.0));
+  sub.add_option("--max-connections", a->guard.max_connections, "Connections the sync port "
+                 "holds open at once (the connection guard; lowered to what the process's "
+                 "descriptors allow)")->check(CLI::Range(int64_t{4}, int64_t{1} << 20));
+  sub.add_option("--max-connections-per-address", a->guard.per_address, "Connections one "
+                 "source address may hold open (addresses that proved node credentials are "
+                 "exempt)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub.add_option("--handshake-timeout", a->guard.first_bytes_timeout_s, "Seconds a new "
+                 "connection has to send its HTTP/2 preface before it is closed")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub.add_option("--idle-connection-timeout", a->guard.idle_timeout_s, "Seconds without a "
+                 "byte either way after which a connection is closed (longer than a "
+                 "long-poll, 30 s)")->check(CLI::Range(0.5, 86400.0));
   spes::cli::add_set_option(sub, a->sets);
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep OUT/rounds/<round>/node<i>.safetensors and published.safetensors");

@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
+#include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "spes/common/connection_guard.h"
+#include "spes/common/guarded_listener.h"
 #include "spes/dashboard/dashboard_server.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
@@ -76,6 +78,9 @@ class SyncService final : public pb::SpesSync::Service {
  public:
   SyncService(RoundState& st, const CallAuth& auth, StreamLimits& limits, LongPollLimits& polls)
       : st_(st), auth_(auth), limits_(limits), polls_(polls) {}
+  // The connection guard in front of gRPC: names the client behind a connection it handed over
+  // and learns which addresses proved node credentials.
+  void set_gate(GuardedListener* gate) { gate_ = gate; }
 
   // Logs the counts of refusals held back by the throttle (called periodically).
   void flush_refusal_logs() {
@@ -191,9 +196,10 @@ class SyncService final : public pb::SpesSync::Service {
       return peer_host(ctx);
     }
   }
-  // The peer's host (its port changes with every connection).
-  static std::string peer_host(const grpc::ServerContext& ctx) {
-    std::string peer = ctx.peer();
+  // The peer's host (its port changes with every connection): the client behind the guard's
+  // relay, not the relay's socket.
+  std::string peer_host(const grpc::ServerContext& ctx) const {
+    std::string peer = gate_ ? gate_->client_of(ctx.peer()) : ctx.peer();
     const size_t colon = peer.rfind(':');
     if (colon != std::string::npos && peer.compare(0, 5, "unix:") != 0) peer.resize(colon);
     return printable(peer, 80);
@@ -201,6 +207,7 @@ class SyncService final : public pb::SpesSync::Service {
   // The node the call's metadata proves (call_auth.h), within its call rate.
   NodeId node_of(const grpc::ServerContext& ctx, const char* rpc) {
     NodeId n = auth_.node(ctx);
+    if (gate_) gate_->mark_known(ctx.peer());
     limit_rate(rpc, "node " + std::to_string(n.node_id));
     return n;
   }
@@ -228,6 +235,7 @@ class SyncService final : public pb::SpesSync::Service {
   const CallAuth& auth_;
   StreamLimits& limits_;
   LongPollLimits& polls_;
+  GuardedListener* gate_ = nullptr;
   CallRates rates_{call_rate_limits()};
   LogThrottle refusals_{10};
 };
@@ -267,6 +275,7 @@ struct SyncServer::Impl {
   LongPollLimits long_polls{kLongPollsPerNode};
   std::unique_ptr<SyncService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<GuardedListener> gate;  // in front of gRPC when it speaks plaintext
   std::unique_ptr<dashboard::DashboardServer> dashboard;  // destroyed first: it reads `state`
   int port = 0;
   std::string address;
@@ -278,6 +287,7 @@ struct SyncServer::Impl {
   void start_dashboard();
   std::shared_ptr<grpc::ServerCredentials> credentials() const;
   void start_grpc();
+  void start_gate();
   void write_server_info() const;
 };
 
@@ -349,7 +359,10 @@ std::shared_ptr<grpc::ServerCredentials> SyncServer::Impl::credentials() const {
 void SyncServer::Impl::start_grpc() {
   service = std::make_unique<SyncService>(*state, *auth, *limits, long_polls);
   grpc::ServerBuilder b;
-  b.AddListeningPort(opts.listen, credentials(), &port);
+  // Plaintext: the guard owns the socket and hands gRPC each admitted connection (start_gate).
+  // TLS: gRPC's own listener (its handshake comes before HTTP/2).
+  const bool guarded = cfg.spes_config.transport.tls_cert.empty();
+  if (!guarded) b.AddListeningPort(opts.listen, credentials(), &port);
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
   // Caps against floods: threads (each open call holds one; past the cap a call is refused
@@ -363,9 +376,39 @@ void SyncServer::Impl::start_grpc() {
   b.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxMetadataBytes);
   b.RegisterService(service.get());
   server = b.BuildAndStart();
-  SPES_CHECK(server && port > 0, "sync server: cannot listen on '{}' (address in use or "
-             "invalid?)", opts.listen);
+  SPES_CHECK(server, "sync server: gRPC did not start");
+  if (guarded) start_gate();
+  SPES_CHECK(port > 0, "sync server: cannot listen on '{}' (address in use or invalid?)",
+             opts.listen);
   address = opts.listen.substr(0, opts.listen.rfind(':')) + ":" + std::to_string(port);
+}
+
+// The connection guard (common/guarded_listener.h) on opts.listen: connections counted in total
+// and per address, room kept for addresses that proved node credentials, the HTTP/2 preface
+// within the handshake timeout, idle ones closed; the admitted ones go to gRPC.
+void SyncServer::Impl::start_gate() {
+  GuardSettings g = opts.guard;
+  g.preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  // Each relayed connection holds 3 descriptors (the client's socket and a socketpair); keep
+  // the cap where the descriptors last, with room for the rest of the server.
+  const uint64_t fds = raise_descriptor_limit();
+  const int64_t fit = std::max<int64_t>(16, (static_cast<int64_t>(fds) - 128) / 3);
+  if (g.max_connections > fit) {
+    spdlog::warn("connection guard: {} connections would need more descriptors than the {} "
+                 "this process may open: at most {}", g.max_connections, fds, fit);
+    g.max_connections = fit;
+  }
+  if (g.reserved_for_known < 0) g.reserved_for_known = 8 * cfg.spes_config.num_peers;
+  g.reserved_for_known = std::min(g.reserved_for_known, g.max_connections / 2);
+  grpc::Server* s = server.get();
+  gate = std::make_unique<GuardedListener>(opts.listen, g,
+                                           [s](int fd) { grpc::AddInsecureChannelFromFd(s, fd); });
+  port = gate->port();
+  service->set_gate(gate.get());
+  spdlog::info("connection guard: at most {} connections, {} per address, {} kept for nodes; "
+               "HTTP/2 preface within {:g} s, idle ones closed after {:g} s",
+               g.max_connections, g.per_address, g.reserved_for_known, g.first_bytes_timeout_s,
+               g.idle_timeout_s);
 }
 
 void SyncServer::Impl::write_server_info() const {
@@ -393,6 +436,7 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts,
 }
 
 SyncServer::~SyncServer() {
+  impl_->gate.reset();  // no new connections for a server that is going away
   if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() +
                                              std::chrono::seconds(2));
   impl_->state->close();
