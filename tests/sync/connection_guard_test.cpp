@@ -20,6 +20,7 @@
 
 #include "spes/common/connection_guard.h"
 #include "spes/sync/node/client.h"
+#include "sync/raw_connection.h"
 #include "sync/serve_fixture.h"
 #include "sync/sync_process_util.h"
 #include "sync/sync_test_util.h"
@@ -33,64 +34,6 @@ namespace {
 const std::string kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 int port_of(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
-
-// A TCP connection from `source` (a 127.0.0.x address) to 127.0.0.1:port; -1 on failure.
-int connect_from(const std::string& source, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, source.c_str(), &a.sin_addr);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Reads what the server sent on `fd` (appended to *got) until it closes the connection or
-// `seconds` pass; true when it closed it.
-bool closed_by_server(int fd, double seconds, std::string* got = nullptr) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  do {  // at least once (seconds = 0: only what is there now)
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, seconds > 0 ? 100 : 0) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) return true;
-    if (got) got->append(buf, static_cast<size_t>(n));
-  } while (std::chrono::steady_clock::now() < until);
-  return false;
-}
-
-// How many of `fds` the server has closed, waiting until `want` are or `seconds` pass.
-int count_closed(const std::vector<int>& fds, int want, double seconds) {
-  std::vector<bool> closed(fds.size(), false);
-  int n = 0;
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  while (n < want && std::chrono::steady_clock::now() < until) {
-    for (size_t i = 0; i < fds.size(); ++i)
-      if (!closed[i] && closed_by_server(fds[i], 0.0)) closed[i] = true, ++n;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return n;
-}
-
-struct Sockets {
-  std::vector<int> fds;
-  ~Sockets() { close_all(); }
-  void close_all() {
-    for (int fd : fds) ::close(fd);
-    fds.clear();
-  }
-};
 
 // Nodes 0 and 1 of a ServeFixture's run, from 127.0.0.1: each round both upload a small
 // change of the published model (the same one a RoundState of this process publishes).
@@ -157,7 +100,7 @@ TEST(ConnectionGuard, RoomIsKeptForKnownAddressesWhichTheAddressLimitDoesNotHold
 TEST(ConnectionGuardServer, IdleConnectionsFromOneAddressAreCutAtItsLimitAndRoundsGoOn) {
   ServeFixture f({{"--max-connections-per-address", "8", "--handshake-timeout", "300"}});
   ASSERT_FALSE(f.address.empty()) << f.srv->log();
-  Sockets flood;
+  RawSockets flood;
   for (int i = 0; i < 40; ++i) {
     flood.fds.push_back(connect_from("127.0.0.2", port_of(f.address)));
     ASSERT_GE(flood.fds.back(), 0);
@@ -191,7 +134,7 @@ TEST(ConnectionGuardServer, AFloodPastTheDescriptorLimitLeavesRoomForNodesAndEnd
   ASSERT_FALSE(f.address.empty()) << f.srv->log();
   HonestNodes honest(f);
   ASSERT_TRUE(honest.round(f.address, 1).published) << f.srv->log();
-  Sockets flood;
+  RawSockets flood;
   for (int i = 0; i < 600; ++i) {
     const int fd = connect_from("127.0.0." + std::to_string(2 + i % 10), port_of(f.address));
     if (fd >= 0) flood.fds.push_back(fd);
@@ -215,7 +158,7 @@ TEST(ConnectionGuardServer, HalfOpenAndIdleConnectionsAreClosedAfterTheirTimeout
   ServeFixture f({{"--handshake-timeout", "1", "--idle-connection-timeout", "3"}});
   ASSERT_FALSE(f.address.empty()) << f.srv->log();
   const int port = port_of(f.address);
-  Sockets s;
+  RawSockets s;
   const int silent = connect_from("127.0.0.2", port);
   const int garbage = connect_from("127.0.0.3", port);
   const int idle = connect_from("127.0.0.4", port);

@@ -58,16 +58,6 @@ std::string peer_name(int fd) {
   return "local";
 }
 
-// The descriptor N of a peer name "fd:N", or -1.
-int handed_fd_of(const std::string& inner_peer) {
-  if (inner_peer.rfind("fd:", 0) != 0) return -1;
-  try {
-    return std::stoi(inner_peer.substr(3));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
 // Sends what it can of `buf` (removing it); false when the socket failed.
 bool send_some(int fd, std::string& buf) {
   size_t sent = 0;
@@ -114,9 +104,11 @@ std::string fd_peer_name(int fd) { return "fd:" + std::to_string(fd); }
 
 struct GuardedListener::Impl {
   // One connection: the client's socket (`outer`) and, once its preface came, our end of the
-  // socketpair (`inner`) whose other end (`handed`) belongs to the server.
+  // socketpair whose other end belongs to the server, or our connection to the server's own
+  // listener (`inner`); `inner_name` is how the server names that peer.
   struct Conn {
-    int outer = -1, inner = -1, handed = -1;
+    int outer = -1, inner = -1;
+    std::string inner_name;
     std::string address, peer;
     std::unique_ptr<ConnectionGuard::Ticket> ticket;
     std::string to_inner, to_outer;
@@ -139,7 +131,7 @@ struct GuardedListener::Impl {
   bool listening = true;
   Clock::time_point accept_again{}, last_sweep{}, last_summary = Clock::now();
   mutable std::mutex mu;  // guards by_handed and known (read by the server's threads)
-  std::unordered_map<int, Handed> by_handed;
+  std::unordered_map<std::string, Handed> by_handed;  // by the server's name of the peer
   std::set<std::string> known;
   std::atomic<int64_t> refused{0}, timed_out{0}, out_of_fds{0};
   int64_t refused_logged = 0, timed_out_logged = 0, out_of_fds_logged = 0;
@@ -154,6 +146,7 @@ struct GuardedListener::Impl {
   void admit(int fd);
   bool step(uint64_t id, Conn& c, bool inner_side, uint32_t events);
   bool take_preface(uint64_t id, Conn& c);
+  int open_inner(std::string* name);
   void update_masks(uint64_t id, Conn& c);
   void close_conn(uint64_t id);
   void sweep(Clock::time_point now);
@@ -265,23 +258,55 @@ bool GuardedListener::Impl::take_preface(uint64_t id, Conn& c) {
   const size_t n = std::min(c.to_inner.size(), s.preface.size());
   if (c.to_inner.compare(0, n, s.preface, 0, n) != 0) return false;  // not this protocol
   if (c.to_inner.size() < s.preface.size()) return true;
-  int sp[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) != 0) {
+  int handed = -1;
+  if (s.forward_port > 0) {
+    c.inner = open_inner(&c.inner_name);
+  } else {
+    int sp[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sp) == 0) {
+      c.inner = sp[0];
+      handed = sp[1];
+      c.inner_name = fd_peer_name(handed);
+    }
+  }
+  if (c.inner < 0) {
     ++out_of_fds;
     return false;
   }
-  c.inner = sp[0];
-  c.handed = sp[1];
   {
     std::lock_guard<std::mutex> lk(mu);
-    by_handed[c.handed] = Handed{id, c.peer, c.address};
+    by_handed[c.inner_name] = Handed{id, c.peer, c.address};
   }
   epoll_event e{};
   e.events = c.inner_mask = EPOLLIN;
   e.data.u64 = (id << 1) | 1;
   ::epoll_ctl(ep, EPOLL_CTL_ADD, c.inner, &e);
-  hand_over(c.handed);
+  if (handed >= 0) hand_over(handed);
   return true;
+}
+
+// A connection to the server's own listener on 127.0.0.1:forward_port (non-blocking once
+// connected; a loopback connect completes without waiting for the server to accept); -1 on
+// failure. *name: how the server names it, "ipv4:127.0.0.1:<our port>".
+int GuardedListener::Impl::open_inner(std::string* name) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(s.forward_port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in mine{};
+  socklen_t len = sizeof(mine);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  int yes = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  *name = "ipv4:127.0.0.1:" + std::to_string(ntohs(mine.sin_port));
+  return fd;
 }
 
 void GuardedListener::Impl::update_masks(uint64_t id, Conn& c) {
@@ -303,9 +328,9 @@ void GuardedListener::Impl::close_conn(uint64_t id) {
   const auto it = conns.find(id);
   if (it == conns.end()) return;
   Conn& c = it->second;
-  if (c.handed >= 0) {
+  if (!c.inner_name.empty()) {
     std::lock_guard<std::mutex> lk(mu);
-    const auto h = by_handed.find(c.handed);  // the number may already name a newer one
+    const auto h = by_handed.find(c.inner_name);  // the name may already be a newer one's
     if (h != by_handed.end() && h->second.id == id) by_handed.erase(h);
   }
   ::close(c.outer);
@@ -394,13 +419,13 @@ int GuardedListener::port() const { return impl_->port; }
 
 std::string GuardedListener::client_of(const std::string& inner_peer) const {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  const auto it = impl_->by_handed.find(handed_fd_of(inner_peer));
+  const auto it = impl_->by_handed.find(inner_peer);
   return it == impl_->by_handed.end() ? inner_peer : it->second.peer;
 }
 
 void GuardedListener::mark_known(const std::string& inner_peer) {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  const auto it = impl_->by_handed.find(handed_fd_of(inner_peer));
+  const auto it = impl_->by_handed.find(inner_peer);
   if (it != impl_->by_handed.end() && impl_->known.size() < kMostKnown)
     impl_->known.insert(it->second.address);
 }

@@ -4,9 +4,10 @@
 // each connection through a ConnectionGuard (in total, per source address, room reserved for
 // known addresses), waits for the connection's first bytes (`preface`: HTTP/2's for gRPC) within
 // a timeout, and only then hands the server one end of a socketpair, relaying bytes between it
-// and the client; a connection with no byte either way for `idle_timeout_s` is closed. Out of
-// descriptors, the loop waits 100 ms and accepts again. One thread (epoll) does all of this.
-// Leaves out: what the bytes mean (the server's) and TLS.
+// and the client; or (`forward_port`, for TLS, whose handshake gRPC does) relays it to the
+// server's own listener on loopback. A connection with no byte either way for `idle_timeout_s`
+// is closed. Out of descriptors, the loop waits 100 ms and accepts again. One thread (epoll)
+// does all of this. Leaves out: what the bytes mean (the server's), TLS itself.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -22,6 +23,8 @@ struct GuardSettings {
   double first_bytes_timeout_s = 10;  // the preface must have arrived within this
   double idle_timeout_s = 600;        // no byte either way for this long: closed
   std::string preface;                // what every connection must start with ("": anything)
+  int forward_port = 0;  // > 0: relay to 127.0.0.1:forward_port (a TLS listener) instead of a
+                         // socketpair handed over
 };
 
 struct GuardCounts {
@@ -41,7 +44,8 @@ class GuardedListener {
   ~GuardedListener();  // closes the listening socket and every connection
   int port() const;
   // The client ("ipv4:1.2.3.4:5678") behind `inner_peer`, the peer name the server gives a
-  // handed-over descriptor ("fd:N"); `inner_peer` itself when it names none of them.
+  // handed-over descriptor ("fd:N") or a relayed connection ("ipv4:127.0.0.1:P");
+  // `inner_peer` itself when it names none of them.
   std::string client_of(const std::string& inner_peer) const;
   // The client behind `inner_peer` proved it belongs (a node's valid credentials): its address
   // may use the reserved room and is not held to the per-address limit from now on.

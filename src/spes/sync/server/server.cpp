@@ -280,18 +280,19 @@ struct SyncServer::Impl {
   int port = 0;
   std::string address;
   std::atomic<bool> stop{false};
+  std::string insecure_warning;  // what --insecure let through (logged, on the status page)
 
   // The constructor's steps.
-  void check_listen_security() const;
+  void check_listen_security();
   void make_call_auth();
   void start_dashboard();
   std::shared_ptr<grpc::ServerCredentials> credentials() const;
   void start_grpc();
-  void start_gate();
+  void start_gate(int tls_port);
   void write_server_info() const;
 };
 
-void SyncServer::Impl::check_listen_security() const {
+void SyncServer::Impl::check_listen_security() {
   const std::string& listen = opts.listen;
   const SyncTransport& tr = cfg.spes_config.transport;
   // Secure by default: without node tokens anyone who reaches the port could upload as any
@@ -306,12 +307,28 @@ void SyncServer::Impl::check_listen_security() const {
     SPES_CHECK(opts.insecure, "refusing to listen on '{}' without TLS: node tokens, "
                "uploads and the published model (and its digest) would cross the network in "
                "cleartext, so a listener could act as a node and a man in the middle could "
-               "change the model. Set spes_config.tls_cert and tls_key (nodes: tls_ca), or pass "
-               "--insecure to accept that risk", listen);
-    spdlog::warn("--insecure: listening on {} WITHOUT TLS: anyone on the network path can read "
-                 "the node tokens and act as a node, and can alter downloads and their "
-                 "digests; use spes_config.tls_cert/tls_key", listen);
+               "change the model. Make the run's certificates with `spes certs --out DIR "
+               "--nodes N --host NAME` and start with --tls-dir DIR, or pass --insecure to "
+               "accept that risk", listen);
+    insecure_warning = fmt::format("--insecure: listening on {} WITHOUT TLS: anyone on the "
+                                   "network path can read the node tokens and act as a node, "
+                                   "and can alter downloads and their digests; use spes certs "
+                                   "and --tls-dir", listen);
+  } else if (!is_loopback_host(listen) && tr.tls_client_ca.empty()) {
+    // Mutual TLS by default off loopback (issue 35, finding 1): without client certificates a
+    // stranger's HTTP/2 reaches gRPC 1.51's header parser (CVE-2023-33953).
+    SPES_CHECK(opts.insecure, "refusing to listen on '{}' with TLS but without client "
+               "certificates: any stranger's HTTP/2 would reach gRPC's header parser, whose CPU "
+               "time grows quadratically with large header blocks (gRPC 1.51, CVE-2023-33953). "
+               "Make the run's certificates with `spes certs --out DIR --nodes N --host NAME` and "
+               "start with --tls-dir DIR (or set spes_config.tls_client_ca), or pass --insecure "
+               "to accept that risk", listen);
+    insecure_warning = fmt::format("--insecure: listening on {} with TLS but WITHOUT client "
+                                   "certificates: strangers reach gRPC's HTTP/2 parser (header "
+                                   "floods, CVE-2023-33953); use spes certs and --tls-dir",
+                                   listen);
   }
+  if (!insecure_warning.empty()) spdlog::warn("{}", insecure_warning);
   SPES_CHECK(!opts.bind_client_certs || !tr.tls_client_ca.empty(), "--bind-client-certs "
              "needs client certificates: set spes_config.tls_client_ca (and tls_cert/tls_key)");
   if (tr.auth_tokens_file.empty())
@@ -340,7 +357,9 @@ void SyncServer::Impl::start_dashboard() {
       d.host, static_cast<int>(d.port), [this, started] {
         const double up =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        return dashboard_status(cfg, *state, up);
+        nlohmann::json j = dashboard_status(cfg, *state, up);
+        if (!insecure_warning.empty()) j["security_warning"] = insecure_warning;
+        return j;
       }, dashboard_access(d.host, *auth));
 }
 
@@ -359,10 +378,14 @@ std::shared_ptr<grpc::ServerCredentials> SyncServer::Impl::credentials() const {
 void SyncServer::Impl::start_grpc() {
   service = std::make_unique<SyncService>(*state, *auth, *limits, long_polls);
   grpc::ServerBuilder b;
-  // Plaintext: the guard owns the socket and hands gRPC each admitted connection (start_gate).
-  // TLS: gRPC's own listener (its handshake comes before HTTP/2).
-  const bool guarded = cfg.spes_config.transport.tls_cert.empty();
-  if (!guarded) b.AddListeningPort(opts.listen, credentials(), &port);
+  // The guard owns the port (start_gate). Plaintext: it hands gRPC each admitted connection.
+  // TLS: it relays each one to gRPC's own listener on loopback, which does the handshake
+  // (client certificates verified before any HTTP/2) within the handshake timeout.
+  int tls_port = 0;
+  if (!cfg.spes_config.transport.tls_cert.empty())
+    b.AddListeningPort("127.0.0.1:0", credentials(), &tls_port);
+  b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                       static_cast<int>(opts.guard.first_bytes_timeout_s * 1000));
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
   // Caps against floods: threads (each open call holds one; past the cap a call is refused
@@ -377,18 +400,24 @@ void SyncServer::Impl::start_grpc() {
   b.RegisterService(service.get());
   server = b.BuildAndStart();
   SPES_CHECK(server, "sync server: gRPC did not start");
-  if (guarded) start_gate();
+  SPES_CHECK(cfg.spes_config.transport.tls_cert.empty() || tls_port > 0, "sync server: gRPC "
+             "could not listen with TLS on loopback (check tls_cert, tls_key, tls_client_ca)");
+  start_gate(tls_port);
   SPES_CHECK(port > 0, "sync server: cannot listen on '{}' (address in use or invalid?)",
              opts.listen);
   address = opts.listen.substr(0, opts.listen.rfind(':')) + ":" + std::to_string(port);
 }
 
 // The connection guard (common/guarded_listener.h) on opts.listen: connections counted in total
-// and per address, room kept for addresses that proved node credentials, the HTTP/2 preface
-// within the handshake timeout, idle ones closed; the admitted ones go to gRPC.
-void SyncServer::Impl::start_gate() {
+// and per address, room kept for addresses that proved node credentials, the first bytes
+// within the handshake timeout, idle ones closed; the admitted ones go to gRPC (handed over,
+// or relayed to its TLS listener on loopback, `tls_port`).
+void SyncServer::Impl::start_gate(int tls_port) {
   GuardSettings g = opts.guard;
-  g.preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  // What a connection starts with: HTTP/2's preface, or a TLS handshake record (type 22,
+  // version 3.x), whose rest gRPC's handshaker reads within the handshake timeout.
+  g.preface = tls_port > 0 ? std::string("\x16\x03") : "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  g.forward_port = tls_port;
   // Each relayed connection holds 3 descriptors (the client's socket and a socketpair); keep
   // the cap where the descriptors last, with room for the rest of the server.
   const uint64_t fds = raise_descriptor_limit();
