@@ -14,6 +14,7 @@
 #include "cli/node_ranks.h"
 #include "cli/node_round_hooks.h"
 #include "cli/stopped_run.h"
+#include "cli/tls_dir.h"
 #include "spes/cluster/rank_launcher.h"
 #include "spes/common/stop_signal.h"
 #include "spes/interop/init_checkpoint.h"
@@ -33,13 +34,15 @@ struct NodeArgs {
   std::vector<std::string> sets;
   int64_t nproc = 1;
   bool insecure = false;
+  std::string tls_dir;
 };
 
 void run_node(const NodeArgs& a) {
-  const spes::Config cfg = spes::config_load(a.config, a.sets);
+  spes::Config cfg = spes::config_load(a.config, a.sets);
   const int64_t id = a.node_id >= 0 ? a.node_id : cfg.spes_config.peer_id;
   SPES_CHECK(id < cfg.spes_config.num_peers, "--node-id {} is outside [0, num_peers={})", id,
              cfg.spes_config.num_peers);
+  if (!a.tls_dir.empty()) spes::cli::node_tls_from_dir(cfg.spes_config.transport, a.tls_dir, id);
   const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
   // One writer per run directory (the ranks of --nproc-per-node write under their parent's).
   std::optional<spes::RunDirLock> lock;
@@ -110,6 +113,9 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   sub.add_option("--token-file", a->token_file, "File holding this node's secret token "
                  "(default: $SPES_NODE_TOKEN; see spes_config.auth_tokens_file); must not be "
                  "readable by group or others (chmod 600)");
+  sub.add_option("--tls-dir", a->tls_dir, "Mutual TLS with the files `spes certs` made: "
+                 "DIR/ca.pem verifies the server, DIR/node<I>.pem and node<I>.key are this "
+                 "node's certificate (copy only those three to the node's machine)");
   sub.add_flag("--insecure", a->insecure, "Allow a plaintext connection to a server that is not "
                "on loopback (the token and the model cross the network unprotected; default: "
                "refused without spes_config.tls_ca)");

@@ -12,6 +12,7 @@
 
 #include "cli/common_options.h"
 #include "cli/command.h"
+#include "cli/tls_dir.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
 #include "spes/io/run_lock.h"
@@ -33,6 +34,8 @@ struct ServeArgs {
   bool insecure = false, bind_client_certs = false;
   std::string read_token_file;
   double first_message_timeout = 10;
+  std::string tls_dir;
+  spes::GuardSettings guard = spes::sync::default_guard();
 };
 
 void run_serve(const ServeArgs& a) {
@@ -49,7 +52,8 @@ void run_serve(const ServeArgs& a) {
   // shape (docs/PERFORMANCE.md, sync benchmark). One arena reuses them across threads.
   mallopt(M_ARENA_MAX, 1);
 #endif
-  const spes::Config cfg = spes::config_load(a.config, a.sets);
+  spes::Config cfg = spes::config_load(a.config, a.sets);
+  if (!a.tls_dir.empty()) spes::cli::server_tls_from_dir(cfg.spes_config.transport, a.tls_dir);
   spes::configure_threads(cfg);
   namespace layout = spes::run_layout;
   // The server holds the model in this machine's memory: one larger than it is refused before
@@ -74,8 +78,9 @@ void run_serve(const ServeArgs& a) {
   o.state.keep_uploads = a.keep_uploads;
   o.insecure = a.insecure;
   o.read_token_file = a.read_token_file;
-  o.bind_client_certs = a.bind_client_certs;
+  o.bind_client_certs = a.bind_client_certs || !a.tls_dir.empty();
   o.first_message_timeout_s = a.first_message_timeout;
+  o.guard = a.guard;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
@@ -98,12 +103,28 @@ spes::cli::SubcommandRegistrar register_serve("serve", "Run the SPES sync server
   sub.add_option("--read-token-file", a->read_token_file, "File with the read token that "
                  "`spes status` and the dashboard must present (required for them off "
                  "loopback; chmod 600)");
+  sub.add_option("--tls-dir", a->tls_dir, "Mutual TLS with the files `spes certs` made: "
+                 "DIR/server.pem and server.key, client certificates of DIR/ca.pem required and "
+                 "bound to node ids (as --bind-client-certs); the default way to listen off "
+                 "loopback");
   sub.add_flag("--bind-client-certs", a->bind_client_certs, "Node i's TLS client certificate "
                "must name node<i> (common name or subject alternative name; needs "
                "spes_config.tls_client_ca)");
   sub.add_option("--first-message-timeout", a->first_message_timeout, "Seconds an upload "
                  "stream may take to send its first message before the server ends it")
       ->check(CLI::Range(0.1, 3600.0));
+  sub.add_option("--max-connections", a->guard.max_connections, "Connections the sync port "
+                 "holds open at once (the connection guard; lowered to what the process's "
+                 "descriptors allow)")->check(CLI::Range(int64_t{4}, int64_t{1} << 20));
+  sub.add_option("--max-connections-per-address", a->guard.per_address, "Connections one "
+                 "source address may hold open (addresses that proved node credentials are "
+                 "exempt)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub.add_option("--handshake-timeout", a->guard.first_bytes_timeout_s, "Seconds a new "
+                 "connection has to send its HTTP/2 preface before it is closed")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub.add_option("--idle-connection-timeout", a->guard.idle_timeout_s, "Seconds without a "
+                 "byte either way after which a connection is closed (longer than a "
+                 "long-poll, 30 s)")->check(CLI::Range(0.5, 86400.0));
   spes::cli::add_set_option(sub, a->sets);
   sub.add_flag("--keep-uploads", a->keep_uploads,
                "Keep OUT/rounds/<round>/node<i>.safetensors and published.safetensors");

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "cli/command.h"
+#include "cli/tls_dir.h"
 #include "spes/sync/node/client.h"
 #include "spes/sync/wire/auth.h"
 
@@ -23,13 +24,18 @@ nlohmann::json figure_json(double x) {
 }
 
 struct StatusArgs {
-  std::string server = "127.0.0.1:50551", tls_ca, read_token_file;
+  std::string server = "127.0.0.1:50551", tls_ca, read_token_file, tls_dir;
   bool json = false, insecure = false;
 };
 
 void run_status(const StatusArgs& a) {
+  spes::SyncTransport tr;
+  tr.tls_ca = a.tls_ca;
+  if (!a.tls_dir.empty()) spes::cli::status_tls_from_dir(tr, a.tls_dir);
   spes::sync::ClientTls tls;
-  tls.root_pem = spes::sync::read_pem(a.tls_ca, "tls_ca");
+  tls.root_pem = spes::sync::read_pem(tr.tls_ca, "tls_ca");
+  tls.cert_pem = spes::sync::read_pem(tr.tls_client_cert, "tls_client_cert");
+  tls.key_pem = spes::sync::read_pem(tr.tls_client_key, "tls_client_key");
   tls.insecure = a.insecure;
   const std::string read_token =
       spes::sync::read_token_file(a.read_token_file, "--read-token-file");
@@ -79,6 +85,8 @@ spes::cli::SubcommandRegistrar register_status("status", "Show a sync server's r
   auto a = std::make_shared<StatusArgs>();
   sub.add_option("--server", a->server, "host:port of `spes serve`");
   sub.add_option("--tls-ca", a->tls_ca, "PEM roots to verify a TLS server (spes_config.tls_ca)");
+  sub.add_option("--tls-dir", a->tls_dir, "Mutual TLS with the files `spes certs` made: "
+                 "DIR/ca.pem, status.pem and status.key");
   sub.add_option("--read-token-file", a->read_token_file, "File with the server's read token "
                  "(spes serve --read-token-file)");
   sub.add_flag("--insecure", a->insecure, "Allow plaintext to a server that is not on loopback");

@@ -282,22 +282,6 @@ std::vector<std::string> spoiled_upload(Hostile& h, const SafetensorsStreamWrite
   return out;
 }
 
-// Calls f() again while the server refuses it as UNAVAILABLE (its call rate limit, after the
-// floods of these tests), as a node's retries do; at most `seconds`.
-template <class F>
-auto retried(F&& f, double seconds = 10) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  for (;;) {
-    try {
-      return f();
-    } catch (const SyncError& e) {
-      if (e.code() != SyncErrc::Unavailable || std::chrono::steady_clock::now() > until) throw;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
-
 pb::StatusReply status_of(const ServeFixture& f) {
   pb::StatusReply st;
   grpc::Status s;

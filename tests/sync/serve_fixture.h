@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "spes/io/config.h"
@@ -40,6 +41,7 @@ struct ServeSetup {
   int num_peers = 2;
   int vocab_size = 8192;
   int num_experts = 4;            // a multiple of num_peers
+  std::vector<std::string> wrapper;  // a command the server runs under (e.g. prlimit ...)
 };
 
 struct ServeFixture {
@@ -66,7 +68,7 @@ struct ServeFixture {
            "  sync_steps: 10\n  merge_interval: 0\n  dashboard_port: -1\n  auth_tokens_file: "
         << tmp.path << "/tokens.yaml\n" << setup.extra_config;
     cfg = config_load(cfg_path, {});
-    srv = start_server(cfg_path, tmp.path + "/srv", setup.listen, setup.args);
+    srv = start_server(cfg_path, tmp.path + "/srv", setup.listen, setup.args, setup.wrapper);
     address = server_address(*srv, tmp.path + "/srv");
   }
   ~ServeFixture() {
@@ -101,6 +103,22 @@ inline void set_deadline(grpc::ClientContext& ctx, double s) {
 inline void credentials(grpc::ClientContext& ctx, int64_t node, const std::string& token) {
   ctx.AddMetadata(kNodeIdMetadata, std::to_string(node));
   if (!token.empty()) ctx.AddMetadata(kNodeTokenMetadata, token);
+}
+
+// Calls f() again while the server refuses it as UNAVAILABLE (its call rate limit after a
+// flood, a connection closed by the guard), as a node's retries do; at most `seconds`.
+template <class F>
+auto retried(F&& f, double seconds = 10) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  for (;;) {
+    try {
+      return f();
+    } catch (const SyncError& e) {
+      if (e.code() != SyncErrc::Unavailable || std::chrono::steady_clock::now() > until) throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 }  // namespace spes::sync::testing

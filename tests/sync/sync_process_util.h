@@ -81,12 +81,14 @@ inline std::string all_logs(const std::vector<Proc*>& procs) {
   return s;
 }
 
-// `extra`: more arguments of `spes serve`.
+// `extra`: more arguments of `spes serve`; `wrapper`: a command it runs under (prlimit ...).
 inline std::unique_ptr<Proc> start_server(const std::string& cfg, const std::string& dir,
                                           const std::string& listen = "127.0.0.1:0",
-                                          const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> argv = {SPES_BINARY, "serve", "--config", cfg, "--out", dir,
-                                   "--listen", listen};
+                                          const std::vector<std::string>& extra = {},
+                                          const std::vector<std::string>& wrapper = {}) {
+  std::vector<std::string> argv = wrapper;
+  argv.insert(argv.end(), {SPES_BINARY, "serve", "--config", cfg, "--out", dir,
+                           "--listen", listen});
   argv.insert(argv.end(), extra.begin(), extra.end());
   return std::make_unique<Proc>("server", argv);
 }

@@ -2,6 +2,8 @@
 #include "spes/common/connection_guard.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -13,13 +15,16 @@ namespace spes {
 ConnectionGuard::Ticket::~Ticket() { guard_.release(address_); }
 
 std::unique_ptr<ConnectionGuard::Ticket> ConnectionGuard::admit(const std::string& address,
-                                                                std::string* why) {
+                                                                std::string* why,
+                                                                bool known) {
   std::lock_guard<std::mutex> lk(mu_);
   int64_t& mine = per_address_[address];
-  if (open_ >= limits_.total || mine >= limits_.per_address) {
+  const int64_t total = known ? limits_.total : limits_.total - limits_.reserved;
+  if (open_ >= total || (!known && mine >= limits_.per_address)) {
     if (why)
-      *why = open_ >= limits_.total
-                 ? fmt::format("{} connections are open, the most this server takes", open_)
+      *why = open_ >= total
+                 ? fmt::format("{} connections are open, the most this server takes{}", open_,
+                               known ? "" : " from addresses it does not know")
                  : fmt::format("{} connections from {} are open, the most one address may hold",
                                mine, address);
     if (mine == 0) per_address_.erase(address);
@@ -72,6 +77,34 @@ uint64_t raise_descriptor_limit() {
   raised.rlim_cur = most;
   if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) return l.rlim_cur;
   return most;
+}
+
+int listen_tcp(const std::string& host, int port, int backlog, int* bound_port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return -1;
+  int fd = -1;
+  for (addrinfo* ai = res; ai && fd < 0; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int yes = 1;  // quick restarts; no SO_REUSEPORT (a port in use must fail)
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) return -1;
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *bound_port = a.ss_family == AF_INET6
+                    ? ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port)
+                    : ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+  return fd;
 }
 
 }  // namespace spes

@@ -328,36 +328,6 @@ std::string host_header_name(const std::string& value) {
   return h;
 }
 
-namespace {
-// A listening socket on host:port (port 0: any free port); -1 when it cannot be bound.
-int listen_on(const std::string& host, int port, int* bound_port) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return -1;
-  int fd = -1;
-  for (addrinfo* ai = res; ai && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    int yes = 1;  // quick restarts; no SO_REUSEPORT (a port in use must fail)
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(res);
-  if (fd < 0) return -1;
-  sockaddr_storage a{};
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  *bound_port = a.ss_family == AF_INET6
-                    ? ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port)
-                    : ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port);
-  return fd;
-}
-}  // namespace
 
 DashboardServer::DashboardServer(const std::string& host, int port,
                                  std::function<nlohmann::json()> status, DashboardAccess access)
@@ -365,7 +335,7 @@ DashboardServer::DashboardServer(const std::string& host, int port,
   impl_->host = host;
   impl_->status = std::move(status);
   impl_->access = std::move(access);
-  impl_->listen_fd = listen_on(host, port, &impl_->port);
+  impl_->listen_fd = listen_tcp(host, port, 64, &impl_->port);
   SPES_CHECK(impl_->listen_fd >= 0, "dashboard: cannot listen on {}:{} (is the port in use? set "
              "spes_config.dashboard_port to another port, or 0 for any free port)", host, port);
   impl_->acceptor = std::thread([this] { impl_->accept_loop(); });

@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
+#include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "spes/common/connection_guard.h"
+#include "spes/common/guarded_listener.h"
 #include "spes/dashboard/dashboard_server.h"
 #include "spes/io/files.h"
 #include "spes/io/run_layout.h"
@@ -76,6 +78,9 @@ class SyncService final : public pb::SpesSync::Service {
  public:
   SyncService(RoundState& st, const CallAuth& auth, StreamLimits& limits, LongPollLimits& polls)
       : st_(st), auth_(auth), limits_(limits), polls_(polls) {}
+  // The connection guard in front of gRPC: names the client behind a connection it handed over
+  // and learns which addresses proved node credentials.
+  void set_gate(GuardedListener* gate) { gate_ = gate; }
 
   // Logs the counts of refusals held back by the throttle (called periodically).
   void flush_refusal_logs() {
@@ -191,9 +196,10 @@ class SyncService final : public pb::SpesSync::Service {
       return peer_host(ctx);
     }
   }
-  // The peer's host (its port changes with every connection).
-  static std::string peer_host(const grpc::ServerContext& ctx) {
-    std::string peer = ctx.peer();
+  // The peer's host (its port changes with every connection): the client behind the guard's
+  // relay, not the relay's socket.
+  std::string peer_host(const grpc::ServerContext& ctx) const {
+    std::string peer = gate_ ? gate_->client_of(ctx.peer()) : ctx.peer();
     const size_t colon = peer.rfind(':');
     if (colon != std::string::npos && peer.compare(0, 5, "unix:") != 0) peer.resize(colon);
     return printable(peer, 80);
@@ -201,6 +207,7 @@ class SyncService final : public pb::SpesSync::Service {
   // The node the call's metadata proves (call_auth.h), within its call rate.
   NodeId node_of(const grpc::ServerContext& ctx, const char* rpc) {
     NodeId n = auth_.node(ctx);
+    if (gate_) gate_->mark_known(ctx.peer());
     limit_rate(rpc, "node " + std::to_string(n.node_id));
     return n;
   }
@@ -228,6 +235,7 @@ class SyncService final : public pb::SpesSync::Service {
   const CallAuth& auth_;
   StreamLimits& limits_;
   LongPollLimits& polls_;
+  GuardedListener* gate_ = nullptr;
   CallRates rates_{call_rate_limits()};
   LogThrottle refusals_{10};
 };
@@ -267,21 +275,24 @@ struct SyncServer::Impl {
   LongPollLimits long_polls{kLongPollsPerNode};
   std::unique_ptr<SyncService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<GuardedListener> gate;  // in front of gRPC when it speaks plaintext
   std::unique_ptr<dashboard::DashboardServer> dashboard;  // destroyed first: it reads `state`
   int port = 0;
   std::string address;
   std::atomic<bool> stop{false};
+  std::string insecure_warning;  // what --insecure let through (logged, on the status page)
 
   // The constructor's steps.
-  void check_listen_security() const;
+  void check_listen_security();
   void make_call_auth();
   void start_dashboard();
   std::shared_ptr<grpc::ServerCredentials> credentials() const;
   void start_grpc();
+  void start_gate(int tls_port);
   void write_server_info() const;
 };
 
-void SyncServer::Impl::check_listen_security() const {
+void SyncServer::Impl::check_listen_security() {
   const std::string& listen = opts.listen;
   const SyncTransport& tr = cfg.spes_config.transport;
   // Secure by default: without node tokens anyone who reaches the port could upload as any
@@ -296,12 +307,28 @@ void SyncServer::Impl::check_listen_security() const {
     SPES_CHECK(opts.insecure, "refusing to listen on '{}' without TLS: node tokens, "
                "uploads and the published model (and its digest) would cross the network in "
                "cleartext, so a listener could act as a node and a man in the middle could "
-               "change the model. Set spes_config.tls_cert and tls_key (nodes: tls_ca), or pass "
-               "--insecure to accept that risk", listen);
-    spdlog::warn("--insecure: listening on {} WITHOUT TLS: anyone on the network path can read "
-                 "the node tokens and act as a node, and can alter downloads and their "
-                 "digests; use spes_config.tls_cert/tls_key", listen);
+               "change the model. Make the run's certificates with `spes certs --out DIR "
+               "--nodes N --host NAME` and start with --tls-dir DIR, or pass --insecure to "
+               "accept that risk", listen);
+    insecure_warning = fmt::format("--insecure: listening on {} WITHOUT TLS: anyone on the "
+                                   "network path can read the node tokens and act as a node, "
+                                   "and can alter downloads and their digests; use spes certs "
+                                   "and --tls-dir", listen);
+  } else if (!is_loopback_host(listen) && tr.tls_client_ca.empty()) {
+    // Mutual TLS by default off loopback (issue 35, finding 1): without client certificates a
+    // stranger's HTTP/2 reaches gRPC 1.51's header parser (CVE-2023-33953).
+    SPES_CHECK(opts.insecure, "refusing to listen on '{}' with TLS but without client "
+               "certificates: any stranger's HTTP/2 would reach gRPC's header parser, whose CPU "
+               "time grows quadratically with large header blocks (gRPC 1.51, CVE-2023-33953). "
+               "Make the run's certificates with `spes certs --out DIR --nodes N --host NAME` and "
+               "start with --tls-dir DIR (or set spes_config.tls_client_ca), or pass --insecure "
+               "to accept that risk", listen);
+    insecure_warning = fmt::format("--insecure: listening on {} with TLS but WITHOUT client "
+                                   "certificates: strangers reach gRPC's HTTP/2 parser (header "
+                                   "floods, CVE-2023-33953); use spes certs and --tls-dir",
+                                   listen);
   }
+  if (!insecure_warning.empty()) spdlog::warn("{}", insecure_warning);
   SPES_CHECK(!opts.bind_client_certs || !tr.tls_client_ca.empty(), "--bind-client-certs "
              "needs client certificates: set spes_config.tls_client_ca (and tls_cert/tls_key)");
   if (tr.auth_tokens_file.empty())
@@ -330,7 +357,9 @@ void SyncServer::Impl::start_dashboard() {
       d.host, static_cast<int>(d.port), [this, started] {
         const double up =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        return dashboard_status(cfg, *state, up);
+        nlohmann::json j = dashboard_status(cfg, *state, up);
+        if (!insecure_warning.empty()) j["security_warning"] = insecure_warning;
+        return j;
       }, dashboard_access(d.host, *auth));
 }
 
@@ -349,7 +378,14 @@ std::shared_ptr<grpc::ServerCredentials> SyncServer::Impl::credentials() const {
 void SyncServer::Impl::start_grpc() {
   service = std::make_unique<SyncService>(*state, *auth, *limits, long_polls);
   grpc::ServerBuilder b;
-  b.AddListeningPort(opts.listen, credentials(), &port);
+  // The guard owns the port (start_gate). Plaintext: it hands gRPC each admitted connection.
+  // TLS: it relays each one to gRPC's own listener on loopback, which does the handshake
+  // (client certificates verified before any HTTP/2) within the handshake timeout.
+  int tls_port = 0;
+  if (!cfg.spes_config.transport.tls_cert.empty())
+    b.AddListeningPort("127.0.0.1:0", credentials(), &tls_port);
+  b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                       static_cast<int>(opts.guard.first_bytes_timeout_s * 1000));
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
   // Caps against floods: threads (each open call holds one; past the cap a call is refused
@@ -363,9 +399,45 @@ void SyncServer::Impl::start_grpc() {
   b.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxMetadataBytes);
   b.RegisterService(service.get());
   server = b.BuildAndStart();
-  SPES_CHECK(server && port > 0, "sync server: cannot listen on '{}' (address in use or "
-             "invalid?)", opts.listen);
+  SPES_CHECK(server, "sync server: gRPC did not start");
+  SPES_CHECK(cfg.spes_config.transport.tls_cert.empty() || tls_port > 0, "sync server: gRPC "
+             "could not listen with TLS on loopback (check tls_cert, tls_key, tls_client_ca)");
+  start_gate(tls_port);
+  SPES_CHECK(port > 0, "sync server: cannot listen on '{}' (address in use or invalid?)",
+             opts.listen);
   address = opts.listen.substr(0, opts.listen.rfind(':')) + ":" + std::to_string(port);
+}
+
+// The connection guard (common/guarded_listener.h) on opts.listen: connections counted in total
+// and per address, room kept for addresses that proved node credentials, the first bytes
+// within the handshake timeout, idle ones closed; the admitted ones go to gRPC (handed over,
+// or relayed to its TLS listener on loopback, `tls_port`).
+void SyncServer::Impl::start_gate(int tls_port) {
+  GuardSettings g = opts.guard;
+  // What a connection starts with: HTTP/2's preface, or a TLS handshake record (type 22,
+  // version 3.x), whose rest gRPC's handshaker reads within the handshake timeout.
+  g.preface = tls_port > 0 ? std::string("\x16\x03") : "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  g.forward_port = tls_port;
+  // Each relayed connection holds 3 descriptors (the client's socket and a socketpair); keep
+  // the cap where the descriptors last, with room for the rest of the server.
+  const uint64_t fds = raise_descriptor_limit();
+  const int64_t fit = std::max<int64_t>(16, (static_cast<int64_t>(fds) - 128) / 3);
+  if (g.max_connections > fit) {
+    spdlog::warn("connection guard: {} connections would need more descriptors than the {} "
+                 "this process may open: at most {}", g.max_connections, fds, fit);
+    g.max_connections = fit;
+  }
+  if (g.reserved_for_known < 0) g.reserved_for_known = 8 * cfg.spes_config.num_peers;
+  g.reserved_for_known = std::min(g.reserved_for_known, g.max_connections / 2);
+  grpc::Server* s = server.get();
+  gate = std::make_unique<GuardedListener>(opts.listen, g,
+                                           [s](int fd) { grpc::AddInsecureChannelFromFd(s, fd); });
+  port = gate->port();
+  service->set_gate(gate.get());
+  spdlog::info("connection guard: at most {} connections, {} per address, {} kept for nodes; "
+               "HTTP/2 preface within {:g} s, idle ones closed after {:g} s",
+               g.max_connections, g.per_address, g.reserved_for_known, g.first_bytes_timeout_s,
+               g.idle_timeout_s);
 }
 
 void SyncServer::Impl::write_server_info() const {
@@ -393,6 +465,7 @@ SyncServer::SyncServer(const Config& cfg, ServerOptions opts,
 }
 
 SyncServer::~SyncServer() {
+  impl_->gate.reset();  // no new connections for a server that is going away
   if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() +
                                              std::chrono::seconds(2));
   impl_->state->close();

@@ -3,6 +3,8 @@
 // it binds loopback only; off loopback it needs TLS unless told --insecure (then it warns).
 // Credentials come from call metadata before anything is read (call_auth.h); one upload and one
 // download stream per node, idle streams ended (stream_limits.h), threads and streams capped.
+// In plaintext a connection guard owns the port (common/guarded_listener.h): connections are
+// capped in total and per address, half-open and idle ones closed, before gRPC sees a byte.
 // Serves the status page (dashboard/dashboard_server.h, data from dashboard_status.h; Host
 // checked, read token off loopback) on spes_config.dashboard_host:dashboard_port unless -1.
 // Writes DIR/server.json with the bound address (port 0 picks a free port) and the dashboard's
@@ -14,10 +16,18 @@
 #include <optional>
 #include <string>
 
+#include "spes/common/guarded_listener.h"
 #include "spes/io/config.h"
 #include "spes/sync/server/round_state.h"
 
 namespace spes::sync {
+
+// The connection guard's defaults for the sync port (reserved_for_known -1: 8 per node).
+inline GuardSettings default_guard() {
+  GuardSettings g;
+  g.reserved_for_known = -1;
+  return g;
+}
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0: any free port (non-loopback
@@ -30,6 +40,7 @@ struct ServerOptions {
   double first_message_timeout_s = 10; // a stream's first message must come within this
   double stream_idle_timeout_s = 120;  // later messages of a stream within this
   int max_threads = 0;                 // gRPC thread cap (0: 64 + 8 per node)
+  GuardSettings guard = default_guard();  // the connection guard in front of gRPC
   ServeOptions state;                  // out_dir, keep_uploads
 };
 
