@@ -33,8 +33,8 @@ for i in 0 1; do
   chmod 600 "$tmp/node$i.token"
 done
 # The nodes train for as long as the phases last, syncing every 100 steps (two or three rounds a
-# second: with the tiny job's 5 steps, or 40, rounds came faster than the server's call rate
-# for uploads, 5 a second, and the nodes' retries then never got through), with a drift bound
+# second: with the tiny job's 5 steps, or 40, rounds come faster than the server's call rate
+# for uploads, 5 a second, and the nodes' retries wait out their backoff), with a drift bound
 # the tiny model's fast honest training stays within (at 100 steps a round its lm_head moved
 # 20x its norm over the 6-round window, past the default 20, and every upload was refused).
 sets=(--set max_duration=1000000 --set spes_config.heartbeat_timeout=30

@@ -441,6 +441,44 @@ TEST(HostileRpc, AFloodOfCallsFromOneNodeIsHeldToItsRateAndOthersAreNot) {
   EXPECT_FALSE(f.srv->poll()) << f.srv->log();
 }
 
+// A node whose calls are refused for their rate waits its whole backoff before it calls again
+// (the retry loop of SyncNode::call, as the node runs it). Found by issue 35's load runs: the
+// wait returned at once on a connected channel, so a node syncing faster than the Upload rate
+// retried about once a millisecond (169,172 attempts) and its bucket never refilled.
+TEST(HostileRpc, ACallRefusedForItsRateIsRetriedOnlyAfterTheBackoff) {
+  ServeFixture f({{}, "127.0.0.1:0", "", /*num_peers=*/1});
+  ASSERT_FALSE(f.address.empty()) << f.srv->log();
+  FakeNode node(f.cfg, 0, 5);
+  node.id.auth_token = ServeFixture::token(0);
+  SyncClient client(f.address, node.id);
+  client.join(node.join_info());
+  bool refused = false;
+  for (int i = 0; i < 3000 && !refused; ++i) {  // empty the bucket
+    try {
+      client.heartbeat(0);
+    } catch (const SyncError& e) {
+      ASSERT_EQ(e.code(), SyncErrc::Unavailable) << e.what();
+      refused = true;
+    }
+  }
+  ASSERT_TRUE(refused);
+  int attempts = 0;
+  double backoff = 0.2;  // the node's first backoff: 4 heartbeats' worth at 20 a second
+  for (bool served = false; !served && attempts < 1000;) {
+    ++attempts;
+    try {
+      client.heartbeat(0);
+      served = true;
+    } catch (const SyncError& e) {
+      ASSERT_EQ(e.code(), SyncErrc::Unavailable) << e.what();
+      client.wait_before_retry(backoff);
+      backoff *= 2;
+    }
+  }
+  EXPECT_LE(attempts, 3) << "a refused call was retried without waiting";
+  EXPECT_FALSE(f.srv->poll()) << f.srv->log();
+}
+
 // Issue 35, finding 7: Status is limited per host, so a flood of Status calls from one host
 // starved `spes status` there. Callers holding the read token have a budget of their own: after
 // a flood without it from the same host has been refused for its rate, `spes status` with the

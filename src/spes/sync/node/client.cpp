@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <thread>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -115,6 +116,14 @@ bool SyncClient::wait_connected(double timeout_s) {
   return impl_->channel->WaitForConnected(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+}
+
+void SyncClient::wait_before_retry(double backoff_s) {
+  if (impl_->channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+    wait_connected(backoff_s);
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff_s * 1000)));
 }
 
 static void fill(pb::NodeIdentity* n, const NodeId& id) {

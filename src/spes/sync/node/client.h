@@ -52,6 +52,11 @@ class SyncClient {
   // reconnect backoff, at most 1 s, is reset first): a restarted server is found as soon as
   // it listens.
   bool wait_connected(double timeout_s);
+  // Waits before a call is retried: when the channel is not connected (a restarted or
+  // unreachable server), until it connects again, at most `backoff_s`; when it is connected
+  // (the server refused the call, e.g. its rate limit or thread cap), the whole `backoff_s`, so
+  // that a refused call is never retried at once.
+  void wait_before_retry(double backoff_s);
   JoinResult join(const JoinInfo& info);
   // Streams `payload` in chunks of kChunkBytes, each with its checksum (wire/checksum.h), and
   // the whole stream's checksum in the last chunk; each chunk zstd-coded when chunk coding is

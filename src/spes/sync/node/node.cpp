@@ -87,10 +87,8 @@ void SyncNode::rejoin(double limit_s) {
       return;
     } catch (const SyncError& e) {
       if (!retryable(e.code()) || since(start) + backoff > limit_s) throw;
-      if (e.code() == SyncErrc::Unavailable)  // again as soon as the server listens
-        client_->wait_connected(backoff);
-      else
-        std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
+      // A restarted server: as soon as it listens; a refusal: after the whole backoff.
+      client_->wait_before_retry(backoff);
       backoff = std::min(trainer_->config().spes_config.transport.retry_backoff_max_s, backoff * 2);
     }
   }

@@ -59,12 +59,8 @@ auto SyncNode::call(const char* what, double limit_s, F&& f) -> decltype(f()) {
                                       signal_name(stop_signal())));
       spdlog::warn("{} failed (attempt {}): {}; retrying in {:.1f} s", what, attempt, e.what(),
                    backoff);
-      // An unreachable server: retry as soon as the channel connects again (a restarted
-      // server), at the latest after the backoff.
-      if (e.code() == SyncErrc::Unavailable)
-        client_->wait_connected(backoff);
-      else
-        std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(backoff * 1000)));
+      // A restarted server: as soon as it listens; a refusal: after the whole backoff.
+      client_->wait_before_retry(backoff);
       backoff = std::min(max_backoff, backoff * 2);
     }
   }
