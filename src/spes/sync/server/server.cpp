@@ -26,6 +26,7 @@
 #include "spes/sync/server/call_auth.h"
 #include "spes/sync/server/call_rates.h"
 #include "spes/sync/server/dashboard_status.h"
+#include "spes/sync/server/grpc_log.h"
 #include "spes/sync/server/log_throttle.h"
 #include "spes/sync/server/long_poll_limits.h"
 #include "spes/sync/server/rpc_calls.h"
@@ -377,6 +378,7 @@ std::shared_ptr<grpc::ServerCredentials> SyncServer::Impl::credentials() const {
 
 void SyncServer::Impl::start_grpc() {
   service = std::make_unique<SyncService>(*state, *auth, *limits, long_polls);
+  route_grpc_logs();  // before gRPC logs anything of this server
   grpc::ServerBuilder b;
   // The guard owns the port (start_gate). Plaintext: it hands gRPC each admitted connection.
   // TLS: it relays each one to gRPC's own listener on loopback, which does the handshake
@@ -488,6 +490,7 @@ void SyncServer::run(const std::atomic<bool>* stop_flag) {
     }
     impl_->state->tick();
     impl_->service->flush_refusal_logs();
+    for (const std::string& line : flush_grpc_logs()) spdlog::warn("{}", line);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   impl_->state->close();  // wakes long-polls so that Shutdown does not wait for them
