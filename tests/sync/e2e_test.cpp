@@ -210,9 +210,15 @@ TEST_F(SyncEndToEnd, ServerAndThreeNodesWithDifferentSeeds) {
     ASSERT_EQ(codes[i], 0) << "node " << i << ":\n" << log;
   }
   int server_code = -1;
-  for (int i = 0; i < 200 && !server.poll_exit(&server_code); ++i)
+  for (int i = 0; i < 200 && !server.poll_exit(&server_code); ++i) {
+    server.read_lines(&server_lines);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(server_code, 0) << "the server exits once every node has left";
+  }
+  while (server.read_lines(&server_lines)) {
+  }
+  std::string server_log;
+  for (const auto& l : server_lines) server_log += l + "\n";
+  EXPECT_EQ(server_code, 0) << "the server exits once every node has left:\n" << server_log;
 
   // --- the server's rounds and the nodes' sync records -----------------------------------
   const Config cfg = config_load(cfg_path);

@@ -6,6 +6,7 @@
 // without flooding the log (log_throttle.h).
 #include "spes/sync/server/server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server_posix.h>
@@ -376,7 +377,26 @@ std::shared_ptr<grpc::ServerCredentials> SyncServer::Impl::credentials() const {
   return grpc::SslServerCredentials(ssl);
 }
 
+namespace {
+
+// Destroying the last gRPC object of a process runs grpc_shutdown, which joins gRPC's executor
+// threads; in gRPC 1.51 one of them can be inside a poll bounded by a pending handshake's
+// deadline (the 10 s handshake timeout), so `spes serve` sometimes took 10 s more to exit once
+// every node had left (grpc/grpc#41050 reports the same delay). The server holds one library
+// reference for the life of the process, so shutting a server down never tears gRPC down: the
+// threads end with the process.
+void hold_grpc_for_the_process() {
+  static const bool held = [] {
+    grpc_init();
+    return true;
+  }();
+  (void)held;
+}
+
+}  // namespace
+
 void SyncServer::Impl::start_grpc() {
+  hold_grpc_for_the_process();
   service = std::make_unique<SyncService>(*state, *auth, *limits, long_polls);
   route_grpc_logs();  // before gRPC logs anything of this server
   grpc::ServerBuilder b;
