@@ -6,6 +6,7 @@
 #include "tiny_model_config.h"
 #include "spes/model/memory_estimate.h"
 #include "spes/model/param_counts.h"
+#include "spes/common/error.h"
 
 namespace spes {
 namespace {
@@ -45,6 +46,33 @@ TEST(MemoryEstimate, FrozenExpertsHaveNoGradientsOrMoments) {
   const NodeMemory bf = node_memory(cfg, param_counts(cfg, 0));
   EXPECT_EQ(bf.weights_by_dtype.at("bf16"), 2 * node.total);
   EXPECT_LT(bf.activations, all.activations);
+}
+
+// What a server sizes a node's share with (issue 38): a node training k experts per layer
+// costs what node_memory says for a node of the config's map that trains k, in fp32 and
+// amp_bf16 (frozen experts in bf16), and each expert more adds its gradient and moments (and,
+// with frozen bf16 storage, the fp32 master it now needs).
+TEST(MemoryEstimate, NodeTrainingKExpertsPerLayerEqualsTheNodeOfAMapWithK) {
+  Config cfg = tiny_spes_config();  // 2 nodes, 2 of the 4 experts each
+  cfg.model.mlp_hidden_size = 32;     // F = 16: grouped experts under amp_bf16
+  cfg.spes_config.transfer.dtype = "bf16";  // frozen ones stored in bf16
+  for (const char* precision : {"fp32", "amp_bf16"}) {
+    Config at = cfg;
+    at.precision = precision;
+    const NodeMemory node = node_memory(at, param_counts(at, 1));
+    const NodeMemory k2 = node_memory_training(cfg, 2, at.precision);
+    EXPECT_EQ(k2.total(), node.total()) << precision;
+    EXPECT_EQ(k2.weights_by_dtype, node.weights_by_dtype) << precision;
+    EXPECT_EQ(param_counts_training(at, 2).trainable, param_counts(at, 1).trainable);
+    const int64_t expert = 3 * 16 * 16;  // F x D values, three tensors
+    const int64_t L = 2;
+    const NodeMemory k3 = node_memory_training(cfg, 3, at.precision);
+    const bool bf16 = std::string(precision) == "amp_bf16";
+    EXPECT_EQ(k3.total() - k2.total(), L * expert * (4 + 8 + (bf16 ? 4 : 0))) << precision;
+  }
+  EXPECT_EQ(param_counts_training(cfg, 0).trainable, param_counts_training(cfg, 0).shared);
+  EXPECT_THROW(param_counts_training(cfg, 5), Error);
+  EXPECT_THROW(param_counts_training(cfg, -1), Error);
 }
 
 TEST(MemoryEstimate, ActivationsFollowTheDocumentedTerms) {

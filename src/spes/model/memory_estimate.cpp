@@ -91,4 +91,11 @@ NodeMemory node_memory(const Config& cfg, const ParamCounts& counts) {
   return m;
 }
 
+NodeMemory node_memory_training(const Config& cfg, int64_t experts_per_layer,
+                                Precision precision) {
+  Config at = cfg;
+  at.precision = precision;
+  return node_memory(at, param_counts_training(at, experts_per_layer));
+}
+
 }  // namespace spes

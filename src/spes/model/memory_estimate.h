@@ -97,5 +97,11 @@ struct NodeMemory {
 
 // Memory of the node `counts` were made for (param_counts(cfg, node)).
 NodeMemory node_memory(const Config& cfg, const ParamCounts& counts);
+// Memory of a node that trains `experts_per_layer` experts of every MoE layer of the run `cfg`
+// at `precision` (its other settings the run's): what a server compares with the capacity a
+// node declares before it hands it experts (issue 38). total() is the figure; "auto" counts as
+// fp32, as in node_memory.
+NodeMemory node_memory_training(const Config& cfg, int64_t experts_per_layer,
+                                Precision precision);
 
 }  // namespace spes

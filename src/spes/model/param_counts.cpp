@@ -1,6 +1,7 @@
 // Parameter counts in closed form (see param_counts.h).
 #include "spes/model/param_counts.h"
 
+#include "spes/common/error.h"
 #include "spes/model/ownership.h"
 #include "spes/model/registry.h"
 
@@ -70,6 +71,22 @@ ParamCounts param_counts(const Config& cfg, int64_t node) {
   c.own_experts = owned * expert;
   c.trainable = c.shared + trained * expert;
   // A token uses top_k of the E experts of every MoE layer.
+  c.active_per_token = c.shared + (E > 0 ? c.experts / E * m.moe_top_k : c.experts);
+  return c;
+}
+
+ParamCounts param_counts_training(const Config& cfg, int64_t experts_per_layer) {
+  const ModelConfig& m = cfg.model;
+  const BlockValues block = block_values(m);
+  const int64_t E = m.is_moe() ? m.moe_num_experts : 0;
+  SPES_CHECK(experts_per_layer >= 0 && experts_per_layer <= E, "a node of this model trains "
+             "between 0 and {} experts per layer, not {}", E, experts_per_layer);
+  ParamCounts c;
+  c.shared = static_cast<int64_t>(shared_values(m, block));
+  c.experts = static_cast<int64_t>(expert_values(m, block));
+  c.total = c.shared + c.experts;
+  c.own_experts = m.n_layers * experts_per_layer * static_cast<int64_t>(block.expert);
+  c.trainable = c.shared + c.own_experts;
   c.active_per_token = c.shared + (E > 0 ? c.experts / E * m.moe_top_k : c.experts);
   return c;
 }

@@ -29,5 +29,9 @@ double model_values(const ModelConfig& m);
 // Counts for node `node` of the run `cfg` (spes_config.mode, ownership and frozen_experts
 // decide `trainable`: shared + own experts in spes mode, everything in the other modes).
 ParamCounts param_counts(const Config& cfg, int64_t node);
+// Counts for a node that trains `experts_per_layer` experts of every MoE layer (and the shared
+// tensors), whichever they are: the map a server is about to decide (issue 38). own_experts is
+// what it trains; frozen_experts plays no part. Throws unless 0 <= experts_per_layer <= E.
+ParamCounts param_counts_training(const Config& cfg, int64_t experts_per_layer);
 
 }  // namespace spes
