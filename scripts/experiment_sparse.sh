@@ -43,14 +43,16 @@ VOCAB=${VOCAB:-2048}
 MODEL=${MODEL-d_model=64 mlp_hidden_size=256 vocab_size=$VOCAB}
 DATA=${DATA:-data/bible-tokens-2k}
 OUT=${OUT:-runs/experiment_sparse}
+NAME=${NAME:-sparse}          # the report's section of DOC and its files (results/NAME.md, ..._val_loss.svg)
+SPES=${SPES:-build/spes}      # the binary (a copy keeps a long experiment apart from rebuilds)
 DOC=${DOC:-docs/RESULTS.md}
 FIGS=$(dirname "$DOC")/results
 CONFIG=configs/default.yaml
 
-[ -x build/spes ] || bash scripts/build.sh spes
+[ -x "$SPES" ] || bash scripts/build.sh spes
 bash scripts/get_corpus.sh data/corpus
 if [ ! -f "$DATA/manifest.json" ]; then
-  build/spes prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
+  "$SPES" prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
     --out "$DATA"
 fi
 mkdir -p "$OUT" "$FIGS"
@@ -98,7 +100,7 @@ arm_settings() {  # the settings that make an arm, on top of `common`
 run() {  # run ARM SEED: one run into OUT/ARM/seedSEED
   local arm=$1 seed=$2 dir kv
   dir=$OUT/$arm/seed$seed
-  local cmd=(build/spes launch --out "$dir" "${common[@]}" --set "seed=$seed")
+  local cmd=("$SPES" launch --out "$dir" "${common[@]}" --set "seed=$seed")
   for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
   if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
     echo "== $dir: already finished (RERUN=1 to run it again)"
@@ -124,8 +126,8 @@ done
 first=$(echo "$SEEDS" | awk '{print $1}')
 dirs=(); labels=""
 for arm in "${arms[@]}"; do dirs+=("$OUT/$arm/seed$first"); labels+="${labels:+,}$arm"; done
-build/spes plot "${dirs[@]}" --labels "$labels" --metric val_loss --out "$FIGS/sparse_val_loss.svg"
+"$SPES" plot "${dirs[@]}" --labels "$labels" --metric val_loss --out "$FIGS/${NAME}_val_loss.svg"
 python3 scripts/experiment_sparse_report.py --steps "$STEPS" --sync "$SYNC" --nodes "$NODES" \
   --node-batch "$NODE_BATCH" --model "$MODEL" --bits "$BITS" --decay "$DECAY" \
-  --outer-lr "$OUTER_LR" --outer-momentum "$OUTER_MOMENTUM" --chart results/sparse_val_loss.svg \
-  --out "$FIGS/sparse.md" --doc "$DOC" "${specs[@]}"
+  --outer-lr "$OUTER_LR" --outer-momentum "$OUTER_MOMENTUM" --chart "results/${NAME}_val_loss.svg" \
+  --section "$NAME" --out "$FIGS/$NAME.md" --doc "$DOC" "${specs[@]}"
