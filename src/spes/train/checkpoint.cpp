@@ -89,6 +89,8 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
   write("model.safetensors",
         safetensors_serialize(registry_tensors(registry), {{"format", format}}));
   if (optimizer) write("optimizer.safetensors", safetensors_serialize(optimizer->state_tensors()));
+  if (!state.sync_tensors.empty())
+    write("sync.safetensors", safetensors_serialize(state.sync_tensors));
   write("config.yaml", config_to_yaml(cfg));
   // Keep the tokenizer with the weights so evaluation and export need nothing else.
   const std::string tok =
@@ -138,6 +140,18 @@ static std::string read_verified(const std::string& dir, const nlohmann::json& s
   return bytes;
 }
 
+// The sync client's tensors, checked like the others; a checkpoint without them (none kept, or
+// the file removed to drop them: the sync client then starts its state afresh) gives none.
+static NamedTensors load_sync_tensors(const std::string& dir, const nlohmann::json& st) {
+  const std::string name = "sync.safetensors", path = dir + "/" + name;
+  if (!st.at("files").contains(name)) return {};
+  if (!fs::exists(path)) {
+    spdlog::warn("{}: {} is missing; the sync client starts its state afresh", dir, name);
+    return {};
+  }
+  return safetensors_parse(read_verified(dir, st, name), nullptr, path);
+}
+
 Config checkpoint_config(const std::string& dir) {
   const auto st = read_state(dir);
   return config_parse(read_verified(dir, st, "config.yaml"), {}, dir + "/config.yaml");
@@ -172,6 +186,7 @@ TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry
     s.loader.position = st.at("loader").at("position").get<int64_t>();
     s.sync_round = st.value("sync_round", int64_t{0});
     s.extra = st.value("extra", nlohmann::json());
+    s.sync_tensors = load_sync_tensors(dir, st);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: state.json lacks a field or has a wrong type ({})", dir, e.what());
   }

@@ -258,7 +258,9 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
 
 void Trainer::save_checkpoint(const std::string& dir) const {
   if (!is_rank0()) return;  // the ranks hold the same weights and moments
-  checkpoint_save(dir, cfg_, *registry_, optimizer_.get(), state_);
+  TrainState s = state_;
+  if (opts_.observer) opts_.observer->save_state(s);
+  checkpoint_save(dir, cfg_, *registry_, optimizer_.get(), s);
 }
 
 Trainer::BoundaryDecision Trainer::decide_at_boundary() const {
