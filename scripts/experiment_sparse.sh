@@ -10,7 +10,9 @@
 #   topk-dD           compression topk, topk_density D (one arm per value of DENSITIES),
 #                     topk_bits BITS, topk_decay DECAY
 # each also with the outer step (ARM+outer: spes_config.outer_step on the shared tensors, outer
-# lr OUTER_LR, momentum OUTER_MOMENTUM) when OUTER has "on". Seeds set the initial model and
+# lr OUTER_LR, momentum OUTER_MOMENTUM) when OUTER has "on"; an entry of ARMS may name its own
+# outer settings after a colon (ARMS="fp32:off topk:on": the fp32 reference without the outer
+# step, top-k with it; the report then compares top-k+outer with fp32). Seeds set the initial model and
 # every node's data order, so the arms of one seed are compared seed by seed. Then
 # scripts/experiment_sparse_report.py writes docs/results/sparse.md (and puts it into
 # docs/RESULTS.md): per arm the final validation loss per seed, the paired difference from fp32
@@ -66,14 +68,16 @@ common=(--config "$CONFIG" --nodes "$NODES" --overwrite
 for kv in $MODEL; do common+=(--set "model.$kv"); done
 
 arms=()  # every arm name: fp32, int8, topk-dD, each with +outer when OUTER has "on"
-for base in $ARMS; do
+for entry in $ARMS; do
+  base=${entry%%:*} outers=$OUTER
+  [[ "$entry" == *:* ]] && outers=${entry#*:}
   case "$base" in
     fp32|int8) names=("$base") ;;
     topk) names=(); for d in $DENSITIES; do names+=("topk-d$d"); done ;;
     *) echo "unknown arm '$base' (fp32, int8, topk)" >&2; exit 2 ;;
   esac
   for n in "${names[@]}"; do
-    for o in $OUTER; do
+    for o in ${outers//,/ }; do
       case "$o" in
         off) arms+=("$n") ;;
         on) arms+=("$n+outer") ;;

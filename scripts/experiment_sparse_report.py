@@ -72,8 +72,8 @@ def section(arms, seeds, args):
              f"topk-dD: `compression: topk` at `topk_density` D, `topk_bits` {args.bits}, "
              f"`topk_decay` {args.decay}; +outer: SPES's outer step on the shared tensors (outer "
              f"lr {args.outer_lr}, momentum {args.outer_momentum}). Differences are from the fp32 "
-             "arm with the same outer setting at the same seed (mean and sample standard "
-             "deviation over seeds); bytes are what a node moved per round, up + down, as it "
+             "arm with the same outer setting (fp32 without it where no fp32+outer arm ran) at "
+             "the same seed (mean and sample standard deviation over seeds); bytes are what a node moved per round, up + down, as it "
              "counted them on the wire (mean over nodes and rounds); per step: the same divided "
              f"by the {args.sync} steps of a round (a step is {args.node_batch} sequences of a "
              "node), to compare arms that sync at different intervals.", "",
@@ -83,7 +83,9 @@ def section(arms, seeds, args):
              "|---|" + "---|" * len(seeds) + "---|---|---|---|---|"]
     notes = []
     for name, runs in arms.items():
-        ref_name = "fp32+outer" if name.endswith("+outer") else "fp32"
+        # An arm with the outer step is compared with fp32+outer, or with fp32 where the
+        # experiment ran no fp32+outer arm (ARMS="fp32:off topk:on").
+        ref_name = "fp32+outer" if name.endswith("+outer") and "fp32+outer" in arms else "fp32"
         ref = arms.get(ref_name)
         moved = sum(runs[s]["bytes"] for s in seeds) / len(seeds)
         if ref:
