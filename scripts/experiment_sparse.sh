@@ -10,7 +10,9 @@
 #   topk-dD           compression topk, topk_density D (one arm per value of DENSITIES),
 #                     topk_bits BITS, topk_decay DECAY
 # each also with the outer step (ARM+outer: spes_config.outer_step on the shared tensors, outer
-# lr OUTER_LR, momentum OUTER_MOMENTUM) when OUTER has "on". Seeds set the initial model and
+# lr OUTER_LR, momentum OUTER_MOMENTUM) when OUTER has "on"; an entry of ARMS may name its own
+# outer settings after a colon (ARMS="fp32:off topk:on": the fp32 reference without the outer
+# step, top-k with it; the report then compares top-k+outer with fp32). Seeds set the initial model and
 # every node's data order, so the arms of one seed are compared seed by seed. Then
 # scripts/experiment_sparse_report.py writes docs/results/sparse.md (and puts it into
 # docs/RESULTS.md): per arm the final validation loss per seed, the paired difference from fp32
@@ -43,14 +45,16 @@ VOCAB=${VOCAB:-2048}
 MODEL=${MODEL-d_model=64 mlp_hidden_size=256 vocab_size=$VOCAB}
 DATA=${DATA:-data/bible-tokens-2k}
 OUT=${OUT:-runs/experiment_sparse}
+NAME=${NAME:-sparse}          # the report's section of DOC and its files (results/NAME.md, ..._val_loss.svg)
+SPES=${SPES:-build/spes}      # the binary (a copy keeps a long experiment apart from rebuilds)
 DOC=${DOC:-docs/RESULTS.md}
 FIGS=$(dirname "$DOC")/results
 CONFIG=configs/default.yaml
 
-[ -x build/spes ] || bash scripts/build.sh spes
+[ -x "$SPES" ] || bash scripts/build.sh spes
 bash scripts/get_corpus.sh data/corpus
 if [ ! -f "$DATA/manifest.json" ]; then
-  build/spes prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
+  "$SPES" prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
     --out "$DATA"
 fi
 mkdir -p "$OUT" "$FIGS"
@@ -64,14 +68,16 @@ common=(--config "$CONFIG" --nodes "$NODES" --overwrite
 for kv in $MODEL; do common+=(--set "model.$kv"); done
 
 arms=()  # every arm name: fp32, int8, topk-dD, each with +outer when OUTER has "on"
-for base in $ARMS; do
+for entry in $ARMS; do
+  base=${entry%%:*} outers=$OUTER
+  [[ "$entry" == *:* ]] && outers=${entry#*:}
   case "$base" in
     fp32|int8) names=("$base") ;;
     topk) names=(); for d in $DENSITIES; do names+=("topk-d$d"); done ;;
     *) echo "unknown arm '$base' (fp32, int8, topk)" >&2; exit 2 ;;
   esac
   for n in "${names[@]}"; do
-    for o in $OUTER; do
+    for o in ${outers//,/ }; do
       case "$o" in
         off) arms+=("$n") ;;
         on) arms+=("$n+outer") ;;
@@ -98,7 +104,7 @@ arm_settings() {  # the settings that make an arm, on top of `common`
 run() {  # run ARM SEED: one run into OUT/ARM/seedSEED
   local arm=$1 seed=$2 dir kv
   dir=$OUT/$arm/seed$seed
-  local cmd=(build/spes launch --out "$dir" "${common[@]}" --set "seed=$seed")
+  local cmd=("$SPES" launch --out "$dir" "${common[@]}" --set "seed=$seed")
   for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
   if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
     echo "== $dir: already finished (RERUN=1 to run it again)"
@@ -124,8 +130,8 @@ done
 first=$(echo "$SEEDS" | awk '{print $1}')
 dirs=(); labels=""
 for arm in "${arms[@]}"; do dirs+=("$OUT/$arm/seed$first"); labels+="${labels:+,}$arm"; done
-build/spes plot "${dirs[@]}" --labels "$labels" --metric val_loss --out "$FIGS/sparse_val_loss.svg"
+"$SPES" plot "${dirs[@]}" --labels "$labels" --metric val_loss --out "$FIGS/${NAME}_val_loss.svg"
 python3 scripts/experiment_sparse_report.py --steps "$STEPS" --sync "$SYNC" --nodes "$NODES" \
   --node-batch "$NODE_BATCH" --model "$MODEL" --bits "$BITS" --decay "$DECAY" \
-  --outer-lr "$OUTER_LR" --outer-momentum "$OUTER_MOMENTUM" --chart results/sparse_val_loss.svg \
-  --out "$FIGS/sparse.md" --doc "$DOC" "${specs[@]}"
+  --outer-lr "$OUTER_LR" --outer-momentum "$OUTER_MOMENTUM" --chart "results/${NAME}_val_loss.svg" \
+  --section "$NAME" --out "$FIGS/$NAME.md" --doc "$DOC" "${specs[@]}"

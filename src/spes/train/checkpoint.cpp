@@ -90,6 +90,8 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
   write("model.safetensors",
         safetensors_serialize(registry_tensors(registry), {{"format", format}}));
   if (optimizer) write("optimizer.safetensors", safetensors_serialize(optimizer->state_tensors()));
+  if (!state.sync_tensors.empty())
+    write("sync.safetensors", safetensors_serialize(state.sync_tensors));
   write("config.yaml", config_to_yaml(cfg));
   // Keep the tokenizer with the weights so evaluation and export need nothing else.
   const std::string tok =
@@ -187,6 +189,18 @@ std::optional<std::pair<int64_t, Ownership>> checkpoint_ownership(const std::str
   return o;
 }
 
+// The sync client's tensors, checked like the others; a checkpoint without them (none kept, or
+// the file removed to drop them: the sync client then starts its state afresh) gives none.
+static NamedTensors load_sync_tensors(const std::string& dir, const nlohmann::json& st) {
+  const std::string name = "sync.safetensors", path = dir + "/" + name;
+  if (!st.at("files").contains(name)) return {};
+  if (!fs::exists(path)) {
+    spdlog::warn("{}: {} is missing; the sync client starts its state afresh", dir, name);
+    return {};
+  }
+  return safetensors_parse(read_verified(dir, st, name), nullptr, path);
+}
+
 Config checkpoint_config(const std::string& dir) {
   const auto st = read_state(dir);
   return config_parse(read_verified(dir, st, "config.yaml"), {}, dir + "/config.yaml");
@@ -236,6 +250,7 @@ TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry
       s.ownership_epoch = ownership->first;
       s.ownership = std::move(ownership->second);
     }
+    s.sync_tensors = load_sync_tensors(dir, st);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: state.json lacks a field or has a wrong type ({})", dir, e.what());
   }

@@ -1,6 +1,8 @@
 // Checkpoints: one directory per checkpoint holding model.safetensors (every weight),
 // optimizer.safetensors (AdamW moments of the trainable tensors), config.yaml and state.json
-// (step, data position, sync round, tokens, checksums of the two tensor files). Written into
+// (step, data position, sync round, tokens, checksums of the tensor files), and
+// sync.safetensors when the run's sync client keeps tensors of its own (a compressed sync's
+// base and error feedback, docs/PROTOCOL.md "What resets"). Written into
 // a temporary directory, fsynced and renamed, so a crash never leaves a half-written checkpoint;
 // loading verifies the checksums.
 #pragma once
@@ -26,6 +28,7 @@ struct TrainState {
   // it builds its model with that map, not the config's. Absent in older checkpoints.
   int64_t ownership_epoch = 0;
   std::optional<Ownership> ownership;
+  NamedTensors sync_tensors;   // owner-defined tensors (the sync client's): sync.safetensors
 };
 
 // Writes DIR atomically. `optimizer` may be null (weights-only export). The tokenizer kept with

@@ -63,4 +63,8 @@ void Rank0Observer::on_stop(Trainer& t) {
   if (inner_) inner_->on_stop(t);
 }
 
+void Rank0Observer::save_state(TrainState& s) {
+  if (inner_) inner_->save_state(s);
+}
+
 }  // namespace spes

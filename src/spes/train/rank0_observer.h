@@ -17,6 +17,7 @@ class Rank0Observer : public StepObserver {
   nlohmann::json after_step(Trainer& t, int64_t step) override;
   void on_finish(Trainer& t) override;
   void on_stop(Trainer& t) override;
+  void save_state(TrainState& s) override;  // rank 0's (only rank 0 writes checkpoints)
 
  private:
   // Rank 0 says whether anything changed since `before`; if so every rank gets its state and

@@ -274,6 +274,7 @@ void Trainer::save_checkpoint(const std::string& dir) const {
   if (!is_rank0()) return;  // the ranks hold the same weights and moments
   TrainState st = state_;
   st.ownership = *ownership_;  // the map in force, whatever the state's holder did to it
+  if (opts_.observer) opts_.observer->save_state(st);
   checkpoint_save(dir, cfg_, *registry_, optimizer_.get(), st);
 }
 

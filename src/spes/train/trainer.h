@@ -41,6 +41,9 @@ class StepObserver {
   // The run stops early (SIGINT/SIGTERM, common/stop_signal.h), after its last complete step
   // and before its checkpoint is written: end what is in flight, leave.
   virtual void on_stop(Trainer&) {}
+  // Before a checkpoint is written: puts the observer's own state into it (TrainState::extra,
+  // sync_tensors); after a resume on_start finds it in Trainer::state().
+  virtual void save_state(TrainState&) {}
 };
 
 struct TrainerOptions {

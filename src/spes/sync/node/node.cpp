@@ -108,8 +108,12 @@ void SyncNode::on_start(Trainer& t) {
   delta_ = std::make_unique<DeltaUpload>(transfer.compression, topk_params(transfer),
                                          transfer.topk_decay);
   const bool keep = keeps_checkpoint(t, jr);
+  const bool replay = !keep && replays_upload(t, jr);
+  if (replay) replay_upload(t, jr);
   const HeldModel held = keep ? keep_checkpoint(t, jr) : take_published_model(t, jr);
-  mark_synced(t, /*reset_residual=*/true);
+  mark_synced(t, /*reset_residual=*/!replay, held.sha256);
+  if (keep && delta_->enabled()) restore_sync_state(t);
+  t.state().sync_tensors.clear();  // kept in delta_ now
   // A kept checkpoint lies after the published round: its next upload counts the tokens since
   // that round, as it would have without the restart.
   if (keep)
@@ -174,12 +178,15 @@ bool SyncNode::keeps_checkpoint(Trainer& t, const JoinResult& jr) const {
        t.state().step == clock.step_of(jr.published_round + 1));  // round_pending()
   if (!continues || !delta_->enabled()) return continues;
   // A compressed upload is a delta from the published model, which a checkpoint taken inside
-  // a round no longer holds: such a node takes the published model again.
+  // a round no longer holds: the node continues when its checkpoint saved the base and error
+  // feedback of that round (save_state), else it takes the published model again.
+  const std::string problem = sync_state_problem(t, jr.published_round, jr.model_sha256);
+  if (problem.empty()) return true;
   spdlog::warn("node {}: its checkpoint at step {} continues round {}, but with "
-               "spes_config.compression {} it needs the published model as the base of its "
-               "next delta: taking it (the steps since the round are lost)",
+               "spes_config.compression {} it needs the base of its next delta and {}: taking "
+               "the published model (the steps since the round are lost)",
                client_->id().node_id, t.state().step, jr.published_round,
-               t.config().spes_config.transfer.compression);
+               t.config().spes_config.transfer.compression, problem);
   return false;
 }
 
@@ -217,11 +224,12 @@ SyncNode::HeldModel SyncNode::take_published_model(Trainer& t, const JoinResult&
   return held;
 }
 
-void SyncNode::mark_synced(Trainer& t, bool reset_residual) {
+void SyncNode::mark_synced(Trainer& t, bool reset_residual, const std::string& model_sha256) {
   step_ = t.state().step;
   frozen_sha_ = frozen_weights_sha256(t.registry());
   tokens_at_sync_ = t.state().tokens;
-  if (delta_->enabled()) delta_->set_base(t.registry(), reset_residual);
+  if (delta_->enabled())
+    delta_->set_base(t.registry(), reset_residual, t.state().sync_round, model_sha256);
 }
 
 nlohmann::json SyncNode::join_record(Trainer& t, const JoinResult& jr, bool kept,

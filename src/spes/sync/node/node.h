@@ -19,7 +19,10 @@
 // on_finish: leave. A stop (SIGINT/SIGTERM, common/stop_signal.h) ends a wait for the server
 // (NodeStopped): a foreground round is abandoned before its download (the checkpoint then
 // holds the weights it uploaded, at the sync step, and the restarted node does that round
-// first), a round in flight is dropped; the node does not leave (it comes back).
+// first), a round in flight is dropped; the node does not leave (it comes back). With
+// compression the checkpoint also holds the base and error feedback of the last published
+// model the node took (node_checkpoint.cpp), so a node that continues its checkpoint continues
+// its deltas exactly.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -67,6 +70,9 @@ class SyncNode : public StepObserver {
   nlohmann::json after_step(Trainer& t, int64_t step) override;
   void on_finish(Trainer& t) override;
   void on_stop(Trainer& t) override;
+  // With compression: the base and error feedback as of the last published model the node
+  // took (sync.safetensors) and that round and digest (extra["sync"]).
+  void save_state(TrainState& s) override;
 
  private:
   // on_start's steps: the client and its TLS; the join (retrying while the server is down);
@@ -86,9 +92,21 @@ class SyncNode : public StepObserver {
   nlohmann::json pending_round(Trainer& t);
   HeldModel keep_checkpoint(Trainer& t, const JoinResult& jr) const;
   HeldModel take_published_model(Trainer& t, const JoinResult& jr);
-  // The node holds a published model now: its frozen digest, the tokens count and the base of
-  // compressed uploads start from here.
-  void mark_synced(Trainer& t, bool reset_residual);
+  // The node holds a published model now (digest `model_sha256`): its frozen digest, the
+  // tokens count and the base of compressed uploads start from here.
+  void mark_synced(Trainer& t, bool reset_residual, const std::string& model_sha256);
+  // node_checkpoint.cpp: why the checkpoint's sync state cannot continue published `round`
+  // (its digest `model_sha256`; empty: not checked), or "" when it can.
+  std::string sync_state_problem(const Trainer& t, int64_t round,
+                                 const std::string& model_sha256) const;
+  // Takes the checkpoint's sync state back; one that does not match the model is refused
+  // (an Error naming the tensor and how to continue without it).
+  void restore_sync_state(Trainer& t);
+  // A checkpoint written at a sync step after its upload, whose round the server published
+  // with it: the node encodes that upload again from its saved state (keeping what it did not
+  // send) before it takes the published model.
+  bool replays_upload(const Trainer& t, const JoinResult& jr) const;
+  void replay_upload(Trainer& t, const JoinResult& jr);
   nlohmann::json join_record(Trainer& t, const JoinResult& jr, bool kept,
                              const HeldModel& held, double seconds) const;
   void start_heartbeats();

@@ -71,7 +71,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
                                             : RoundClock(cfg).step_of(round);
     t.state().sync_round = round;
     held_round_ = round;
-    mark_synced(t, /*reset_residual=*/true);
+    mark_synced(t, /*reset_residual=*/true, sha);
     spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
                  round, from, t.state().step, human_bytes(static_cast<double>(down)),
                  sha.substr(0, 16));
@@ -127,7 +127,7 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
              reg.node_id(), round, down.sha256, st.model_sha256);
   held_round_ = round;
   const std::string frozen_after = frozen_weights_sha256(reg);
-  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
+  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false, round, down.sha256);
   times.seconds = since(t0);
   log_round(reg.node_id(), meta, up, down, st, times);
   return {round_record(meta, up, down, st, times, frozen_after), -1, ""};

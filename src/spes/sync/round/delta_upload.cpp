@@ -2,12 +2,20 @@
 // delta_upload.h).
 #include "spes/sync/round/delta_upload.h"
 
+#include <fmt/ranges.h>
+
 #include "spes/common/error.h"
 #include "spes/sync/wire/topk_codec.h"
 
 namespace spes::sync {
 
-void DeltaUpload::set_base(const ParamRegistry& reg, bool reset_residual) {
+namespace {
+constexpr const char* kBase = "base/";
+constexpr const char* kResidual = "residual/";
+}  // namespace
+
+void DeltaUpload::set_base(const ParamRegistry& reg, bool reset_residual, int64_t round,
+                           const std::string& model_sha256) {
   torch::NoGradGuard ng;
   base_.clear();
   base_index_.clear();
@@ -24,6 +32,71 @@ void DeltaUpload::set_base(const ParamRegistry& reg, bool reset_residual) {
   }
   sent_.clear();
   sent_topk_.clear();
+  keep_saved(round, model_sha256);
+}
+
+void DeltaUpload::keep_saved(int64_t round, const std::string& model_sha256) {
+  std::lock_guard<std::mutex> lk(saved_mu_);
+  saved_round_ = round;
+  saved_sha_ = model_sha256;
+  saved_names_.assign(base_.size(), std::string());
+  for (const auto& [name, k] : base_index_) saved_names_.at(k) = name;
+  saved_base_ = base_;
+  saved_residual_ = c_ == Compression::Topk ? topk_.state() : residual_;
+}
+
+DeltaUpload::SavedState DeltaUpload::saved_state() const {
+  std::lock_guard<std::mutex> lk(saved_mu_);
+  SavedState s{saved_round_, saved_sha_, {}};
+  for (size_t k = 0; k < saved_base_.size(); ++k)
+    s.tensors.emplace_back(kBase + saved_names_[k], saved_base_[k]);
+  for (size_t k = 0; k < saved_residual_.size() && k < saved_names_.size(); ++k)
+    if (saved_residual_[k].defined())  // topk: not encoded yet
+      s.tensors.emplace_back(kResidual + saved_names_[k], saved_residual_[k]);
+  return s;
+}
+
+void DeltaUpload::restore_state(const ParamRegistry& reg, const SavedState& s) {
+  // Every check before anything changes.
+  std::unordered_map<std::string, torch::Tensor> base, residual;
+  for (const auto& [key, t] : s.tensors) {
+    const bool is_base = key.rfind(kBase, 0) == 0, is_residual = key.rfind(kResidual, 0) == 0;
+    SPES_CHECK(is_base || is_residual, "tensor '{}' is neither {}<name> nor {}<name>", key, kBase,
+               kResidual);
+    const std::string name = key.substr(is_base ? std::string(kBase).size()
+                                                : std::string(kResidual).size());
+    const RegistryEntry* e = reg.find(name);
+    SPES_CHECK(e && e->trainable, "tensor '{}' names no trainable tensor of this model", key);
+    SPES_CHECK(t.sizes() == e->tensor.sizes(), "tensor '{}' has shape [{}], the model's '{}' "
+               "[{}]", key, fmt::join(t.sizes(), ", "), name, fmt::join(e->tensor.sizes(), ", "));
+    SPES_CHECK(t.scalar_type() == torch::kFloat32, "tensor '{}' is {}, not F32", key,
+               c10::toString(t.scalar_type()));
+    SPES_CHECK(torch::isfinite(t).all().item<bool>(), "tensor '{}' holds NaN or Inf values", key);
+    (is_base ? base : residual)[name] = t;
+  }
+  for (const auto& e : reg.entries()) {
+    if (!e.trainable) continue;
+    SPES_CHECK(base.count(e.name), "tensor '{}{}' is missing", kBase, e.name);
+    SPES_CHECK(c_ == Compression::Topk || residual.count(e.name), "tensor '{}{}' is missing",
+               kResidual, e.name);
+  }
+  base_.clear();
+  base_index_.clear();
+  std::vector<torch::Tensor> res;
+  for (const auto& e : reg.entries())
+    if (e.trainable) {
+      base_index_[e.name] = base_.size();
+      base_.push_back(base.at(e.name).contiguous());
+      auto it = residual.find(e.name);
+      res.push_back(it == residual.end() ? torch::Tensor() : it->second.contiguous());
+    }
+  if (c_ == Compression::Topk)
+    topk_.restore(std::move(res));
+  else
+    residual_ = std::move(res);
+  sent_.clear();
+  sent_topk_.clear();
+  keep_saved(s.round, s.model_sha256);
 }
 
 SafetensorsStreamWriter DeltaUpload::encode_topk(const ParamRegistry& reg, const UploadMeta& meta) {

@@ -3,11 +3,14 @@
 // it holds, and the error-feedback residual `e` (both fp32 on CPU: 2 x the trainable
 // parameters). At a sync: d = (W - base) + e; q = Q(d); e = d - deq(q); the upload carries q.
 // When the round used the upload the node's trainable tensors become base + deq(q), exactly
-// what the server rebuilt, before it downloads the rest. Leaves out: transport and the round
-// logic (node.cpp), the codec (wire/delta_codec.h).
+// what the server rebuilt, before it downloads the rest. The node's checkpoint keeps base and
+// residual as of the last published model it took (saved_state / restore_state), so a
+// restarted node continues exactly. Leaves out: transport and the round logic (node.cpp), the
+// codec (wire/delta_codec.h).
 #pragma once
 #include <torch/torch.h>
 
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,10 +33,27 @@ class DeltaUpload {
   bool enabled() const { return c_ != Compression::None; }
   Compression compression() const { return c_; }
   const TopkParams& topk_params() const { return topk_.params(); }
-  // The node now holds the published model: base = its trainable tensors. `reset_residual`:
-  // e = 0 (at the start and after a catch-up or any full download: the residual belongs to a
-  // model the node no longer holds).
-  void set_base(const ParamRegistry& reg, bool reset_residual);
+  // The node now holds the published model of `round` (digest `model_sha256`): base = its
+  // trainable tensors. `reset_residual`: e = 0 (at the start and after a catch-up or any full
+  // download: the residual belongs to a model the node no longer holds).
+  void set_base(const ParamRegistry& reg, bool reset_residual, int64_t round = -1,
+                const std::string& model_sha256 = "");
+  // What a checkpoint keeps: base and residual (topk: the accumulator) as of the last
+  // set_base or restore_state, with that round and digest; never what an encode since then
+  // changed (a round the node did not finish is done again from here). Tensors
+  // "base/<name>" and "residual/<name>" (topk: none for a tensor not encoded yet). Safe to
+  // call while a round runs in the background.
+  struct SavedState {
+    int64_t round = -1;
+    std::string model_sha256;
+    NamedTensors tensors;
+  };
+  SavedState saved_state() const;
+  // Takes a saved state back (a node continuing its checkpoint). Every tensor is checked
+  // against `reg`'s trainable tensors first (known name, same shape, fp32, finite; every base
+  // present, and every residual unless topk): the first that does not match throws an Error
+  // naming it, and nothing changes.
+  void restore_state(const ParamRegistry& reg, const SavedState& s);
   // This round's upload stream (throws, naming the tensor, when a delta is not finite); updates
   // the residual and remembers q for rebuilt().
   SafetensorsStreamWriter encode(const ParamRegistry& reg, const UploadMeta& meta);
@@ -55,6 +75,14 @@ class DeltaUpload {
   TopkFeedback topk_;                           // topk: the accumulator (residual_ unused)
   std::vector<std::string> sent_topk_;          // topk: the payloads of the last encode()
   std::unordered_map<std::string, size_t> base_index_;  // name -> index in base_
+  // The state as of the last set_base / restore_state (for saved_state()): base_ and the
+  // residual (topk: accumulator) tensors then (an encode replaces them, never mutates them).
+  mutable std::mutex saved_mu_;
+  int64_t saved_round_ = -1;
+  std::string saved_sha_;
+  std::vector<std::string> saved_names_;
+  std::vector<torch::Tensor> saved_base_, saved_residual_;
+  void keep_saved(int64_t round, const std::string& model_sha256);
 };
 
 }  // namespace spes::sync
