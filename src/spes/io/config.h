@@ -314,6 +314,19 @@ struct DashboardSettings {
   template <class V> void visit(V& v) { v("dashboard_port", port); v("dashboard_host", host); }
 };
 
+// Elastic expert ownership (sync/round/reassign.h, docs/PROTOCOL.md "Ownership epochs"): a
+// node that misses reassign_after_rounds consecutive rounds (or leaves "departing") is
+// declared departed and its experts go to live nodes at the next round boundary (0: never, the
+// map stays the config's for the whole run); expert_capacity (node side, sent on Join) caps
+// how many experts per layer the node takes (0: no cap declared).
+struct ElasticOwnership {
+  int64_t reassign_after_rounds = 3;
+  int64_t expert_capacity = 0;
+  template <class V> void visit(V& v) {
+    v("reassign_after_rounds", reassign_after_rounds); v("expert_capacity", expert_capacity);
+  }
+};
+
 struct SpesConfig {
   // Who trains what, and how often the nodes sync.
   Choice<SyncMode> mode = SyncMode::Centralized;  // centralized | spes | fedavg | diloco
@@ -330,13 +343,14 @@ struct SpesConfig {
   OuterStepSettings outer;
   UpdateBounds bounds;
   DashboardSettings dashboard;
+  ElasticOwnership elastic;
   template <class V> void visit(V& v) {
     v("mode", mode); v("num_peers", num_peers); v("peer_id", peer_id);
     v("num_train_experts_per_node", num_train_experts_per_node);
     v("expert_owners", expert_owners); v("sync_steps", sync_steps);
     v("weighting", weighting);
     transport.visit(v); timing.visit(v); transfer.visit(v); merging.visit(v); outer.visit(v);
-    bounds.visit(v); dashboard.visit(v);
+    bounds.visit(v); dashboard.visit(v); elastic.visit(v);
   }
   // Whether the server applies the outer step (and keeps its momentum).
   bool uses_outer_step() const {

@@ -448,13 +448,28 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
   return rec;
 }
 
-void SyncNode::on_stop(Trainer&) {
+void SyncNode::on_stop(Trainer& t) {
   // A round in flight is dropped (its upload may still be published without this node's
   // progress since; the restarted node then takes that model). No leave: the node comes back.
   stopping_ = true;
   inflight_.reset();
   stopping_ = false;
   stop_heartbeats();
+  if (opts_.depart && client_) leave(t, LeaveKind::Departing, "departing (spes node --depart)");
+}
+
+void SyncNode::leave(Trainer& t, LeaveKind kind, const std::string& reason) {
+  try {
+    call("leave", 30, [&] {
+      client_->leave(t.state().step, reason, kind);
+      return 0;
+    });
+    if (kind == LeaveKind::Departing)
+      spdlog::warn("node {}: left the run for good at step {}; the server hands its experts to "
+                   "live nodes", client_->id().node_id, t.state().step);
+  } catch (const std::exception& e) {
+    spdlog::warn("node {}: leave failed: {}", client_->id().node_id, e.what());
+  }
 }
 
 void SyncNode::on_finish(Trainer& t) {
@@ -465,15 +480,7 @@ void SyncNode::on_finish(Trainer& t) {
     stopping_ = false;
   }
   stop_heartbeats();
-  if (!client_) return;
-  try {
-    call("leave", 30, [&] {
-      client_->leave(t.state().step, "finished");
-      return 0;
-    });
-  } catch (const std::exception& e) {
-    spdlog::warn("node {}: leave failed: {}", client_->id().node_id, e.what());
-  }
+  if (client_) leave(t, LeaveKind::Finished, "finished");
 }
 
 }  // namespace spes::sync

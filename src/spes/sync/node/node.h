@@ -57,6 +57,9 @@ struct NodeOptions {
   std::string auth_token;                  // this node's secret (never logged)
   bool insecure = false;                   // allow plaintext to a non-loopback server
   std::shared_ptr<NodeRoundHooks> hooks;   // none in production (round_hooks.h)
+  // `spes node --depart`: a stop (SIGINT/SIGTERM) leaves the run for good (Leave "departing":
+  // the server hands this node's experts to live nodes) instead of coming back later.
+  bool depart = false;
 };
 
 class SyncNode : public StepObserver {
@@ -152,6 +155,7 @@ class SyncNode : public StepObserver {
   JoinResult join_once();
   void rejoin(double limit_s);  // join again (same incarnation), retrying transient failures
   void stop_heartbeats();
+  void leave(Trainer& t, LeaveKind kind, const std::string& reason);
   // Keeps the step's loss and throughput (the trainer's metrics record) for the next heartbeat.
   void record_metrics(const nlohmann::json& record, int64_t step);
 

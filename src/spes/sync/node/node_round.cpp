@@ -130,7 +130,7 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
   if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false);
   times.seconds = since(t0);
   log_round(reg.node_id(), meta, up, down, st, times);
-  return {round_record(meta, up, down, st, times, frozen_after), -1, ""};
+  return {round_record(meta, up, down, st, times, frozen_after), -1, "", st.ownership};
 }
 
 namespace {

@@ -34,6 +34,14 @@ class DeltaUpload {
   // e = 0 (at the start and after a catch-up or any full download: the residual belongs to a
   // model the node no longer holds).
   void set_base(const ParamRegistry& reg, bool reset_residual);
+  // The node's trainable set changed (a new ownership epoch, at a round boundary, `reg` now
+  // the new set): a tensor trainable before and after keeps its base and residual; one it
+  // gained gets its base from `published` (the round's published model; the same registry
+  // in a blocking round) and a zero residual; one it lost is dropped with its residual (the
+  // residual is this node's quantisation error of a tensor it no longer uploads: nobody can
+  // use it). Returns the names of the residuals dropped.
+  std::vector<std::string> change_trainable_set(const ParamRegistry& reg,
+                                                const ParamRegistry& published);
   // This round's upload stream (throws, naming the tensor, when a delta is not finite); updates
   // the residual and remembers q for rebuilt().
   SafetensorsStreamWriter encode(const ParamRegistry& reg, const UploadMeta& meta);
