@@ -37,17 +37,26 @@ std::string dist_backend_for(const Config& cfg, int64_t nproc) {
   return "nccl";
 }
 
-int launch_ranks(const Config& cfg, const RankLaunchOptions& opts) {
-  const std::string backend = dist_backend_for(cfg, opts.nproc);
-  // The store lives here, for as long as the ranks run (port 0: any free port, no race).
+namespace {
+
+// The c10d store the ranks meet at; it lives here for as long as the ranks run (port 0: any
+// free port, no race).
+c10::intrusive_ptr<c10d::TCPStore> start_store() {
   c10d::TCPStoreOptions so;
   so.port = 0;
   so.isServer = true;
   so.numWorkers = std::nullopt;
   so.waitWorkers = false;
   so.useLibUV = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-  const std::string addr = "127.0.0.1:" + std::to_string(store->getPort());
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+}
+
+// Starts rank 0..nproc-1 of this executable with the subcommand's arguments (on gloo each with
+// its share of the cores) and the SPES_DIST_* variables, each in its own process group.
+std::vector<std::unique_ptr<Subprocess>> start_ranks(const Config& cfg,
+                                                     const RankLaunchOptions& opts,
+                                                     const std::string& backend,
+                                                     const std::string& store_addr) {
   const std::string exe = opts.executable.empty() ? "/proc/self/exe" : opts.executable;
   std::vector<std::string> args = opts.args;
   if (backend == "gloo") {  // the cores are shared between the ranks
@@ -63,61 +72,100 @@ int launch_ranks(const Config& cfg, const RankLaunchOptions& opts) {
         argv, std::vector<std::pair<std::string, std::string>>{
                   {kDistRankEnv, std::to_string(r)},
                   {kDistSizeEnv, std::to_string(opts.nproc)},
-                  {kDistStoreEnv, addr},
+                  {kDistStoreEnv, store_addr},
                   {kDistBackendEnv, backend}},
         /*own_process_group=*/true));
   }
-  auto relay = [&](size_t r, const std::vector<std::string>& lines) {
-    for (const auto& l : lines)
-      std::cout << opts.output_prefix << (r == 0 ? "" : "[rank " + std::to_string(r) + "] ") << l
-                << "\n";
-    if (!lines.empty()) std::cout.flush();
-  };
-  int result = 0;
-  std::vector<bool> done(ranks.size(), false);
-  size_t finished = 0;
-  bool forwarded = false;  // the stop signal this process received, passed on to the ranks
-  while (finished < ranks.size()) {
-    // The ranks have their own process group: a Ctrl-C reaches only this process, which passes
-    // one orderly stop to every rank (they agree on the step, checkpoint and exit 128 + sig).
-    if (const int sig = stop_signal(); sig != 0 && !forwarded) {
-      forwarded = true;
-      for (size_t o = 0; o < ranks.size(); ++o)
-        if (!done[o]) ranks[o]->kill(sig);
+  return ranks;
+}
+
+// The ranks while they run: their output relayed, one stop signal passed on, the exit code.
+class RankGroup {
+ public:
+  RankGroup(std::vector<std::unique_ptr<Subprocess>> ranks, std::string prefix)
+      : ranks_(std::move(ranks)), prefix_(std::move(prefix)), done_(ranks_.size(), false) {}
+
+  int wait() {
+    while (finished_ < ranks_.size()) {
+      forward_stop_signal();
+      wait_for_output();
+      for (size_t r = 0; r < ranks_.size(); ++r) {
+        relay_available(r);
+        collect_exit(r);
+      }
     }
+    for (size_t r = 0; r < ranks_.size(); ++r) relay_rest(r);
+    return result_;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Subprocess>> ranks_;
+  std::string prefix_;
+  std::vector<bool> done_;
+  size_t finished_ = 0;
+  int result_ = 0;
+  bool forwarded_ = false;  // the stop signal this process received, passed on to the ranks
+
+  void kill_running(int sig) {
+    for (size_t o = 0; o < ranks_.size(); ++o)
+      if (!done_[o]) ranks_[o]->kill(sig);
+  }
+  // The ranks have their own process group: a Ctrl-C reaches only this process, which passes
+  // one orderly stop to every rank (they agree on the step, checkpoint and exit 128 + sig).
+  void forward_stop_signal() {
+    const int sig = stop_signal();
+    if (sig == 0 || forwarded_) return;
+    forwarded_ = true;
+    kill_running(sig);
+  }
+  void wait_for_output() {
     std::vector<pollfd> fds;
-    for (const auto& r : ranks)
+    for (const auto& r : ranks_)
       if (r->output_fd() >= 0) fds.push_back({r->output_fd(), POLLIN, 0});
     if (!fds.empty()) ::poll(fds.data(), fds.size(), 200);
     else ::usleep(50 * 1000);
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      std::vector<std::string> lines;
-      ranks[r]->read_lines(&lines);
-      relay(r, lines);
-      int code = 0;
-      if (done[r] || !ranks[r]->poll_exit(&code)) continue;
-      done[r] = true;
-      ++finished;
-      // After a stop, rank 0's code is the node's (130/143 for its checkpoint and stop): a
-      // rank waiting for rank 0 in a collective when rank 0 stopped (rank 0 was still joining
-      // the sync server) fails with "connection closed", which must not hide the stop.
-      if (code != 0 && (result == 0 || (forwarded && r == 0))) {
-        result = code;
-        if (forwarded) continue;  // a stop: the others end by themselves at the same step
-        // A failed rank leaves the others inside a collective that cannot complete.
-        std::cerr << opts.output_prefix << "rank " << r << " exited with code " << code
-                  << "; stopping the other ranks\n";
-        for (size_t o = 0; o < ranks.size(); ++o)
-          if (!done[o]) ranks[o]->kill(SIGKILL);
-      }
-    }
   }
-  for (size_t r = 0; r < ranks.size(); ++r) {  // what is left in the pipes
+  void relay(size_t r, const std::vector<std::string>& lines) const {
+    for (const auto& l : lines)
+      std::cout << prefix_ << (r == 0 ? "" : "[rank " + std::to_string(r) + "] ") << l << "\n";
+    if (!lines.empty()) std::cout.flush();
+  }
+  void relay_available(size_t r) {
     std::vector<std::string> lines;
-    while (ranks[r]->read_lines(&lines)) {}
+    ranks_[r]->read_lines(&lines);
     relay(r, lines);
   }
-  return result;
+  void relay_rest(size_t r) {  // what is left in the pipe
+    std::vector<std::string> lines;
+    while (ranks_[r]->read_lines(&lines)) {}
+    relay(r, lines);
+  }
+  void collect_exit(size_t r) {
+    int code = 0;
+    if (done_[r] || !ranks_[r]->poll_exit(&code)) return;
+    done_[r] = true;
+    ++finished_;
+    // After a stop, rank 0's code is the node's (130/143 for its checkpoint and stop): a rank
+    // waiting for rank 0 in a collective when rank 0 stopped (rank 0 was still joining the
+    // sync server) fails with "connection closed", which must not hide the stop.
+    if (code == 0 || !(result_ == 0 || (forwarded_ && r == 0))) return;
+    result_ = code;
+    if (forwarded_) return;  // a stop: the others end by themselves at the same step
+    // A failed rank leaves the others inside a collective that cannot complete.
+    std::cerr << prefix_ << "rank " << r << " exited with code " << code
+              << "; stopping the other ranks\n";
+    kill_running(SIGKILL);
+  }
+};
+
+}  // namespace
+
+int launch_ranks(const Config& cfg, const RankLaunchOptions& opts) {
+  const std::string backend = dist_backend_for(cfg, opts.nproc);
+  const auto store = start_store();
+  const std::string store_addr = "127.0.0.1:" + std::to_string(store->getPort());
+  RankGroup group(start_ranks(cfg, opts, backend, store_addr), opts.output_prefix);
+  return group.wait();
 }
 
 }  // namespace spes

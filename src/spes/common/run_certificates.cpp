@@ -64,22 +64,24 @@ std::string pem_of(F&& write) {
   return s;
 }
 
-Key read_key(const std::string& path) {
+// Reads one PEM object from `path` with OpenSSL's reader for it (PEM_read_PrivateKey,
+// PEM_read_X509); `what` names it in the error.
+template <typename Owned, typename Reader>
+Owned read_pem(const std::string& path, Reader reader, const char* what) {
   FILE* f = std::fopen(path.c_str(), "rb");
   SPES_CHECK(f, "spes certs: cannot read '{}'", path);
-  Key k(PEM_read_PrivateKey(f, nullptr, nullptr, nullptr));
+  Owned o(reader(f, nullptr, nullptr, nullptr));
   std::fclose(f);
-  SPES_CHECK(k, "spes certs: '{}' is not a PEM private key", path);
-  return k;
+  SPES_CHECK(o, "spes certs: '{}' is not a PEM {}", path, what);
+  return o;
+}
+
+Key read_key(const std::string& path) {
+  return read_pem<Key>(path, PEM_read_PrivateKey, "private key");
 }
 
 Cert read_cert(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  SPES_CHECK(f, "spes certs: cannot read '{}'", path);
-  Cert c(PEM_read_X509(f, nullptr, nullptr, nullptr));
-  std::fclose(f);
-  SPES_CHECK(c, "spes certs: '{}' is not a PEM certificate", path);
-  return c;
+  return read_pem<Cert>(path, PEM_read_X509, "certificate");
 }
 
 void add_ext(X509* x, X509* issuer, int nid, const std::string& value) {

@@ -395,6 +395,10 @@ void validate_data(const DataConfig& d, const std::string& o) {
 void validate_topology(const SpesConfig& s, const std::string& o) {
   check_positive(o, "spes_config.num_peers", s.num_peers);
   check_positive(o, "spes_config.sync_steps", s.sync_steps);
+  // issue 38 (own-node)
+  SPES_CHECK(s.rewarmup_steps >= -1, "{}: spes_config.rewarmup_steps must be -1 (the "
+             "scheduler's t_warmup), 0 (no re-warm-up) or a number of steps, found {}", o,
+             s.rewarmup_steps);
   SPES_CHECK(s.peer_id >= 0 && s.peer_id < s.num_peers,
              "{}: spes_config.peer_id must be in [0, num_peers={}), found {}", o, s.num_peers,
              s.peer_id);

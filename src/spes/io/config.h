@@ -344,11 +344,16 @@ struct SpesConfig {
   UpdateBounds bounds;
   DashboardSettings dashboard;
   ElasticOwnership elastic;
+  // issue 38 (own-node): steps of the learning-rate re-warm-up of experts a node gains without
+  // their AdamW moments (Trainer::change_ownership): linear from 1/n to 1 over n optimizer
+  // steps; -1: the scheduler's t_warmup; 0: none.
+  int64_t rewarmup_steps = -1;
   template <class V> void visit(V& v) {
     v("mode", mode); v("num_peers", num_peers); v("peer_id", peer_id);
     v("num_train_experts_per_node", num_train_experts_per_node);
     v("expert_owners", expert_owners); v("sync_steps", sync_steps);
     v("weighting", weighting);
+    v("rewarmup_steps", rewarmup_steps);  // issue 38 (own-node)
     transport.visit(v); timing.visit(v); transfer.visit(v); merging.visit(v); outer.visit(v);
     bounds.visit(v); dashboard.visit(v); elastic.visit(v);
   }

@@ -25,6 +25,28 @@ Ownership::Ownership(int64_t num_nodes, std::vector<std::vector<int64_t>> owner)
   }
 }
 
+Ownership Ownership::from_table(int64_t num_nodes, std::vector<std::vector<int64_t>> owner,
+                                const std::string& origin) {
+  SPES_CHECK(num_nodes >= 1 && num_nodes <= kMaxNodes,
+             "{}: the number of nodes must be in [1, {}], found {}", origin, kMaxNodes, num_nodes);
+  for (size_t l = 0; l < owner.size(); ++l) {
+    SPES_CHECK(owner[l].size() == owner[0].size(),
+               "{}: layer {} lists {} experts but layer 0 lists {} (every layer needs one owner "
+               "per expert)", origin, l, owner[l].size(), owner[0].size());
+    for (size_t e = 0; e < owner[l].size(); ++e)
+      SPES_CHECK(owner[l][e] >= 0 && owner[l][e] < num_nodes,
+                 "{}: expert {} of layer {} is owned by node {}, outside [0, {})", origin, e, l,
+                 owner[l][e], num_nodes);
+  }
+  return Ownership(num_nodes, std::move(owner));
+}
+
+void Ownership::check_shape(int64_t layers, int64_t experts, const std::string& origin) const {
+  SPES_CHECK(num_layers() == layers && (layers == 0 || num_experts() == experts),
+             "{}: the ownership map covers {} layers x {} experts but the model has {} x {} (a "
+             "map of another model)", origin, num_layers(), num_experts(), layers, experts);
+}
+
 Ownership Ownership::from_config(const Config& cfg) {
   const auto& s = cfg.spes_config;
   const int64_t L = cfg.model.n_layers, E = cfg.model.is_moe() ? cfg.model.moe_num_experts : 0;

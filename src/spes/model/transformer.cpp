@@ -152,6 +152,42 @@ void Transformer::load_initial_weights(const InitialWeights& w) {
   }
 }
 
+void Transformer::set_trainable_experts(const std::vector<std::vector<bool>>& trainable) {
+  const int64_t L = cfg_.n_layers, E = cfg_.is_moe() ? cfg_.moe_num_experts : 0;
+  SPES_CHECK(static_cast<int64_t>(trainable.size()) == L &&
+                 (L == 0 || static_cast<int64_t>(trainable[0].size()) == E),
+             "internal: the trainable-expert table is {} x {}, the model has {} x {} experts",
+             trainable.size(), trainable.empty() ? 0 : trainable[0].size(), L, E);
+  if (!runtime_.grouped()) return;  // one fp32 tensor per expert, trained or not
+  const int64_t D = cfg_.d_model, F = cfg_.ffn_hidden_size();
+  torch::NoGradGuard ng;
+  for (int64_t l = 0; l < L; ++l) {
+    const std::vector<bool> before = runtime_.trainable_experts.empty()
+                                         ? std::vector<bool>(E, true)
+                                         : runtime_.trainable_experts[l];
+    if (before == trainable[l]) continue;
+    BlockWeights& b = blocks_[l];
+    std::vector<ExpertWeights> fresh(E);
+    ExpertStack stack = expert_stack_create(fresh, trainable[l], D, F, runtime_.grouped_dtype,
+                                            runtime_.frozen_dtype, device_);
+    for (int64_t e = 0; e < E; ++e) {  // the new slots are refreshed from these at first use
+      fresh[e].w1.copy_(b.experts[e].w1);
+      fresh[e].v1.copy_(b.experts[e].v1);
+      fresh[e].w2.copy_(b.experts[e].w2);
+    }
+    for (auto& p : params_) {
+      if (p.role != ParamRole::Expert || p.layer != l) continue;
+      const ExpertWeights& x = fresh[p.expert];
+      if (p.name == expert_param_name(l, p.expert, "gate_proj")) p.tensor = x.w1;
+      else if (p.name == expert_param_name(l, p.expert, "up_proj")) p.tensor = x.v1;
+      else p.tensor = x.w2;
+    }
+    b.experts = std::move(fresh);
+    b.stack = std::move(stack);
+  }
+  runtime_.trainable_experts = trainable;
+}
+
 Transformer Transformer::replica_sharing_weights() const {
   Transformer r(*this);  // copies the tensor handles; each is then replaced by an alias
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> alias;

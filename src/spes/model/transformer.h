@@ -91,6 +91,15 @@ class Transformer {
   // Logits [B, T, V] (forward + LM head), for evaluation and generation.
   torch::Tensor logits(const torch::Tensor& tokens) const;
 
+  // A node's trainable set changed (train/trainer.h, change_ownership): with grouped experts,
+  // each MoE layer whose row differs gets a new stack laid out for `trainable` ([layer][expert],
+  // as ModelRuntime::trainable_experts), its experts' values copied in (an expert that becomes
+  // frozen is rounded to frozen_dtype where that is bf16, as loading it into a model laid out
+  // for it would), and params() points at the new tensors (requires_grad: the registry's job).
+  // Without grouped experts nothing is stored differently: nothing to do.
+  // Anything holding the old tensors (a registry, an optimizer, replicas) must be rebuilt.
+  void set_trainable_experts(const std::vector<std::vector<bool>>& trainable);
+
   // A second model over the same weight storage: every parameter is a new leaf tensor aliasing
   // this one's data (so in-place updates of either are seen by both) with the same
   // requires_grad but its own .grad. Lets several threads run backward passes at once, each

@@ -118,6 +118,16 @@ int64_t AdamWMoments::bytes() const {
   return n;
 }
 
+std::pair<torch::Tensor, torch::Tensor> AdamWMoments::fp32_values() const {
+  torch::NoGradGuard ng;
+  auto [m, v] = load(0, numel_);
+  auto host = [&](const torch::Tensor& t) {
+    return t.reshape(sizes_).to(torch::kCPU, torch::kFloat32, /*non_blocking=*/false,
+                                /*copy=*/true);
+  };
+  return {host(m), host(v)};
+}
+
 std::pair<torch::Tensor, torch::Tensor> AdamWMoments::load(int64_t lo, int64_t n) const {
   if (dtype_ != MomentDtype::Int8)
     return {f32(m_.view({-1}).narrow(0, lo, n)), f32(v_.view({-1}).narrow(0, lo, n))};

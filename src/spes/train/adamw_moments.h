@@ -75,6 +75,9 @@ class AdamWMoments {
               const torch::Tensor& grad_scale, const Hyper& h, const torch::Tensor& skip);
 
   int64_t bytes() const;
+  // Both moments as fp32 values of the parameter's shape on the CPU (a copy; bf16 and int8
+  // decoded): what a node hands over with an expert (train/trainer.h, expert_moments).
+  std::pair<torch::Tensor, torch::Tensor> fp32_values() const;
   // Checkpoint tensors: "exp_avg/<name>" and "exp_avg_sq/<name>" (param's shape: fp32, bf16,
   // or the int8/uint8 codes), and for int8 "exp_avg_absmax/<name>", "exp_avg_sq_absmax/<name>".
   void append_state(const std::string& name, NamedTensors* out) const;

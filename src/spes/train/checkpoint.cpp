@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <filesystem>
@@ -105,6 +106,10 @@ void checkpoint_save(const std::string& dir, const Config& cfg, const ParamRegis
                        {"model_fingerprint", registry.fingerprint()},
                        {"extra", state.extra},
                        {"files", files}};
+  if (state.ownership)
+    st["ownership"] = {{"epoch", state.ownership_epoch},
+                       {"num_nodes", state.ownership->num_nodes()},
+                       {"table", state.ownership->table()}};
   file_write_atomic(run_layout::checkpoint_state(tmp), st.dump(2));
   dir_fsync(tmp);
   dir_commit(tmp, dir);
@@ -138,6 +143,50 @@ static std::string read_verified(const std::string& dir, const nlohmann::json& s
   return bytes;
 }
 
+// The "ownership" object of a state.json, if any: epoch and checked map.
+static std::optional<std::pair<int64_t, Ownership>> parse_ownership(const nlohmann::json& st,
+                                                                    const std::string& dir) {
+  if (!st.contains("ownership")) return std::nullopt;
+  const std::string origin = dir + "/state.json: ownership";
+  try {
+    const auto& o = st.at("ownership");
+    const int64_t epoch = o.at("epoch").get<int64_t>();
+    SPES_CHECK(epoch >= 0, "{}: epoch {} is negative", origin, epoch);
+    return std::make_pair(
+        epoch, Ownership::from_table(o.at("num_nodes").get<int64_t>(),
+                                     o.at("table").get<std::vector<std::vector<int64_t>>>(),
+                                     origin));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: lacks a field or has a wrong type ({})", origin, e.what());
+  }
+}
+
+// Throws unless the map fits the registry's model (its MoE layers x experts).
+static void check_ownership_fits(const Ownership& o, const ParamRegistry& registry,
+                                 const std::string& dir) {
+  int64_t layers = 0, experts = 0;
+  for (const auto& e : registry.entries())
+    if (e.role == ParamRole::Expert) {
+      layers = std::max(layers, e.layer + 1);
+      experts = std::max(experts, e.expert + 1);
+    }
+  const std::string origin = dir + "/state.json: ownership";
+  if (experts == 0) {
+    SPES_CHECK(o.num_experts() == 0, "{}: the map gives owners to {} experts per layer but the "
+               "model has no experts (a checkpoint of another model)", origin, o.num_experts());
+    return;
+  }
+  o.check_shape(layers, experts, origin);
+}
+
+std::optional<std::pair<int64_t, Ownership>> checkpoint_ownership(const std::string& dir,
+                                                                  int64_t layers,
+                                                                  int64_t experts) {
+  auto o = parse_ownership(read_state(dir), dir);
+  if (o && layers >= 0) o->second.check_shape(layers, experts, dir + "/state.json: ownership");
+  return o;
+}
+
 Config checkpoint_config(const std::string& dir) {
   const auto st = read_state(dir);
   return config_parse(read_verified(dir, st, "config.yaml"), {}, dir + "/config.yaml");
@@ -161,6 +210,17 @@ TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry
                                     opt_path);
     }
     const int64_t opt_step = optimizer ? st.at("optimizer_step").get<int64_t>() : 0;
+    auto ownership = parse_ownership(st, dir);
+    if (ownership) check_ownership_fits(ownership->second, registry, dir);
+    if (ownership && optimizer)  // the moments are those of the map's trainable set
+      for (const auto& e : registry.entries())
+        SPES_CHECK(e.role != ParamRole::Expert ||
+                       e.owner == ownership->second.owner(e.layer, e.expert),
+                   "{}: the checkpoint was trained with ownership map epoch {} (expert {} of "
+                   "layer {} owned by node {}), but this model was built for another map (owner "
+                   "{}); build it with the checkpoint's map (checkpoint_ownership)", dir,
+                   ownership->first, e.expert, e.layer,
+                   ownership->second.owner(e.layer, e.expert), e.owner);
     (void)st.at("step"); (void)st.at("tokens"); (void)st.at("loader").at("epoch");
     (void)st.at("loader").at("position");
     if (optimizer) optimizer->check_state(opt_state, opt_path);  // all checks before any copy
@@ -172,6 +232,10 @@ TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry
     s.loader.position = st.at("loader").at("position").get<int64_t>();
     s.sync_round = st.value("sync_round", int64_t{0});
     s.extra = st.value("extra", nlohmann::json());
+    if (ownership) {
+      s.ownership_epoch = ownership->first;
+      s.ownership = std::move(ownership->second);
+    }
   } catch (const nlohmann::json::exception& e) {
     fail("{}: state.json lacks a field or has a wrong type ({})", dir, e.what());
   }

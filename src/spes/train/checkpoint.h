@@ -6,6 +6,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 
 #include "spes/data/loader.h"
@@ -20,6 +21,11 @@ struct TrainState {
   LoaderState loader;          // training data position
   int64_t sync_round = 0;      // last sync round applied (SPES nodes)
   nlohmann::json extra;        // owner-defined state (e.g. the sync client's)
+  // The expert ownership map in force and its epoch (issue 38; 0: the config's). A trainer
+  // keeps `ownership` equal to its map and writes both into state.json ("ownership"); resumed,
+  // it builds its model with that map, not the config's. Absent in older checkpoints.
+  int64_t ownership_epoch = 0;
+  std::optional<Ownership> ownership;
 };
 
 // Writes DIR atomically. `optimizer` may be null (weights-only export). The tokenizer kept with
@@ -35,6 +41,12 @@ void checkpoint_tidy(const std::string& dir);
 // the optimizer moments. Returns the saved state.
 TrainState checkpoint_load(const std::string& dir, const ParamRegistry& registry,
                            AdamW* optimizer);
+// The ownership map a checkpoint recorded and its epoch (nullopt: none, an older checkpoint),
+// checked (Ownership::from_table) and, when layers >= 0, against a model of `layers` x
+// `experts` experts; throws naming the checkpoint otherwise.
+std::optional<std::pair<int64_t, Ownership>> checkpoint_ownership(const std::string& dir,
+                                                                  int64_t layers = -1,
+                                                                  int64_t experts = 0);
 // The config stored in a checkpoint.
 Config checkpoint_config(const std::string& dir);
 // Copies named tensors into the registry's tensors, checking names, shapes and finiteness.

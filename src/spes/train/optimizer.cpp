@@ -6,6 +6,8 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <map>
+#include <unordered_map>
 
 #include "spes/common/error.h"
 #include "spes/train/step_figures.h"
@@ -32,6 +34,7 @@ AdamW::AdamW(std::vector<RegistryEntry> params, const OptimizerConfig& cfg)
     : params_(std::move(params)), cfg_(cfg) {
   for (const auto& p : params_) moments_.emplace_back(p.tensor, cfg_.moment_dtype);
   tensor_steps_.assign(params_.size(), 0);
+  rewarm_from_.assign(params_.size(), -1);
 }
 
 void AdamW::use_persistent_grads() {
@@ -112,6 +115,82 @@ torch::Tensor with_extra(const torch::Tensor& norm, const torch::Tensor& extra) 
 
 }  // namespace
 
+double AdamW::lr_scale_at(size_t i, int64_t step) const {
+  const int64_t from = rewarm_from_[i];
+  if (from < 0 || rewarmup_steps_ <= 0) return 1.0;
+  const int64_t k = step - from;  // the k-th step since the re-warm-up began
+  return k >= rewarmup_steps_ ? 1.0 : static_cast<double>(k) / rewarmup_steps_;
+}
+
+double AdamW::lr_scale(size_t i) const { return lr_scale_at(i, step_ + 1); }
+
+int64_t AdamW::index_of(const std::string& name) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+ExpertMoments::Entry AdamW::moments_of(size_t i) const {
+  auto [m, v] = moments_.at(i).fp32_values();
+  return {m, v, tensor_steps_.at(i)};
+}
+
+void AdamW::change_params(std::vector<RegistryEntry> params, const ExpertMoments* handed) {
+  std::unordered_map<std::string, size_t> old_index;
+  for (size_t i = 0; i < params_.size(); ++i) old_index.emplace(params_[i].name, i);
+  std::vector<AdamWMoments> moments;
+  std::vector<int64_t> steps, rewarm;
+  std::vector<bool> kept_old(params_.size(), false);
+  torch::NoGradGuard ng;
+  for (size_t j = 0; j < params.size(); ++j) {
+    const RegistryEntry& p = params[j];
+    auto it = old_index.find(p.name);
+    if (it != old_index.end()) {  // kept: its state as it is
+      kept_old[it->second] = true;
+      moments.push_back(std::move(moments_[it->second]));
+      steps.push_back(tensor_steps_[it->second]);
+      rewarm.push_back(rewarm_from_[it->second]);
+      continue;
+    }
+    moments.emplace_back(p.tensor, cfg_.moment_dtype);
+    const ExpertMoments::Entry* given = nullptr;
+    if (handed) {
+      auto h = handed->by_name.find(p.name);
+      if (h != handed->by_name.end()) given = &h->second;
+    }
+    if (given) {  // handed over: exactly its moments
+      const std::unordered_map<std::string, const torch::Tensor*> by_name = {
+          {"exp_avg/" + p.name, &given->exp_avg}, {"exp_avg_sq/" + p.name, &given->exp_avg_sq}};
+      moments.back().load_state(by_name, p.name, rounding_seed(step_, j));
+      steps.push_back(given->step);
+      rewarm.push_back(-1);
+    } else {  // zero moments, bias correction from step 1, learning rate re-warmed
+      steps.push_back(0);
+      rewarm.push_back(rewarmup_steps_ > 0 ? step_ : -1);
+    }
+  }
+  // Tensors no longer trained: their gradient buffers go (the moments went with moments_).
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!kept_old[i]) params_[i].tensor.mutable_grad().reset();
+  params_ = std::move(params);
+  moments_ = std::move(moments);
+  tensor_steps_ = std::move(steps);
+  rewarm_from_ = std::move(rewarm);
+  presence_.clear();
+  device_steps_.clear();  // rebuilt from tensor_steps_ at the next step
+  if (!persistent_) return;
+  zeroed_.assign(params_.size(), {nullptr, 0});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& g = params_[i].tensor.mutable_grad();
+    if (g.defined() && g.is_contiguous()) {
+      g.zero_();
+    } else {
+      g = torch::empty_like(params_[i].tensor, torch::MemoryFormat::Contiguous).zero_();
+    }
+    mark_zeroed(i);
+  }
+}
+
 double AdamW::grad_norm() const {
   double s = 0;
   for (size_t i = 0; i < params_.size(); ++i)
@@ -148,10 +227,11 @@ torch::Tensor AdamW::step_queued(double lr, double max_grad_norm, const torch::T
     torch::Tensor g = p.grad();
     const double t = static_cast<double>(++tensor_steps_[i]);
     const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
-    const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+    const double lr_i = lr * lr_scale_at(i, step_);  // re-warmed after a change of experts
+    const double step_size = lr_i / bc1, bc2_sqrt = std::sqrt(bc2);
     if (moments_[i].dtype() != MomentDtype::Fp32) {
       moments_[i].update(p, g, torch::scalar_tensor(clip, torch::kFloat32),
-                         {lr, wd, b1, b2, eps, bc1, bc2, rounding_seed(step_, i)}, {});
+                         {lr_i, wd, b1, b2, eps, bc1, bc2, rounding_seed(step_, i)}, {});
       continue;
     }
     torch::Tensor& m = moments_[i].exp_avg();
@@ -161,7 +241,7 @@ torch::Tensor AdamW::step_queued(double lr, double max_grad_norm, const torch::T
       const float* gd = g.data_ptr<float>();
       float* md = m.data_ptr<float>();
       float* vd = v.data_ptr<float>();
-      const float fb1 = b1, fb2 = b2, fclip = clip, decay = 1.0f - float(lr * wd);
+      const float fb1 = b1, fb2 = b2, fclip = clip, decay = 1.0f - float(lr_i * wd);
       const float fstep = step_size, fbc2s = bc2_sqrt, feps = eps;
       at::parallel_for(0, p.numel(), 1 << 14, [&](int64_t b, int64_t e) {
         // One vectorised pass (omp simd + -fno-math-errno): 4x the scalar loop on AVX2.
@@ -180,7 +260,7 @@ torch::Tensor AdamW::step_queued(double lr, double max_grad_norm, const torch::T
       torch::autograd::impl::bump_version(p);
     } else {
       torch::Tensor gc = clip != 1.0 ? g * clip : g;
-      p.mul_(1.0 - lr * wd);
+      p.mul_(1.0 - lr_i * wd);
       m.mul_(b1).add_(gc, 1.0 - b1);
       v.mul_(b2).addcmul_(gc, gc, 1.0 - b2);
       torch::Tensor denom = (v.sqrt() / bc2_sqrt).add_(eps);
@@ -220,15 +300,19 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
   torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32).view({1});
   torch::Tensor grad_scale = (1.0 / clip).view({1});  // the kernel divides gradients by it
   ++step_;
-  std::vector<torch::Tensor> fp, fg, fm, fv, fs;  // torch's fused kernel: same dtype and strides
+  // torch's fused kernel: same dtype and strides; one call per learning rate (tensors in a
+  // re-warm-up after a change of experts have their own).
+  struct FusedLists { std::vector<torch::Tensor> p, g, m, v, s; };
+  std::map<double, FusedLists> fused;
   for (size_t j = 0; j < idx.size(); ++j) {
     const size_t i = idx[j];
     ++tensor_steps_[i];
+    const double lr_i = lr * lr_scale_at(i, step_);
     const torch::Tensor& p = params_[i].tensor;
     const torch::Tensor& g = grads[j];
     if (moments_[i].dtype() != MomentDtype::Fp32) {  // ATen operations over chunks
       const double t = static_cast<double>(tensor_steps_[i]);
-      moments_[i].update(p, g, clip, {lr, cfg_.weight_decay, cfg_.betas[0], cfg_.betas[1],
+      moments_[i].update(p, g, clip, {lr_i, cfg_.weight_decay, cfg_.betas[0], cfg_.betas[1],
                                       cfg_.eps, 1.0 - std::pow(cfg_.betas[0], t),
                                       1.0 - std::pow(cfg_.betas[1], t), rounding_seed(step_, i)},
                          found_inf.view({}) > 0);
@@ -239,11 +323,12 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
     torch::Tensor& exp_avg_sq = moments_[i].exp_avg_sq();
     if (p.is_non_overlapping_and_dense() && g.strides() == p.strides() &&
         exp_avg.strides() == p.strides() && g.scalar_type() == p.scalar_type()) {
-      fp.push_back(p);
-      fg.push_back(g);
-      fm.push_back(exp_avg);
-      fv.push_back(exp_avg_sq);
-      fs.push_back(device_steps_[i]);
+      FusedLists& f = fused[lr_i];
+      f.p.push_back(p);
+      f.g.push_back(g);
+      f.m.push_back(exp_avg);
+      f.v.push_back(exp_avg_sq);
+      f.s.push_back(device_steps_[i]);
       continue;
     }
     // Anything else (a gradient assigned from outside): the same update in tensor ops, skipped
@@ -255,16 +340,16 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
     torch::Tensor m = exp_avg * b1 + gc * (1.0 - b1);
     torch::Tensor v = exp_avg_sq * b2 + gc * gc * (1.0 - b2);
     torch::Tensor denom = (v.sqrt() / std::sqrt(1.0 - std::pow(b2, t))).add_(cfg_.eps);
-    torch::Tensor np = p * (1.0 - lr * cfg_.weight_decay) -
-                       m / denom * (lr / (1.0 - std::pow(b1, t)));
+    torch::Tensor np = p * (1.0 - lr_i * cfg_.weight_decay) -
+                       m / denom * (lr_i / (1.0 - std::pow(b1, t)));
     exp_avg.copy_(torch::where(keep > 0, exp_avg, m));
     exp_avg_sq.copy_(torch::where(keep > 0, exp_avg_sq, v));
     device_steps_[i].add_(1);
     params_[i].tensor.copy_(torch::where(keep > 0, p, np));
   }
-  if (!fp.empty()) {
-    at::_foreach_add_(fs, 1);
-    at::_fused_adamw_(fp, fg, fm, fv, {}, fs, lr, cfg_.betas[0], cfg_.betas[1],
+  for (auto& [lr_f, f] : fused) {
+    at::_foreach_add_(f.s, 1);
+    at::_fused_adamw_(f.p, f.g, f.m, f.v, {}, f.s, lr_f, cfg_.betas[0], cfg_.betas[1],
                       cfg_.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false,
                       grad_scale, found_inf);
   }
@@ -295,6 +380,9 @@ NamedTensors AdamW::state_tensors() const {
   for (size_t i = 0; i < params_.size(); ++i) {
     moments_[i].append_state(params_[i].name, &out);
     out.emplace_back("step/" + params_[i].name, torch::tensor(tensor_steps_[i], torch::kInt64));
+    if (lr_scale(i) < 1.0)  // a re-warm-up still running: a resumed run continues it
+      out.emplace_back("rewarm_from/" + params_[i].name,
+                       torch::tensor(rewarm_from_[i], torch::kInt64));
   }
   return out;
 }
@@ -310,6 +398,11 @@ void AdamW::check_state(const NamedTensors& tensors, const std::string& origin) 
     const torch::Tensor& st = *it->second;
     SPES_CHECK(st.numel() == 1 && st.scalar_type() == torch::kInt64 && st.item<int64_t>() >= 0,
                "{}: 'step/{}' must be one non-negative int64", origin, params_[i].name);
+    auto rw = by_name.find("rewarm_from/" + params_[i].name);
+    SPES_CHECK(rw == by_name.end() ||
+                   (rw->second->numel() == 1 && rw->second->scalar_type() == torch::kInt64 &&
+                    rw->second->item<int64_t>() >= 0),
+               "{}: 'rewarm_from/{}' must be one non-negative int64", origin, params_[i].name);
   }
 }
 
@@ -322,6 +415,8 @@ void AdamW::load_state(const NamedTensors& tensors, int64_t step_count,
   for (size_t i = 0; i < params_.size(); ++i) {
     moments_[i].load_state(by_name, params_[i].name, rounding_seed(step_count, i));
     tensor_steps_[i] = by_name.at("step/" + params_[i].name)->item<int64_t>();
+    auto rw = by_name.find("rewarm_from/" + params_[i].name);
+    rewarm_from_[i] = rw == by_name.end() ? -1 : rw->second->item<int64_t>();
   }
   device_steps_.clear();  // rebuilt from tensor_steps_ at the next step
   step_ = step_count;

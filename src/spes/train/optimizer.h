@@ -11,6 +11,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,15 @@
 namespace spes {
 
 double lr_at_step(const Config& cfg, int64_t step);
+
+// Moments of some experts, as AdamW holds them: per parameter name (the registry's names of
+// the expert's tensors), exp_avg and exp_avg_sq (fp32, CPU), with the optimizer step count of
+// that parameter. What moves with an expert from one node to another (issue 38;
+// Trainer::change_ownership, expert_moments).
+struct ExpertMoments {
+  struct Entry { torch::Tensor exp_avg, exp_avg_sq; int64_t step = 0; };
+  std::map<std::string, Entry> by_name;
+};
 
 class AdamW {
  public:
@@ -71,6 +81,25 @@ class AdamW {
   void load_state(const NamedTensors& tensors, int64_t step_count, const std::string& origin);
   // Bytes held by optimizer moments (int8: with their block scales).
   int64_t state_bytes() const;
+
+  // The trainable set changed (Trainer::change_ownership, at a step boundary): `params` is the
+  // new list. A tensor of the old list (by name) keeps its moments, step count and any
+  // re-warm-up bit for bit; a new one starts from `handed`'s entry when it has one (checked
+  // beforehand by the caller: train/ownership_change.h), else from zero moments with a
+  // learning-rate re-warm-up (rewarmup_steps(); none when 0). Tensors that left the list lose
+  // their moments and their persistent gradient buffers.
+  void change_params(std::vector<RegistryEntry> params, const ExpertMoments* handed);
+  // Steps of the linear learning-rate re-warm-up of tensors that start from zero moments in
+  // change_params: in the k-th optimizer step after the change such a tensor is updated with
+  // lr x min(1, k / n). 0: none.
+  void set_rewarmup_steps(int64_t n) { rewarmup_steps_ = n; }
+  int64_t rewarmup_steps() const { return rewarmup_steps_; }
+  // The factor params()[i]'s learning rate gets in the next step (1 outside a re-warm-up).
+  double lr_scale(size_t i) const;
+  // params()[i]'s moments as fp32 CPU values and its step count.
+  ExpertMoments::Entry moments_of(size_t i) const;
+  // Index of the parameter named `name` in params(), or -1.
+  int64_t index_of(const std::string& name) const;
   const std::vector<RegistryEntry>& params() const { return params_; }
 
  private:
@@ -79,6 +108,10 @@ class AdamW {
   // Steps each tensor has taken: a tensor without a gradient in a step (an expert that got no
   // tokens) is skipped and keeps its own bias correction, as in torch.optim.AdamW.
   std::vector<int64_t> tensor_steps_;
+  // Per tensor: the optimizer step count when its re-warm-up began (-1: none), and its length.
+  // Saved as "rewarm_from/<name>" while it lasts.
+  std::vector<int64_t> rewarm_from_;
+  int64_t rewarmup_steps_ = 0;
   OptimizerConfig cfg_;
   int64_t step_ = 0;  // optimizer steps taken
   // Persistent gradients: each buffer and its version counter as zero_grad left them.
@@ -87,6 +120,7 @@ class AdamW {
   std::vector<bool> presence_;             // set_grad_presence (empty: none given)
   std::vector<torch::Tensor> device_steps_;  // fp32 step counts for _fused_adamw_ (GPU)
   bool stepped(size_t i) const;  // has_grad, or presence_ when given
+  double lr_scale_at(size_t i, int64_t step) const;  // lr_scale in optimizer step `step`
   void mark_zeroed(size_t i);
   torch::Tensor step_device(double lr, double max_grad_norm, const torch::Tensor& extra);
 };

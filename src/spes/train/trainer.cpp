@@ -19,6 +19,7 @@
 #include "spes/model/model_size_guard.h"
 #include "spes/train/device.h"
 #include "spes/train/memory_meter.h"
+#include "spes/train/ownership_change.h"
 
 namespace spes {
 namespace fs = std::filesystem;
@@ -71,7 +72,23 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   if (cfg_.data.validation_fraction > 0 || !cfg_.data.validation_paths.empty())
     val_loader_ = std::make_unique<BatchLoader>(cfg_.data, seq, cfg_.seed, 0, 1, Split::Validation);
 
-  ownership_ = std::make_unique<Ownership>(Ownership::from_config(cfg_));
+  // A resumed run continues with the checkpoint's map (issue 38: it may differ from the
+  // config's after experts changed hands), so the model is laid out for it from the start.
+  std::string resume = opts_.resume_from;
+  const std::string checkpoint_dir = run_layout::checkpoint(out_dir_);
+  if (is_rank0()) checkpoint_tidy(checkpoint_dir);
+  if (resume == "auto")
+    resume = fs::exists(run_layout::checkpoint_state(checkpoint_dir)) ? checkpoint_dir : "";
+  auto recorded = resume.empty() ? std::nullopt
+                                 : checkpoint_ownership(resume, cfg_.model.n_layers,
+                                                        cfg_.model.is_moe()
+                                                            ? cfg_.model.moe_num_experts
+                                                            : 0);
+  ownership_ = std::make_unique<Ownership>(recorded ? recorded->second
+                                                    : Ownership::from_config(cfg_));
+  if (recorded && recorded->first > 0 && is_rank0())
+    spdlog::info("{}resuming with the checkpoint's ownership map (epoch {}, {})",
+                 opts_.progress_prefix, recorded->first, ownership_->fingerprint());
   // The layout (grouped experts, bf16 frozen experts, checkpointing) follows the precision and
   // what this node trains.
   model_ = std::make_unique<Transformer>(
@@ -84,6 +101,7 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   initial.reset();  // the model holds its own copy
   registry_ = std::make_unique<ParamRegistry>(*model_, cfg_, *ownership_, opts_.node_id);
   optimizer_ = std::make_unique<AdamW>(registry_->trainable(), cfg_.optimizer);
+  optimizer_->set_rewarmup_steps(rewarmup_steps_for(cfg_));
   // One gradient buffer per trainable tensor for the whole run: peak memory is weights +
   // gradients + moments + activations, so frozen experts save their gradient bytes too.
   optimizer_->use_persistent_grads();
@@ -95,15 +113,11 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   if (opts_.dist)
     reducer_ = std::make_unique<GradientAllReduce>(*opts_.dist, *model_, *optimizer_);
 
-  std::string resume = opts_.resume_from;
-  const std::string checkpoint_dir = run_layout::checkpoint(out_dir_);
-  if (is_rank0()) checkpoint_tidy(checkpoint_dir);
-  if (resume == "auto")
-    resume = fs::exists(run_layout::checkpoint_state(checkpoint_dir)) ? checkpoint_dir : "";
   if (!resume.empty()) {
     state_ = checkpoint_load(resume, *registry_, optimizer_.get());
     train_loader_->restore(state_.loader);
   }
+  state_.ownership = *ownership_;
   if (opts_.dist) {  // every rank starts from rank 0's weights
     std::vector<torch::Tensor> all;
     for (const auto& e : registry_->entries()) all.push_back(e.tensor);
@@ -258,7 +272,9 @@ EvalResult Trainer::evaluate(int64_t max_batches) {
 
 void Trainer::save_checkpoint(const std::string& dir) const {
   if (!is_rank0()) return;  // the ranks hold the same weights and moments
-  checkpoint_save(dir, cfg_, *registry_, optimizer_.get(), state_);
+  TrainState st = state_;
+  st.ownership = *ownership_;  // the map in force, whatever the state's holder did to it
+  checkpoint_save(dir, cfg_, *registry_, optimizer_.get(), st);
 }
 
 Trainer::BoundaryDecision Trainer::decide_at_boundary() const {

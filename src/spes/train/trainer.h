@@ -113,6 +113,25 @@ class Trainer {
   const Config& config() const { return cfg_; }
   Transformer& model() { return *model_; }
   const ParamRegistry& registry() const { return *registry_; }
+  // Which experts this node trains now (epoch 0: Ownership::from_config; a resumed run: the
+  // map its checkpoint recorded).
+  const Ownership& ownership() const { return *ownership_; }
+  // At a step boundary (nothing queued), every rank of a --nproc-per-node group with the same
+  // map: this node now trains the experts `next` gives it; the shared tensors are unchanged.
+  // Experts it keeps keep their AdamW state bit for bit; experts it gains start from `handed`
+  // (exactly their moments, checked: names, shapes, finite) when given, else from zero moments
+  // with a learning-rate re-warm-up for those experts only (linear over
+  // spes_config.rewarmup_steps steps, default: the scheduler's t_warmup); experts it loses
+  // become frozen (their gradient buffers and moments freed, frozen low-precision storage where
+  // the layout uses it). Weights are not touched. `handed` may cover some of the gained experts
+  // (all three tensors of each); on a group of ranks rank 0's is used. Bad input (a map of
+  // another shape, moments of a tensor not gained, of a wrong shape, not finite) throws before
+  // anything changes. The registry and optimizer objects stay the same objects (their contents
+  // change); the state's map (state().ownership) follows; ownership_epoch is the caller's.
+  void change_ownership(const Ownership& next, const ExpertMoments* handed = nullptr);
+  // The AdamW moments of the given experts this node trains now (for a graceful handoff);
+  // throws for an expert it does not train.
+  ExpertMoments expert_moments(const std::vector<std::pair<int64_t, int64_t>>& layer_expert) const;
   AdamW& optimizer() { return *optimizer_; }
   TrainState& state() { return state_; }
   const TrainState& state() const { return state_; }
