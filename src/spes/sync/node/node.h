@@ -156,6 +156,13 @@ class SyncNode : public StepObserver {
   void rejoin(double limit_s);  // join again (same incarnation), retrying transient failures
   void stop_heartbeats();
   void leave(Trainer& t, LeaveKind kind, const std::string& reason);
+  // At a round boundary (or on join / catch-up): the trainer changes to map `m` (checked
+  // against its fingerprint) when it differs from the one it trains under; a lost expert takes
+  // its value from `published` (the round's model; null: the registry holds it already), the
+  // compressed-upload base and residuals follow the new set, the frozen digest is taken again.
+  // Returns the sync record's "ownership" entry (null when nothing changed).
+  nlohmann::json apply_ownership(Trainer& t, const OwnershipMap& m,
+                                 const ParamRegistry* published = nullptr);
   // Keeps the step's loss and throughput (the trainer's metrics record) for the next heartbeat.
   void record_metrics(const nlohmann::json& record, int64_t step);
 
@@ -167,6 +174,7 @@ class SyncNode : public StepObserver {
   nlohmann::json join_record_;
   int64_t tokens_at_sync_ = 0;
   std::string frozen_sha_;
+  int64_t ownership_epoch_ = 0;  // the epoch of the map the node trains under (its uploads say it)
   std::atomic<int64_t> step_{0};
   std::mutex metrics_mu_;
   NodeMetrics metrics_;  // for the next heartbeat: last loss and throughput, losses since
