@@ -33,7 +33,7 @@ struct NodeArgs {
   double connect_timeout = 120;
   std::vector<std::string> sets;
   int64_t nproc = 1;
-  bool insecure = false;
+  bool insecure = false, depart = false;
   std::string tls_dir;
 };
 
@@ -57,6 +57,7 @@ void run_node(const NodeArgs& a) {
     no.connect_timeout_s = a.connect_timeout;
     no.auth_token = spes::sync::node_token(a.token_file);
     no.insecure = a.insecure;
+    no.depart = a.depart;
     no.hooks = spes::cli::node_round_hooks(id);
     node = std::make_unique<spes::sync::SyncNode>(no);
   }
@@ -119,6 +120,10 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
   sub.add_flag("--insecure", a->insecure, "Allow a plaintext connection to a server that is not "
                "on loopback (the token and the model cross the network unprotected; default: "
                "refused without spes_config.tls_ca)");
+  sub.add_flag("--depart", a->depart, "Leave the run for good when stopped (SIGINT/SIGTERM): "
+               "the server hands this node's experts to live nodes at the next round "
+               "(spes_config.reassign_after_rounds > 0); without it a stopped node is expected "
+               "back");
   sub.callback([a] { run_node(*a); });
 });
 

@@ -3,6 +3,7 @@
 // via the Status RPC (with --read-token-file the read token the server asks for off loopback),
 // and prints them as a table, or as JSON.
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -55,6 +56,9 @@ void run_status(const StatusArgs& a) {
                         {"round_open_s", s.round_open_s},
                         {"protocol_version", s.protocol_version},
                         {"publish_error", s.publish_error},
+                        {"ownership_epoch", s.ownership_epoch},
+                        {"departed", s.departed},
+                        {"frozen_experts", s.frozen_experts},
                         {"nodes", nlohmann::json::array()}};
     for (const auto& n : s.nodes)
       j["nodes"].push_back({{"node", n.node_id}, {"state", n.state}, {"step", n.step},
@@ -69,6 +73,11 @@ void run_status(const StatusArgs& a) {
              s.published_step, s.model_sha256.substr(0, 16));
   fmt::print("collecting round {}{}\n", s.collecting_round,
              s.round_open_s > 0 ? fmt::format(", open for {:.1f} s", s.round_open_s) : "");
+  fmt::print("ownership epoch {}{}{}\n", s.ownership_epoch,
+             s.departed.empty() ? "" : fmt::format(", departed node(s) {}", fmt::join(s.departed, ", ")),
+             s.frozen_experts.empty() ? ""
+                 : fmt::format(", {} expert(s) frozen with no live owner ({})",
+                               s.frozen_experts.size(), fmt::join(s.frozen_experts, " ")));
   if (!s.publish_error.empty())
     fmt::print("round {} is closed but NOT published: {} (the server retries)\n",
                s.collecting_round, s.publish_error);

@@ -417,6 +417,16 @@ void validate_transfer(const TransferSettings& t, const std::string& o) {
              "(0, 1] (1: plain error feedback), found {}", o, t.topk_decay);
 }
 
+void validate_elastic(const ElasticOwnership& e, const Config& c, const std::string& o) {
+  SPES_CHECK(e.reassign_after_rounds >= 0, "{}: spes_config.reassign_after_rounds must be >= 0 "
+             "(0: never reassign a departed node's experts), found {}", o,
+             e.reassign_after_rounds);
+  const int64_t E = c.model.is_moe() ? c.model.moe_num_experts : 0;
+  SPES_CHECK(e.expert_capacity >= 0 && e.expert_capacity <= std::max<int64_t>(E, 0),
+             "{}: spes_config.expert_capacity must be in [0, moe_num_experts={}] (experts per "
+             "layer this node can train; 0: no cap), found {}", o, E, e.expert_capacity);
+}
+
 void validate_timing(const RoundTiming& t, const SpesConfig& s, const std::string& o) {
   SPES_CHECK(t.overlap_delay_steps >= 0 && t.overlap_delay_steps < s.sync_steps,
              "{}: spes_config.overlap_delay_steps must be in [0, sync_steps={}) (0: apply a "
@@ -526,6 +536,7 @@ void config_validate(const Config& c, const std::string& o) {
   validate_optimizer(c, o);
   validate_data(c.data, o);
   validate_spes(c.spes_config, o);
+  validate_elastic(c.spes_config.elastic, c, o);
 }
 
 }  // namespace spes

@@ -314,6 +314,19 @@ struct DashboardSettings {
   template <class V> void visit(V& v) { v("dashboard_port", port); v("dashboard_host", host); }
 };
 
+// Elastic expert ownership (sync/round/reassign.h, docs/PROTOCOL.md "Ownership epochs"): a
+// node that misses reassign_after_rounds consecutive rounds (or leaves "departing") is
+// declared departed and its experts go to live nodes at the next round boundary (0: never, the
+// map stays the config's for the whole run); expert_capacity (node side, sent on Join) caps
+// how many experts per layer the node takes (0: no cap declared).
+struct ElasticOwnership {
+  int64_t reassign_after_rounds = 3;
+  int64_t expert_capacity = 0;
+  template <class V> void visit(V& v) {
+    v("reassign_after_rounds", reassign_after_rounds); v("expert_capacity", expert_capacity);
+  }
+};
+
 struct SpesConfig {
   // Who trains what, and how often the nodes sync.
   Choice<SyncMode> mode = SyncMode::Centralized;  // centralized | spes | fedavg | diloco
@@ -330,6 +343,7 @@ struct SpesConfig {
   OuterStepSettings outer;
   UpdateBounds bounds;
   DashboardSettings dashboard;
+  ElasticOwnership elastic;
   // issue 38 (own-node): steps of the learning-rate re-warm-up of experts a node gains without
   // their AdamW moments (Trainer::change_ownership): linear from 1/n to 1 over n optimizer
   // steps; -1: the scheduler's t_warmup; 0: none.
@@ -341,7 +355,7 @@ struct SpesConfig {
     v("weighting", weighting);
     v("rewarmup_steps", rewarmup_steps);  // issue 38 (own-node)
     transport.visit(v); timing.visit(v); transfer.visit(v); merging.visit(v); outer.visit(v);
-    bounds.visit(v); dashboard.visit(v);
+    bounds.visit(v); dashboard.visit(v); elastic.visit(v);
   }
   // Whether the server applies the outer step (and keeps its momentum).
   bool uses_outer_step() const {

@@ -15,6 +15,7 @@
 #include "spes/sync/wire/auth.h"
 #include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/chunk_coding.h"
+#include "spes/sync/wire/ownership_message.h"
 #include "spes_sync.grpc.pb.h"
 
 namespace spes::sync {
@@ -148,6 +149,9 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   req.set_protocol_version(info.protocol_version);
   req.mutable_settings()->insert(info.settings.begin(), info.settings.end());
   req.set_step(info.step);
+  req.set_ownership_epoch(info.ownership_epoch);
+  req.set_held_ownership_fingerprint(info.ownership_fingerprint);
+  req.set_expert_capacity(info.expert_capacity);
   pb::JoinReply rep;
   grpc::ClientContext ctx;
   prepare(ctx, info.node, 60);
@@ -160,6 +164,7 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   r.max_chunk_bytes = rep.max_chunk_bytes();
   r.heartbeat_interval_ms = rep.heartbeat_interval_ms();
   r.published_nodes.assign(rep.published_nodes().begin(), rep.published_nodes().end());
+  r.ownership = ownership_from_message(rep.ownership());
   return r;
 }
 
@@ -264,6 +269,7 @@ RoundStatus SyncClient::wait_round(int64_t round, uint32_t max_wait_ms) {
   r.published_round = rep.published_round();
   r.published_step = rep.published_step();
   r.nodes.assign(rep.nodes().begin(), rep.nodes().end());
+  r.ownership = ownership_from_message(rep.ownership());
   return r;
 }
 
@@ -356,6 +362,9 @@ ServerStatus SyncClient::status(const std::string& read_token) {
   s.round_open_s = rep.round_open_s();
   s.protocol_version = rep.protocol_version();
   s.publish_error = rep.publish_error();
+  s.ownership_epoch = rep.ownership_epoch();
+  s.departed.assign(rep.departed().begin(), rep.departed().end());
+  s.frozen_experts.assign(rep.frozen_experts().begin(), rep.frozen_experts().end());
   for (const auto& n : rep.nodes())
     s.nodes.push_back({n.node_id(), n.state(), n.step(), n.last_seen_s(), n.detail(),
                        n.has_loss() ? n.loss() : NAN,
@@ -363,11 +372,12 @@ ServerStatus SyncClient::status(const std::string& read_token) {
   return s;
 }
 
-void SyncClient::leave(int64_t step, const std::string& reason) {
+void SyncClient::leave(int64_t step, const std::string& reason, LeaveKind kind) {
   pb::LeaveRequest req;
   fill(req.mutable_node(), id_);
   req.set_step(step);
   req.set_reason(reason);
+  req.set_kind(kind == LeaveKind::Departing ? pb::LEAVE_DEPARTING : pb::LEAVE_FINISHED);
   pb::LeaveReply rep;
   grpc::ClientContext ctx;
   prepare(ctx, id_, 30);

@@ -72,7 +72,7 @@ class SyncClient {
                     const std::function<void(uint64_t)>& on_begin,
                     const std::function<void(const char*, size_t)>& on_data,
                     uint64_t offset = 0, int64_t from_round = -1);
-  void leave(int64_t step, const std::string& reason);
+  void leave(int64_t step, const std::string& reason, LeaveKind kind = LeaveKind::Finished);
   // Reports the node's step and metrics; returns the server's latest published round.
   int64_t heartbeat(int64_t step, const NodeMetrics& metrics = {});
   // Needs `read_token` when the server has one or listens off loopback.

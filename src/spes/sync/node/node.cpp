@@ -15,6 +15,7 @@
 #include "spes/sync/node/client.h"
 #include "spes/sync/node/download.h"
 #include "spes/sync/node/node_calls.h"
+#include "spes/sync/round/ownership_map.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/round/round_clock.h"
 #include "spes/sync/round/topk_feedback.h"
@@ -74,7 +75,9 @@ void SyncNode::stop_heartbeats() {
 
 JoinResult SyncNode::join_once() {
   Trainer& t = *trainer_;
-  const JoinInfo info = node_join_info(t.config(), t.registry(), client_->id(), step_.load());
+  JoinInfo info = node_join_info(t.config(), t.registry(), client_->id(), step_.load());
+  info.ownership_epoch = ownership_epoch_;
+  info.ownership_fingerprint = t.ownership().fingerprint();
   return client_->join(info);
 }
 
@@ -97,6 +100,7 @@ void SyncNode::rejoin(double limit_s) {
 void SyncNode::on_start(Trainer& t) {
   trainer_ = &t;
   step_ = t.state().step;
+  ownership_epoch_ = t.state().ownership_epoch;
   SPES_CHECK(t.config().spes_config.mode != SyncMode::Centralized, "spes node: "
              "spes_config.mode is centralized; set it to spes, fedavg or diloco (the server uses "
              "the same config)");
@@ -111,14 +115,23 @@ void SyncNode::on_start(Trainer& t) {
   const bool replay = !keep && replays_upload(t, jr);
   if (replay) replay_upload(t, jr);
   const HeldModel held = keep ? keep_checkpoint(t, jr) : take_published_model(t, jr);
+  const nlohmann::json changed = apply_ownership(t, jr.ownership);
   mark_synced(t, /*reset_residual=*/!replay, held.sha256);
-  if (keep && delta_->enabled()) restore_sync_state(t);
+  if (keep && delta_->enabled()) {
+    // The checkpoint's sync state belongs to the trainable set it was written with: a map that
+    // changed at this join (the server's newer epoch) makes it another node's state.
+    if (changed.is_null()) restore_sync_state(t);
+    else spdlog::warn("node {}: its trainable set changed at this join (ownership epoch {}); "
+                      "its checkpoint's compressed-sync state is dropped and starts afresh",
+                      client_->id().node_id, ownership_epoch_);
+  }
   t.state().sync_tensors.clear();  // kept in delta_ now
   // A kept checkpoint lies after the published round: its next upload counts the tokens since
   // that round, as it would have without the restart.
   if (keep)
     tokens_at_sync_ -= (t.state().step - jr.published_step) * t.config().tokens_per_step();
   join_record_ = join_record(t, jr, keep, held, since(t0));
+  if (!changed.is_null()) join_record_["ownership"] = changed;
   spdlog::info("node {}: joined at round {} (step {}), loaded {} ({}), model sha256 {}",
                client_->id().node_id, jr.published_round, t.state().step,
                human_bytes(held.bytes_down),
@@ -251,6 +264,8 @@ nlohmann::json SyncNode::join_record(Trainer& t, const JoinResult& jr, bool kept
           {"frozen_numel", reg.frozen_numel()},
           {"grad_numel", grad_numel},
           {"optimizer_state_bytes", t.optimizer().state_bytes()},
+          {"ownership_epoch", ownership_epoch_},
+          {"ownership_fingerprint", t.ownership().fingerprint()},
           {"compression", t.config().spes_config.transfer.compression.name()},
           {"upload_data_bytes", delta_->enabled()
                                     ? delta_->upload_data_bytes(reg)
@@ -398,6 +413,8 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
     frozen_sha_ = x.record["frozen_sha256_after"].get<std::string>();
     t.state().sync_round = round;
     x.record["frozen_sha256_before"] = frozen_before;
+    const nlohmann::json changed = apply_ownership(t, x.ownership);
+    if (!changed.is_null()) x.record["ownership"] = changed;
   }
   x.record["overlap"] = false;
   x.record["blocked_s"] = since(t0);
@@ -437,13 +454,16 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
     rec = catch_up(t, x.catch_up_round, x.why);
   } else {
     inflight_->apply(t.registry());
-    inflight_buffers_ = inflight_->release();
-    inflight_.reset();
     frozen_sha_ = x.record["frozen_sha256_after"].get<std::string>();
     SPES_CHECK(frozen_weights_sha256(t.registry()) == frozen_sha_, "node {}: its frozen tensors "
                "differ from round {}'s after applying it", t.registry().node_id(), round);
+    // A new map: lost experts take the round's value from the copy, before it is released.
+    const nlohmann::json changed = apply_ownership(t, x.ownership, &inflight_->published());
+    inflight_buffers_ = inflight_->release();
+    inflight_.reset();
     t.state().sync_round = round;
     rec = std::move(x.record);
+    if (!changed.is_null()) rec["ownership"] = changed;
   }
   rec["overlap"] = true;
   rec["applied_step"] = step;
@@ -456,13 +476,69 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
   return rec;
 }
 
-void SyncNode::on_stop(Trainer&) {
+nlohmann::json SyncNode::apply_ownership(Trainer& t, const OwnershipMap& m,
+                                         const ParamRegistry* published) {
+  if (m.empty()) return nullptr;  // a server that sends none (never: protocol 8)
+  const Ownership& cur = t.ownership();
+  const int64_t node = client_->id().node_id;
+  const Ownership next = ownership_of(m, cur.num_nodes(), cur.num_layers(), cur.num_experts(),
+                                      fmt::format("node {}: the server's map", node));
+  if (next.fingerprint() == cur.fingerprint()) {
+    ownership_epoch_ = t.state().ownership_epoch = m.epoch;
+    return nullptr;
+  }
+  std::set<std::string> before;
+  for (const auto& e : t.registry().entries())
+    if (e.trainable) before.insert(e.name);
+  t.change_ownership(next);
+  ownership_epoch_ = t.state().ownership_epoch = m.epoch;
+  const ParamRegistry& reg = t.registry();
+  int64_t gained = 0, lost = 0, trainable = 0;
+  torch::NoGradGuard ng;
+  for (const auto& e : reg.entries()) {
+    const bool was = before.count(e.name) > 0;
+    trainable += e.trainable ? 1 : 0;
+    if (e.trainable && !was) ++gained;
+    if (!e.trainable && was) {
+      ++lost;
+      // A lost expert holds the published value (overlap: it trained on since the upload).
+      if (published && published != &reg) e.tensor.copy_(published->find(e.name)->tensor);
+    }
+  }
+  std::vector<std::string> dropped;
+  if (delta_->enabled()) dropped = delta_->change_trainable_set(reg, published ? *published : reg);
+  frozen_sha_ = frozen_weights_sha256(reg);
+  spdlog::warn("node {}: ownership epoch {} from round {} (map {}): trains {} tensors now ({} "
+               "gained, {} lost{})", node, m.epoch, m.from_round, m.fingerprint,
+               trainable, gained, lost,
+               dropped.empty() ? "" : fmt::format(", {} residuals dropped", dropped.size()));
+  return {{"epoch", m.epoch}, {"from_round", m.from_round}, {"fingerprint", m.fingerprint},
+          {"gained_tensors", gained}, {"lost_tensors", lost},
+          {"residuals_dropped", dropped.size()}, {"trainable_numel", reg.trainable_numel()}};
+}
+
+void SyncNode::on_stop(Trainer& t) {
   // A round in flight is dropped (its upload may still be published without this node's
   // progress since; the restarted node then takes that model). No leave: the node comes back.
   stopping_ = true;
   inflight_.reset();
   stopping_ = false;
   stop_heartbeats();
+  if (opts_.depart && client_) leave(t, LeaveKind::Departing, "departing (spes node --depart)");
+}
+
+void SyncNode::leave(Trainer& t, LeaveKind kind, const std::string& reason) {
+  try {
+    call("leave", 30, [&] {
+      client_->leave(t.state().step, reason, kind);
+      return 0;
+    });
+    if (kind == LeaveKind::Departing)
+      spdlog::warn("node {}: left the run for good at step {}; the server hands its experts to "
+                   "live nodes", client_->id().node_id, t.state().step);
+  } catch (const std::exception& e) {
+    spdlog::warn("node {}: leave failed: {}", client_->id().node_id, e.what());
+  }
 }
 
 void SyncNode::on_finish(Trainer& t) {
@@ -473,15 +549,7 @@ void SyncNode::on_finish(Trainer& t) {
     stopping_ = false;
   }
   stop_heartbeats();
-  if (!client_) return;
-  try {
-    call("leave", 30, [&] {
-      client_->leave(t.state().step, "finished");
-      return 0;
-    });
-  } catch (const std::exception& e) {
-    spdlog::warn("node {}: leave failed: {}", client_->id().node_id, e.what());
-  }
+  if (client_) leave(t, LeaveKind::Finished, "finished");
 }
 
 }  // namespace spes::sync

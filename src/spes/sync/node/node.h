@@ -60,6 +60,9 @@ struct NodeOptions {
   std::string auth_token;                  // this node's secret (never logged)
   bool insecure = false;                   // allow plaintext to a non-loopback server
   std::shared_ptr<NodeRoundHooks> hooks;   // none in production (round_hooks.h)
+  // `spes node --depart`: a stop (SIGINT/SIGTERM) leaves the run for good (Leave "departing":
+  // the server hands this node's experts to live nodes) instead of coming back later.
+  bool depart = false;
 };
 
 class SyncNode : public StepObserver {
@@ -170,6 +173,14 @@ class SyncNode : public StepObserver {
   JoinResult join_once();
   void rejoin(double limit_s);  // join again (same incarnation), retrying transient failures
   void stop_heartbeats();
+  void leave(Trainer& t, LeaveKind kind, const std::string& reason);
+  // At a round boundary (or on join / catch-up): the trainer changes to map `m` (checked
+  // against its fingerprint) when it differs from the one it trains under; a lost expert takes
+  // its value from `published` (the round's model; null: the registry holds it already), the
+  // compressed-upload base and residuals follow the new set, the frozen digest is taken again.
+  // Returns the sync record's "ownership" entry (null when nothing changed).
+  nlohmann::json apply_ownership(Trainer& t, const OwnershipMap& m,
+                                 const ParamRegistry* published = nullptr);
   // Keeps the step's loss and throughput (the trainer's metrics record) for the next heartbeat.
   void record_metrics(const nlohmann::json& record, int64_t step);
 
@@ -181,6 +192,7 @@ class SyncNode : public StepObserver {
   nlohmann::json join_record_;
   int64_t tokens_at_sync_ = 0;
   std::string frozen_sha_;
+  int64_t ownership_epoch_ = 0;  // the epoch of the map the node trains under (its uploads say it)
   std::atomic<int64_t> step_{0};
   std::mutex metrics_mu_;
   NodeMetrics metrics_;  // for the next heartbeat: last loss and throughput, losses since

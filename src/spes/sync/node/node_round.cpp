@@ -71,6 +71,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
                                             : RoundClock(cfg).step_of(round);
     t.state().sync_round = round;
     held_round_ = round;
+    const nlohmann::json changed = apply_ownership(t, cur.ownership);
     mark_synced(t, /*reset_residual=*/true, sha);
     spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
                  round, from, t.state().step, human_bytes(static_cast<double>(down)),
@@ -84,7 +85,8 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
             {"model_sha256", sha},
             {"alpha", cur.alpha},
             {"seconds", since(t0)},
-            {"frozen_sha256_after", frozen_sha_}};
+            {"frozen_sha256_after", frozen_sha_},
+            {"ownership", changed}};
   }
 }
 
@@ -103,8 +105,9 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
                                  int64_t tokens) {
   const auto t0 = Clock::now();
   const WireDtype wire = wire_dtype_of(trainer_->config().spes_config.transfer.dtype);
-  const UploadMeta meta{reg.node_id(), round, step, tokens, client_->id().incarnation,
-                        reg.fingerprint()};
+  UploadMeta meta{reg.node_id(), round, step, tokens, client_->id().incarnation,
+                  reg.fingerprint()};
+  meta.ownership_epoch = ownership_epoch_;
   const SafetensorsStreamWriter payload = upload_payload(reg, meta, wire);
   RoundTimes times;
   UploadResult up;
@@ -130,7 +133,7 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
   if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false, round, down.sha256);
   times.seconds = since(t0);
   log_round(reg.node_id(), meta, up, down, st, times);
-  return {round_record(meta, up, down, st, times, frozen_after), -1, ""};
+  return {round_record(meta, up, down, st, times, frozen_after), -1, "", st.ownership};
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "spes/model/registry.h"
+#include "spes/sync/wire/protocol.h"
 
 namespace spes::sync {
 
@@ -29,6 +30,9 @@ struct RoundExchange {
   nlohmann::json record;
   int64_t catch_up_round = -1;
   std::string why;
+  // The map of the next round, as the published round came with it (the node changes to it
+  // when it applies the round).
+  OwnershipMap ownership;
   bool needs_catch_up() const { return catch_up_round >= 0; }
 };
 
@@ -59,6 +63,8 @@ class RoundInFlight {
   // After wait() gave a published round (else throws): live trainable = P + (live - S), live
   // frozen = P.
   void apply(const ParamRegistry& live) const;
+  // After wait() gave a published round: the copy, which holds that round's model exactly.
+  const ParamRegistry& published() const { return copy_; }
   // Bytes held for the round (the CPU copy and S).
   uint64_t bytes() const;
   // After wait(): the copy and S, for the next round; this round can no longer be applied.

@@ -111,6 +111,12 @@ SyncModel::SyncModel(const Config& cfg, std::optional<InitialWeights> initial) :
 
 SyncModel::~SyncModel() = default;
 
+void SyncModel::change_ownership(const Ownership& ownership, int64_t epoch) {
+  RoundPlan next(cfg_, *model_, ownership, epoch);
+  published_plan_ = std::make_unique<RoundPlan>(std::move(*plan_));
+  *plan_ = std::move(next);
+}
+
 NamedTensors SyncModel::named() const {
   NamedTensors out;
   for (size_t i = 0; i < tensors_.size(); ++i)

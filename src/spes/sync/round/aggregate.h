@@ -43,7 +43,17 @@ class SyncModel {
   ~SyncModel();
 
   const Config& config() const { return cfg_; }
+  // The plan of the round being collected (its map: ownership epoch plan().ownership_epoch()).
   const RoundPlan& plan() const { return *plan_; }
+  // The plan whose uploads made the latest published round: plan() except between the
+  // publication of a round that introduced a new ownership epoch and the next publication.
+  // Downloads of the published round follow it (a node skips its own experts of that round).
+  const RoundPlan& published_plan() const { return published_plan_ ? *published_plan_ : *plan_; }
+  // From the next round on `ownership` (epoch `epoch`): plan() becomes its plan (same object,
+  // so references to it stay valid), published_plan() the previous one.
+  void change_ownership(const Ownership& ownership, int64_t epoch);
+  // A round was published with plan(): published_plan() is plan() again.
+  void published_with_current_plan() { published_plan_.reset(); }
   // Published tensors in model order (the order of plan().tensors()).
   const std::vector<torch::Tensor>& tensors() const { return tensors_; }
   NamedTensors named() const;
@@ -77,6 +87,7 @@ class SyncModel {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<ParamRegistry> registry_;
   std::unique_ptr<RoundPlan> plan_;
+  std::unique_ptr<RoundPlan> published_plan_;  // null: plan_
   std::vector<torch::Tensor> tensors_;
   std::vector<torch::Tensor> momentum_;
   std::unique_ptr<SparsePublisher> sparse_;

@@ -4,6 +4,8 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "spes/common/error.h"
 #include "spes/sync/wire/topk_codec.h"
 
@@ -97,6 +99,41 @@ void DeltaUpload::restore_state(const ParamRegistry& reg, const SavedState& s) {
   sent_.clear();
   sent_topk_.clear();
   keep_saved(s.round, s.model_sha256);
+}
+
+std::vector<std::string> DeltaUpload::change_trainable_set(const ParamRegistry& reg,
+                                                         const ParamRegistry& published) {
+  torch::NoGradGuard ng;
+  const bool topk = c_ == Compression::Topk;
+  std::vector<torch::Tensor> base, residual;
+  std::unordered_map<std::string, size_t> index;
+  for (const auto& e : reg.entries()) {
+    if (!e.trainable) continue;
+    const auto it = base_index_.find(e.name);
+    index[e.name] = base.size();
+    if (it != base_index_.end()) {
+      base.push_back(base_[it->second]);
+      residual.push_back(topk ? topk_.held(it->second) : residual_[it->second]);
+      continue;
+    }
+    const RegistryEntry* p = published.find(e.name);
+    SPES_CHECK(p, "node: the published model lacks '{}' (internal)", e.name);
+    base.push_back(p->tensor.detach().to(torch::kCPU, torch::kFloat32, false, true).contiguous());
+    residual.push_back(topk ? torch::Tensor() : torch::zeros_like(base.back()));  // topk: none held
+  }
+  std::vector<std::string> dropped;
+  for (const auto& [name, k] : base_index_)
+    if (!index.count(name)) dropped.push_back(name);
+  std::sort(dropped.begin(), dropped.end());
+  base_ = std::move(base);
+  base_index_ = std::move(index);
+  if (topk)
+    topk_.restore(std::move(residual));
+  else
+    residual_ = std::move(residual);
+  sent_.clear();
+  sent_topk_.clear();
+  return dropped;
 }
 
 SafetensorsStreamWriter DeltaUpload::encode_topk(const ParamRegistry& reg, const UploadMeta& meta) {

@@ -54,6 +54,14 @@ class DeltaUpload {
   // present, and every residual unless topk): the first that does not match throws an Error
   // naming it, and nothing changes.
   void restore_state(const ParamRegistry& reg, const SavedState& s);
+  // The node's trainable set changed (a new ownership epoch, at a round boundary, `reg` now
+  // the new set): a tensor trainable before and after keeps its base and residual; one it
+  // gained gets its base from `published` (the round's published model; the same registry
+  // in a blocking round) and a zero residual; one it lost is dropped with its residual (the
+  // residual is this node's quantisation error of a tensor it no longer uploads: nobody can
+  // use it). Returns the names of the residuals dropped.
+  std::vector<std::string> change_trainable_set(const ParamRegistry& reg,
+                                                const ParamRegistry& published);
   // This round's upload stream (throws, naming the tensor, when a delta is not finite); updates
   // the residual and remembers q for rebuilt().
   SafetensorsStreamWriter encode(const ParamRegistry& reg, const UploadMeta& meta);

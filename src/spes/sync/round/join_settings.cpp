@@ -21,7 +21,7 @@ std::string topk_setting(const JoinSources& s, double value) {
 }
 }  // namespace
 
-const std::array<JoinSetting, 11> kJoinSettings{{
+const std::array<JoinSetting, 12> kJoinSettings{{
     {"spes_config.mode", "spes_config.mode",
      [](const JoinSources& s) { return s.cfg.spes_config.mode.name(); }, kSameSpesConfig},
     {"spes_config.num_peers", "spes_config.num_peers",
@@ -48,6 +48,11 @@ const std::array<JoinSetting, 11> kJoinSettings{{
      kSameSpesConfig},
     {"spes_config.topk_decay", "spes_config.topk_decay",
      [](const JoinSources& s) { return topk_setting(s, s.cfg.spes_config.transfer.topk_decay); },
+     kSameSpesConfig},
+    {"spes_config.reassign_after_rounds", "spes_config.reassign_after_rounds",
+     [](const JoinSources& s) {
+       return std::to_string(s.cfg.spes_config.elastic.reassign_after_rounds);
+     },
      kSameSpesConfig},
     {"ownership", "expert ownership map",
      [](const JoinSources& s) { return Ownership::from_config(s.cfg).fingerprint(); },

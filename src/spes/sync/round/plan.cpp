@@ -15,14 +15,17 @@
 namespace spes::sync {
 
 RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
+    : RoundPlan(cfg, model, Ownership::from_config(cfg), 0) {}
+
+RoundPlan::RoundPlan(const Config& cfg, const Transformer& model, const Ownership& ownership,
+                     int64_t epoch)
     : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
       wire_(wire_dtype_of(cfg.spes_config.transfer.dtype)),
       compression_(cfg.spes_config.transfer.compression),
-      topk_(topk_params(cfg.spes_config.transfer)) {
+      topk_(topk_params(cfg.spes_config.transfer)), ownership_(ownership), epoch_(epoch) {
   SPES_CHECK(mode_ != SyncMode::Centralized,
              "spes_config.mode is centralized: a sync server needs mode spes, fedavg or diloco "
              "(centralized training has nothing to synchronise)");
-  const Ownership ownership = Ownership::from_config(cfg);
   for (const auto& p : model.params()) {
     PlanTensor t;
     t.name = p.name;
@@ -107,6 +110,7 @@ Metadata upload_metadata(const UploadMeta& m) {
                  {"step", std::to_string(m.step)},
                  {"tokens", std::to_string(m.tokens)},
                  {"model_fingerprint", m.model_fingerprint}};
+  if (m.ownership_epoch >= 0) md["ownership_epoch"] = std::to_string(m.ownership_epoch);
   if (m.compression != Compression::None) md["compression"] = compression_name(m.compression);
   return md;
 }
@@ -158,6 +162,14 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
               "spes_config.compression is {}", origin, printable(comp_md, 40),
               compression_name(comp));
   m.compression = comp;
+  if (md.count("ownership_epoch")) {
+    m.ownership_epoch = meta_int(md, "ownership_epoch", origin);
+    if (m.ownership_epoch != plan.ownership_epoch())
+      sync_fail(SyncErrc::InvalidArgument, "{}: node {} trained under ownership epoch {} but "
+                "round {} uses epoch {}: the node must change to the map that came with the "
+                "round it downloaded; the upload is refused and the model is unchanged", origin,
+                m.node, m.ownership_epoch, m.round, plan.ownership_epoch());
+  }
   const auto& want = plan.upload_of(m.node);
   const torch::ScalarType dtype = comp == Compression::None ? wire_scalar_type(plan.wire())
                                                             : delta_wire_dtype(comp);
@@ -177,7 +189,9 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
     if (!allowed)
       sync_fail(SyncErrc::InvalidArgument, "{}: node {} may not upload '{}' ({})", origin, m.node,
                 e.name, t.role == ParamRole::Expert
-                            ? fmt::format("expert owned by node {}", t.owner)
+                            ? fmt::format("expert owned by node {} in ownership epoch {}; an "
+                                          "expert the node no longer owns is refused and the "
+                                          "model unchanged", t.owner, plan.ownership_epoch())
                             : std::string("frozen on every node"));
     if (k >= want.size() || want[k] != static_cast<size_t>(idx))
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is out of order or duplicated (an "
@@ -242,6 +256,7 @@ JoinInfo node_join_info(const Config& cfg, const ParamRegistry& registry, const 
   const std::string fingerprint = registry.fingerprint();
   j.settings = join_setting_values({cfg, fingerprint});
   j.step = step;
+  j.expert_capacity = cfg.spes_config.elastic.expert_capacity;
   return j;
 }
 

@@ -13,6 +13,7 @@
 
 #include "spes/io/config.h"
 #include "spes/io/safetensors.h"
+#include "spes/model/ownership.h"
 #include "spes/model/transformer.h"
 #include "spes/sync/wire/delta_codec.h"
 #include "spes/sync/wire/framing.h"
@@ -41,6 +42,12 @@ class RoundPlan {
   // tensors + its own experts; fedavg/diloco: everything; minus cfg.frozen_experts). Leaves
   // every tensor of `model` with requires_grad false (the server never trains).
   RoundPlan(const Config& cfg, const Transformer& model);
+  // The same for ownership epoch `epoch`'s map `ownership` (the config's is epoch 0).
+  RoundPlan(const Config& cfg, const Transformer& model, const Ownership& ownership,
+            int64_t epoch);
+
+  const Ownership& ownership() const { return ownership_; }
+  int64_t ownership_epoch() const { return epoch_; }
 
   const std::vector<PlanTensor>& tensors() const { return tensors_; }
   int64_t index(const std::string& name) const;  // -1 when not a tensor of the model
@@ -73,6 +80,8 @@ class RoundPlan {
   WireDtype wire_ = WireDtype::F32;
   Compression compression_ = Compression::None;
   TopkParams topk_;
+  Ownership ownership_;
+  int64_t epoch_ = 0;
 };
 
 // Metadata of an upload stream (strings in the safetensors header).
@@ -81,6 +90,9 @@ struct UploadMeta {
   uint64_t incarnation = 0;
   std::string model_fingerprint;
   Compression compression = Compression::None;  // metadata "compression" (absent: none)
+  // metadata "ownership_epoch": the epoch whose map the node trained under (protocol 8; -1
+  // when absent: not checked, the tensor list still is).
+  int64_t ownership_epoch = -1;
 };
 Metadata upload_metadata(const UploadMeta& m);
 // Checks an upload's header against the plan: format, metadata, exactly the node's upload

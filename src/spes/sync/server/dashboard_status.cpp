@@ -17,7 +17,7 @@ nlohmann::json round_summary(const nlohmann::json& line) {
   nlohmann::json r = nlohmann::json::object();
   for (const char* k : {"round", "step", "nodes", "missing", "bytes_in", "bytes_out", "alpha",
                         "merged", "seconds", "download_s", "gate_cos", "gate_cos_before",
-                        "downloads_complete", "recovered"})
+                        "downloads_complete", "recovered", "ownership_epoch", "handoffs"})
     if (line.contains(k)) r[k] = line[k];
   return r;
 }
@@ -38,6 +38,9 @@ nlohmann::json dashboard_status(const Config& cfg, const RoundState& state, doub
                         {"collecting_round", s.collecting_round},
                         {"round_open_s", s.round_open_s},
                         {"publish_error", s.publish_error},
+                        {"ownership_epoch", s.ownership_epoch},
+                        {"departed", s.departed},
+                        {"frozen_experts", s.frozen_experts},
                         {"model_sha256", s.model_sha256},
                         {"uptime_s", uptime_s},
                         {"nodes", nlohmann::json::array()},

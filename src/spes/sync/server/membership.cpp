@@ -79,10 +79,6 @@ bool Membership::is_dead(size_t node) const {
          seconds_since(m.last_seen) > cfg_.spes_config.timing.heartbeat_timeout;
 }
 
-bool Membership::all_left() const {
-  return std::all_of(members_.begin(), members_.end(), [](const Member& m) { return m.left; });
-}
-
 void Membership::log_dead() {
   for (size_t i = 0; i < members_.size(); ++i) {
     const bool dead = is_dead(i);

@@ -51,7 +51,6 @@ class Membership {
   void heartbeat(int64_t node, int64_t step, const NodeMetrics& metrics);
 
   bool is_dead(size_t node) const;
-  bool all_left() const;
   // Logs each node that became dead (once per silence).
   void log_dead();
   // The interval the server asks heartbeats at: a quarter of the timeout, 0.1 to 5 s.

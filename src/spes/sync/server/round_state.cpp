@@ -12,6 +12,8 @@
 
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
+#include "spes/sync/round/ownership_map.h"
+#include "spes/sync/round/reassign.h"
 #include "spes/sync/round/round_clock.h"
 
 namespace spes::sync {
@@ -35,12 +37,16 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
       model_(std::make_unique<SyncModel>(cfg_, std::move(initial))),
       members_(cfg_, *model_),
       store_(cfg_, opts_.out_dir, opts_.keep_uploads, *model_, incarnation_),
+      epochs_(opts_.out_dir, model_->plan().ownership()),
+      departures_(static_cast<size_t>(cfg_.spes_config.num_peers),
+                  cfg_.spes_config.elastic.reassign_after_rounds),
       bounds_(cfg_, model_->plan(), model_->tensors()),
       experts_(cfg_, model_->plan(), model_->tensors()),
       history_(cfg_, model_->plan(), bounds_),
       uploads_(cfg_, *model_, bounds_, experts_, opts_.out_dir, opts_.keep_uploads, mu_,
                UploadEvents{[this] { round_.start_clock(); },
-                            [this](int64_t) {
+                            [this](int64_t node) {
+                              departures_.upload_arrived(node, Clock::now());
                               round_.upload_accepted();
                               round_.fold_ready(uploads_);
                               maybe_publish(false);
@@ -56,6 +62,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
                                       store_.saved_line());
   } else {
     log_ = std::make_unique<RoundLog>(opts_.out_dir, false, 0, nullptr);
+    epochs_.start();  // before round 0 is persisted
     published_.sha256 = model_->weights_sha256();
     store_.persist(published_, nlohmann::json());
   }
@@ -66,6 +73,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
     spdlog::warn("sync server: no residual of round {} in '{}' (missing, damaged or of another "
                  "round): the published change's residual restarts at zero", published_.round,
                  store_.residual_path());
+  if (resumed) resume_ownership();
   if (resumed) restore_drift_state();
   uploads_.next_round(published_.round + 1);
   round_.begin(published_.round + 1);
@@ -107,12 +115,17 @@ void RoundState::restore_drift_state() {
                  "experts' norms in the resumed model count as their start and no expert is "
                  "flagged", published_.round);
   }
+  if (!departures_.restore(saved.is_object() && saved.contains("departures")
+                               ? saved["departures"] : nlohmann::json()))
+    spdlog::warn("sync server: no record of missed rounds was saved with round {}; every "
+                 "node's count of missed rounds starts at zero", published_.round);
 }
 
 nlohmann::json RoundState::drift_state() const {
   nlohmann::json j = bounds_.to_json();
   j["experts"] = experts_.to_json();
   j["history"] = history_.to_json();
+  j["departures"] = departures_.to_json();
   return j;
 }
 
@@ -133,13 +146,24 @@ int64_t RoundState::published_round() const {
 
 bool RoundState::all_left() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return members_.all_left();
+  // A node declared departed (gone for good, its experts handed on) counts as left, unless it
+  // came back and is training.
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    const bool departed = departures_.is_departed(static_cast<int64_t>(i)) &&
+                          (!m.joined || m.left || members_.is_dead(i));
+    if (!m.left && !departed) return false;
+  }
+  return true;
 }
 
 JoinResult RoundState::join(const JoinInfo& info) {
   std::lock_guard<std::mutex> lk(mu_);
   const int64_t id = info.node.node_id;
+  members_.check_id(info.node);
+  check_join_ownership(info);
   if (members_.join(info)) uploads_.drop_kept(id, "the node restarted");
+  departures_.joined(id, info.expert_capacity);
   spdlog::info("node {} joined (incarnation {:x}, step {}) at round {}", id,
                info.node.incarnation, info.step, published_.round);
   JoinResult r;
@@ -150,6 +174,7 @@ JoinResult RoundState::join(const JoinInfo& info) {
   r.max_chunk_bytes = kMaxChunkBytes;
   r.heartbeat_interval_ms = members_.heartbeat_interval_ms();
   r.published_nodes = published_.nodes;
+  r.ownership = collecting_map();
   return r;
 }
 
@@ -190,6 +215,9 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
 
 std::string RoundState::node_state(size_t i) const {
   const Member& n = members_[i];
+  if (departures_.is_departed(static_cast<int64_t>(i)) &&
+      (n.left || !n.joined || members_.is_dead(i)))
+    return "departed";
   if (n.left) return "left";
   if (!n.joined) return "not_joined";
   if (members_.is_dead(i)) return "dead";
@@ -211,6 +239,7 @@ nlohmann::json RoundState::missing_nodes() const {
     std::string why = "timeout";
     if (uploads_.state(i) == UploadStaging::State::Rejected) why = "rejected: " +
                                                                    uploads_.rejection(i);
+    else if (departures_.is_departed(static_cast<int64_t>(i))) why = "departed";
     else if (n.left) why = "left";
     else if (!n.joined) why = "not_joined";
     else if (members_.is_dead(i)) why = "dead";
@@ -233,7 +262,7 @@ void RoundState::maybe_publish(bool deadline_check) {
     for (int64_t i = 0; i < N; ++i) {
       if (uploads_.arrived(i)) ++present;
       else if (uploads_.state(i) == UploadStaging::State::Rejected || members_[i].left ||
-               members_.is_dead(i))
+               members_.is_dead(i) || departures_.is_departed(i))
         ++out;
       else if (members_[i].joined)
         ++waiting;
@@ -310,6 +339,8 @@ void RoundState::close_round() {
   closing_->update_medians = std::move(update_medians);
   closing_->closed_at = Clock::now();
   closing_->line = round_line(o, aggregate_s, missing, std::move(node_states));
+  departures_.round_published(o.round, o.nodes, o.tokens, closing_->closed_at);
+  decide_ownership(o.round, closing_->line);
   if (compressed) closing_->line["delta_write_s"] = seconds_since(t_delta);
 }
 
@@ -371,7 +402,8 @@ nlohmann::json RoundState::round_line(const RoundOutcome& o, double aggregate_s,
                          {"aggregate_s", aggregate_s},
                          {"model_sha256", closing_->round.sha256},
                          {"node_states", std::move(node_states)},
-                         {"missing", missing}};
+                         {"missing", missing},
+                         {"ownership_epoch", model_->plan().ownership_epoch()}};
   if (o.merged) line["gate_cos_before"] = o.gate_cos_before;
   if (o.merged && !o.merge_excluded.empty()) line["merge_excluded"] = o.merge_excluded;
   return line;
@@ -383,6 +415,8 @@ bool RoundState::save_closed_round() {
   Closing& c = *closing_;
   c.last_try = Clock::now();
   try {
+    // A new ownership epoch is on disk before the round that introduces it (ownership_epochs.h).
+    if (c.next_ownership) epochs_.introduce(*c.next_ownership, c.handoffs);
     c.round.sha256 = store_.persist(c.round, c.line);
     c.line["model_sha256"] = c.round.sha256;
     c.line["persist_s"] = seconds_since(c.last_try);
@@ -403,6 +437,18 @@ void RoundState::advance_to_closed_round() {
   const PublishedRound& p = c->round;
   delta_ = std::move(c->record);  // invalid without compression
   published_ = p;
+  if (c->next_ownership) {
+    const OwnershipMap& m = *c->next_ownership;
+    const RoundPlan& plan = model_->plan();
+    model_->change_ownership(
+        ownership_of(m, plan.num_nodes(), plan.ownership().num_layers(),
+                     plan.ownership().num_experts(), "the server's next map"),
+        m.epoch);
+    spdlog::warn("round {}: ownership epoch {} (map {}) from round {} on: {} experts handed to "
+                 "live nodes", p.round, m.epoch, m.fingerprint, m.from_round, c->handoffs.size());
+  } else {
+    model_->published_with_current_plan();
+  }
   // What the next round's checks need of this model (its norms), before anyone sees it.
   bounds_.published(c->change, model_->tensors());
   experts_.published(model_->tensors());
@@ -462,6 +508,7 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
     r.download_bytes =
         download_writer(node.node_id, round, Selection::ForNode, round - 1)->total_bytes();
   }
+  r.ownership = collecting_map();
   if (!r.published && round == published_.round + 1)
     for (size_t i = 0; i < members_.size(); ++i)
       if (!uploads_.arrived(i)) r.waiting_for.push_back(static_cast<int64_t>(i));
@@ -471,7 +518,7 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
 std::unique_ptr<SafetensorsStreamWriter> RoundState::download_writer(int64_t node, int64_t round,
                                                                      Selection selection,
                                                                      int64_t from_round) const {
-  return sync::download_writer(model_->plan(), published_, store_.published_path(), node, round,
+  return sync::download_writer(model_->published_plan(), published_, store_.published_path(), node, round,
                                selection, DeltaSource{&delta_, store_.delta_path(), from_round});
 }
 
@@ -511,12 +558,15 @@ void RoundState::download_done(int64_t node, int64_t round, Selection selection,
   log_->downloaded(node, round, bytes, wire_bytes);
 }
 
-void RoundState::leave(const NodeId& node, int64_t step, const std::string& reason) {
+void RoundState::leave(const NodeId& node, int64_t step, const std::string& reason,
+                       LeaveKind kind) {
   std::lock_guard<std::mutex> lk(mu_);
   members_.check(node);
   members_.leave(node.node_id, step);
-  spdlog::info("node {} left at step {}{}{}", node.node_id, step, reason.empty() ? "" : ": ",
-               printable(reason));
+  const bool departing = kind == LeaveKind::Departing;
+  departures_.left(node.node_id, departing, published_.round + 1);
+  spdlog::info("node {} left{} at step {}{}{}", node.node_id, departing ? " for good" : "", step,
+               reason.empty() ? "" : ": ", printable(reason));
   maybe_publish(false);  // the round no longer waits for it
 }
 
@@ -546,6 +596,9 @@ ServerStatus RoundState::status() const {
   st.model_sha256 = published_.sha256;
   st.round_open_s = round_.seconds_open();
   if (closing_) st.publish_error = closing_->error;
+  st.ownership_epoch = model_->plan().ownership_epoch();
+  for (const auto& [node, why] : departures_.departed()) st.departed.push_back(node);
+  st.frozen_experts = frozen_experts();
   for (size_t i = 0; i < members_.size(); ++i) {
     const Member& m = members_[i];
     NodeState n;
@@ -589,6 +642,102 @@ void RoundState::close() {
   log_->flush_pending();
   cv_.notify_all();
   store_.flush();  // the last round on disk before the server exits
+}
+
+OwnershipMap RoundState::ownership_at(int64_t round) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return epochs_.at_round(round);
+}
+
+const OwnershipMap& RoundState::collecting_map() const {
+  return epochs_.at_round(published_.round + 1);
+}
+
+void RoundState::resume_ownership() {
+  epochs_.resume(published_.round);
+  const RoundPlan& plan = model_->plan();
+  auto apply = [&](const OwnershipMap& m) {
+    model_->change_ownership(ownership_of(m, plan.num_nodes(), plan.ownership().num_layers(),
+                                          plan.ownership().num_experts(), epochs_.path()),
+                             m.epoch);
+  };
+  const OwnershipMap& published = epochs_.at_round(published_.round);
+  const OwnershipMap& collecting = collecting_map();
+  if (published.epoch != 0) {
+    apply(published);
+    model_->published_with_current_plan();
+  }
+  if (collecting.epoch != published.epoch) apply(collecting);
+}
+
+void RoundState::check_join_ownership(const JoinInfo& info) const {
+  const int64_t E = model_->plan().ownership().num_experts();
+  if (info.expert_capacity < 0 || info.expert_capacity > E)
+    sync_fail(SyncErrc::InvalidArgument, "node {} declares spes_config.expert_capacity {}, "
+              "outside [0, moe_num_experts={}] (experts per layer it can train; 0: no cap); "
+              "set a value the node can hold", info.node.node_id, info.expert_capacity, E);
+  // The server's map wins: a node that holds an older epoch of this run changes to the
+  // current one (JoinResult::ownership); one that holds an epoch this server never decided
+  // (its directory lost ownership.json, or another run) is refused.
+  if (epochs_.knows(info.ownership_epoch, info.ownership_fingerprint)) return;
+  sync_fail(SyncErrc::FailedPrecondition, "node {} holds ownership epoch {} (map {}) but this "
+            "server's epochs are 0 to {} ({} is map {}): the server's directory lost its "
+            "ownership history or belongs to another run; restart the server on the run's "
+            "directory, or start the node fresh (without its checkpoint)", info.node.node_id,
+            info.ownership_epoch, printable(info.ownership_fingerprint, 40),
+            epochs_.latest().epoch, epochs_.latest().epoch, epochs_.latest().fingerprint);
+}
+
+std::vector<int64_t> RoundState::live_nodes() const {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    const int64_t node = static_cast<int64_t>(i);
+    if (m.joined && !m.left && !members_.is_dead(i) && !departures_.is_departed(node))
+      out.push_back(node);
+  }
+  return out;
+}
+
+std::vector<std::string> RoundState::frozen_experts() const {
+  std::vector<std::string> out;
+  const Ownership& o = model_->plan().ownership();
+  for (int64_t l = 0; l < o.num_layers(); ++l)
+    for (int64_t e = 0; e < o.num_experts(); ++e)
+      if (departures_.is_departed(o.owner(l, e))) out.push_back(fmt::format("{}:{}", l, e));
+  return out;
+}
+
+void RoundState::decide_ownership(int64_t round, nlohmann::json& line) {
+  const RoundPlan& plan = model_->plan();
+  if (cfg_.spes_config.elastic.reassign_after_rounds <= 0 || plan.mode() != SyncMode::Spes ||
+      departures_.departed().empty())
+    return;
+  const Reassignment r = reassign_experts(plan.ownership(), departures_.departed(),
+                                          departures_.live_nodes(live_nodes()));
+  if (!r.frozen.empty()) {
+    nlohmann::json frozen = nlohmann::json::array();
+    for (const auto& [l, e] : r.frozen) frozen.push_back({l, e});
+    line["frozen_experts"] = frozen;
+    if (r.frozen != frozen_logged_)
+      spdlog::warn("round {}: {} experts of departed nodes have no live node that can take them "
+                   "(every live node is at its declared capacity, or none is live): they stay "
+                   "frozen at their last published value ([layer, expert]: {})", round,
+                   r.frozen.size(), frozen.dump());
+  }
+  frozen_logged_ = r.frozen;
+  if (!r.changed()) return;
+  OwnershipMap next = ownership_map(Ownership(plan.num_nodes(), r.table),
+                                    plan.ownership_epoch() + 1, round + 1);
+  nlohmann::json handoffs = nlohmann::json::array();
+  for (const Handoff& h : r.handoffs)
+    handoffs.push_back({{"layer", h.layer}, {"expert", h.expert}, {"from", h.from},
+                        {"to", h.to}, {"why", h.why}, {"round", next.from_round}});
+  line["ownership_next"] = {{"epoch", next.epoch}, {"from_round", next.from_round},
+                            {"fingerprint", next.fingerprint}};
+  line["handoffs"] = handoffs;
+  closing_->handoffs = std::move(handoffs);
+  closing_->next_ownership = std::move(next);
 }
 
 }  // namespace spes::sync

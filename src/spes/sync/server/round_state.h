@@ -35,11 +35,13 @@
 #include "spes/io/config.h"
 #include "spes/model/initial_weights.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/server/departures.h"
 #include "spes/sync/server/download_session.h"
 #include "spes/sync/server/expert_drift.h"
 #include "spes/sync/server/loss_history.h"
 #include "spes/sync/server/membership.h"
 #include "spes/sync/server/open_round.h"
+#include "spes/sync/server/ownership_epochs.h"
 #include "spes/sync/server/round_log.h"
 #include "spes/sync/server/round_store.h"
 #include "spes/sync/server/update_bounds.h"
@@ -88,7 +90,10 @@ class RoundState {
   std::unique_ptr<DownloadSession> begin_download(const NodeId& node, int64_t round,
                                                   Selection selection, uint64_t offset = 0,
                                                   int64_t from_round = -1);
-  void leave(const NodeId& node, int64_t step, const std::string& reason);
+  // kind Departing: the node goes for good, its experts are handed to live nodes at the next
+  // round boundary (with spes_config.reassign_after_rounds > 0).
+  void leave(const NodeId& node, int64_t step, const std::string& reason,
+             LeaveKind kind = LeaveKind::Finished);
   // Records the node's step and metrics (its loss curve); returns the latest published round.
   int64_t heartbeat(const NodeId& node, int64_t step, const NodeMetrics& metrics = {});
   ServerStatus status() const;
@@ -104,11 +109,14 @@ class RoundState {
   // with a quorum present, marks silent nodes dead, logs the nodes an open round waits for,
   // wakes the waiters (so that a long-poll whose caller went away ends).
   void tick();
+  // Every node has left (or was declared departed and is not back).
   bool all_left() const;
   // Writes the lines of rounds whose downloads are incomplete and wakes every waiter.
   void close();
   int64_t published_round() const;
   const SyncModel& model() const { return *model_; }
+  // The ownership map of round `round` (ownership_epochs.h).
+  OwnershipMap ownership_at(int64_t round) const;
 
  private:
   // All with the lock held.
@@ -137,6 +145,16 @@ class RoundState {
                          const std::string& sha, DeltaFileWriter& file, DeltaRecord* record);
   nlohmann::json round_line(const RoundOutcome& o, double aggregate_s,
                             const nlohmann::json& missing, nlohmann::json node_states) const;
+  // Ownership epochs: the map of round published + 1 on the wire; resuming the plans; at a
+  // round's close, whether departed nodes' experts go to live nodes from the next round
+  // (sets closing_->next_ownership and the round line's handoffs); the nodes that count as
+  // live for that; the experts no live node owns.
+  const OwnershipMap& collecting_map() const;
+  void resume_ownership();
+  void decide_ownership(int64_t round, nlohmann::json& line);
+  std::vector<int64_t> live_nodes() const;
+  std::vector<std::string> frozen_experts() const;
+  void check_join_ownership(const JoinInfo& info) const;
   bool save_closed_round();
   void advance_to_closed_round();
   std::string node_state(size_t i) const;
@@ -155,6 +173,8 @@ class RoundState {
   std::condition_variable cv_;
   Membership members_;
   RoundStore store_;
+  OwnershipEpochs epochs_;
+  Departures departures_;
   UpdateBounds bounds_;
   ExpertDrift experts_;  // the run-long bound per expert (expert_drift.h)
   UpdateHistory history_;  // shared updates against the accepted ones (update_history.h)
@@ -170,11 +190,14 @@ class RoundState {
     std::vector<double> change;
     std::vector<double> update_medians;  // the accepted updates, for history_
     DeltaRecord record;  // compression: the round's delta file, already in place
+    std::optional<OwnershipMap> next_ownership;  // a new epoch from the next round on
+    nlohmann::json handoffs;                      // what moved to make it
     std::chrono::steady_clock::time_point closed_at, last_try;
     std::string error;
   };
   std::unique_ptr<Closing> closing_;
   bool closed_ = false;
+  std::vector<std::pair<int64_t, int64_t>> frozen_logged_;  // the frozen experts last logged
 };
 
 }  // namespace spes::sync

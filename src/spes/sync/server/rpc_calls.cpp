@@ -9,6 +9,7 @@
 #include "spes/sync/wire/checksum.h"
 #include "spes/sync/wire/chunk_coding.h"
 #include "spes/sync/wire/framing.h"
+#include "spes/sync/wire/ownership_message.h"
 
 namespace spes::sync {
 
@@ -28,6 +29,9 @@ void call_join(RoundState& st, const NodeId& credentials, const pb::JoinRequest&
   j.protocol_version = req.protocol_version();
   j.settings.insert(req.settings().begin(), req.settings().end());
   j.step = req.step();
+  j.ownership_epoch = req.ownership_epoch();
+  j.ownership_fingerprint = req.held_ownership_fingerprint();
+  j.expert_capacity = req.expert_capacity();
   const JoinResult r = st.join(j);
   rep->set_server_incarnation(r.server_incarnation);
   rep->set_published_round(r.published_round);
@@ -36,6 +40,7 @@ void call_join(RoundState& st, const NodeId& credentials, const pb::JoinRequest&
   rep->set_max_chunk_bytes(r.max_chunk_bytes);
   rep->set_heartbeat_interval_ms(r.heartbeat_interval_ms);
   for (int64_t n : r.published_nodes) rep->add_published_nodes(n);
+  ownership_to_message(r.ownership, rep->mutable_ownership());
 }
 
 void call_upload(RoundState& st, const NodeId& credentials,
@@ -80,6 +85,7 @@ void call_wait_round(RoundState& st, const NodeId& credentials, const pb::WaitRo
   rep->set_published_round(r.published_round);
   rep->set_published_step(r.published_step);
   for (int64_t n : r.nodes) rep->add_nodes(n);
+  ownership_to_message(r.ownership, rep->mutable_ownership());
 }
 
 void call_download(RoundState& st, const NodeId& credentials, const pb::DownloadRequest& req,
@@ -109,7 +115,8 @@ void call_download(RoundState& st, const NodeId& credentials, const pb::Download
 }
 
 void call_leave(RoundState& st, const NodeId& credentials, const pb::LeaveRequest& req) {
-  st.leave(message_caller(credentials, req.node()), req.step(), req.reason());
+  st.leave(message_caller(credentials, req.node()), req.step(), req.reason(),
+           req.kind() == pb::LEAVE_DEPARTING ? LeaveKind::Departing : LeaveKind::Finished);
 }
 
 void call_heartbeat(RoundState& st, const NodeId& credentials, const pb::HeartbeatRequest& req,
@@ -133,6 +140,9 @@ void call_status(const RoundState& st, pb::StatusReply* rep) {
   rep->set_round_open_s(s.round_open_s);
   rep->set_protocol_version(s.protocol_version);
   rep->set_publish_error(s.publish_error);
+  rep->set_ownership_epoch(s.ownership_epoch);
+  for (int64_t n : s.departed) rep->add_departed(n);
+  for (const std::string& e : s.frozen_experts) rep->add_frozen_experts(e);
   for (const auto& n : s.nodes) {
     pb::NodeStatus* p = rep->add_nodes();
     p->set_node_id(n.node_id);

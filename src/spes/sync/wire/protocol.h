@@ -14,8 +14,10 @@
 namespace spes::sync {
 
 // 4: chunk coding; 5: per-tensor model digest; 6: Join's must-match settings as one map;
-// 7: compression topk and its settings (topk_density, topk_bits, topk_decay) in that map.
-constexpr uint32_t kProtocolVersion = 7;
+// 7: compression topk and its settings (topk_density, topk_bits, topk_decay) in that map;
+// 8: ownership epochs (the map with every round and join, the node's epoch and capacity on
+// Join, Leave's kind).
+constexpr uint32_t kProtocolVersion = 8;
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
@@ -53,6 +55,22 @@ template <typename... Args>
   throw SyncError(code, fmt::format(f, std::forward<Args>(args)...));
 }
 
+// One ownership epoch's map as it travels: epoch 0 is the config's; the server alone decides
+// later ones (docs/PROTOCOL.md, "Ownership epochs"). `fingerprint` is Ownership::fingerprint()
+// of (num_nodes, table): a receiver rebuilds the map and checks it.
+struct OwnershipMap {
+  int64_t epoch = 0;
+  int64_t from_round = 1;    // the first round whose uploads follow it
+  int64_t num_nodes = 0;
+  std::vector<std::vector<int64_t>> table;  // [layer][expert] -> node
+  std::string fingerprint;
+  bool empty() const { return fingerprint.empty(); }
+};
+
+// Why a node leaves: the run ended for it (no handoff), or it goes for good (its experts are
+// handed to live nodes at the next round boundary).
+enum class LeaveKind { Finished, Departing };
+
 struct NodeId {
   int64_t node_id = 0;
   uint64_t incarnation = 0;
@@ -67,6 +85,11 @@ struct JoinInfo {
   uint32_t protocol_version = kProtocolVersion;
   std::map<std::string, std::string> settings;
   int64_t step = 0;
+  // The ownership epoch the node holds (its checkpoint's; 0 for a fresh node) and that map's
+  // fingerprint ("": the config's map), and the experts per layer it can train (0: no cap).
+  int64_t ownership_epoch = 0;
+  std::string ownership_fingerprint;
+  int64_t expert_capacity = 0;
 };
 
 struct JoinResult {
@@ -76,6 +99,7 @@ struct JoinResult {
   uint64_t max_chunk_bytes = kMaxChunkBytes;
   uint32_t heartbeat_interval_ms = 0;
   std::vector<int64_t> published_nodes;  // nodes whose uploads the published round used
+  OwnershipMap ownership;  // the map of the round being collected (the node changes to it)
 };
 
 struct RoundStatus {
@@ -90,6 +114,9 @@ struct RoundStatus {
   std::vector<int64_t> waiting_for;
   int64_t published_round = 0, published_step = 0;
   std::vector<int64_t> nodes;  // nodes whose uploads the round used (when published)
+  // The map of the round after published_round (the one being collected): a node applying
+  // the published round changes to it at that boundary.
+  OwnershipMap ownership;
 };
 
 struct UploadResult {
@@ -120,7 +147,8 @@ constexpr size_t kMaxHeartbeatLosses = 256;  // loss points one heartbeat carrie
 // One node as the server sees it (Status RPC, rounds.jsonl).
 struct NodeState {
   int64_t node_id = 0;
-  std::string state;       // not_joined | training | uploading | uploaded | dead | left
+  std::string state;       // not_joined | training | uploading | uploaded | dead | left |
+                           // departed
   int64_t step = 0;
   double last_seen_s = -1;
   std::string detail;
@@ -135,6 +163,9 @@ struct ServerStatus {
   std::vector<NodeState> nodes;
   uint32_t protocol_version = kProtocolVersion;
   std::string publish_error;  // the collecting round closed but could not be saved (retried)
+  int64_t ownership_epoch = 0;           // the collecting round's
+  std::vector<int64_t> departed;         // nodes declared departed (their experts handed on)
+  std::vector<std::string> frozen_experts;  // "layer:expert" that no live node owns
 };
 
 }  // namespace spes::sync

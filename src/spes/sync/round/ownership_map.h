@@ -1,0 +1,25 @@
+// An ownership epoch's map (wire/protocol.h OwnershipMap) made from an Ownership, checked
+// and turned back into one (its fingerprint must match what it lists, its shape the model's),
+// and written to / read from JSON (the server's ownership.json). Leaves out: who decides a
+// new map (reassign.h, server/ownership_epochs.h) and the wire message (wire/ownership_message.h).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "spes/model/ownership.h"
+#include "spes/sync/wire/protocol.h"
+
+namespace spes::sync {
+
+OwnershipMap ownership_map(const Ownership& o, int64_t epoch, int64_t from_round);
+// The Ownership `m` lists, after checking it: `layers` x `experts` entries, owners in
+// [0, num_nodes), num_nodes == `num_nodes`, and the fingerprint of what it lists equal to
+// m.fingerprint. Throws SyncError(InvalidArgument) naming `origin` and what differs.
+Ownership ownership_of(const OwnershipMap& m, int64_t num_nodes, int64_t layers,
+                       int64_t experts, const std::string& origin);
+nlohmann::json ownership_map_json(const OwnershipMap& m);
+OwnershipMap ownership_map_from_json(const nlohmann::json& j);
+
+}  // namespace spes::sync
