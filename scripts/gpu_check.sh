@@ -155,7 +155,8 @@ if [ "$mode" = gpu ]; then
   ref_1b=(--d-model 768 --layers 12 --heads 12 --experts 16 --top-k 2 --hidden 2048 --vocab 151665
           --seq 2048 --batch 8 --frozen-fraction 0.75)
   ref_1b7b=(--d-model 2048 --heads 16 --experts 32 --top-k 4 --hidden 2048 --vocab 151665
-            --seq 2048 --batch 4 --frozen-fraction 0.75)
+            --seq 2048 --frozen-fraction 0.75)
+  ref_1b7b_batch=4
   d512=(--d-model 512 --layers 8 --heads 8 --experts 8 --top-k 2 --hidden 1024 --vocab 8192
         --seq 256 --batch 32)
   ref_layers=16
@@ -165,7 +166,8 @@ else
   ref_1b=(--d-model 48 --layers 2 --heads 2 --experts 4 --top-k 2 --hidden 64 --vocab 512
           --seq 32 --batch 2 --frozen-fraction 0.75)
   ref_1b7b=(--d-model 64 --heads 4 --experts 8 --top-k 2 --hidden 64 --vocab 512 --seq 64
-            --batch 2 --frozen-fraction 0.75)
+            --frozen-fraction 0.75)
+  ref_1b7b_batch=2
   d512=(--d-model 64 --layers 2 --heads 2 --experts 4 --top-k 2 --hidden 64 --vocab 256 --seq 32
         --batch 4)
   ref_layers=2
@@ -192,10 +194,14 @@ torch_bench() {  # KEY LIMIT ARGS...
 spes_bench ref_1b_spes 45 "${ref_1b[@]}" --fast-init
 torch_bench ref_1b_torch_compile 150 "${ref_1b[@]}" --compile
 torch_bench ref_1b_pytorch_eager 40 "${ref_1b[@]}"
-spes_bench ref_1b7b_spes 40 "${ref_1b7b[@]}" --layers "$cmp_layers" --fast-init
-torch_bench ref_1b7b_torch_compile 100 "${ref_1b7b[@]}" --layers "$cmp_layers" --compile
-torch_bench ref_1b7b_pytorch_eager 40 "${ref_1b7b[@]}" --layers "$cmp_layers"
-spes_bench ref_1b7b_16_layers_spes 45 "${ref_1b7b[@]}" --layers "$ref_layers" --fast-init
+spes_bench ref_1b7b_spes 40 "${ref_1b7b[@]}" --batch "$ref_1b7b_batch" --layers "$cmp_layers" \
+  --fast-init
+torch_bench ref_1b7b_torch_compile 100 "${ref_1b7b[@]}" --batch "$ref_1b7b_batch" \
+  --layers "$cmp_layers" --compile
+torch_bench ref_1b7b_pytorch_eager 40 "${ref_1b7b[@]}" --batch "$ref_1b7b_batch" \
+  --layers "$cmp_layers"
+spes_bench ref_1b7b_16_layers_spes 45 "${ref_1b7b[@]}" --batch "$ref_1b7b_batch" \
+  --layers "$ref_layers" --fast-init
 # The 1B-7B node as the reference YAML runs it (micro-batch 2, whole-layer checkpointing) with
 # 8-bit and bf16 AdamW moments: the 48 GB card (at most 46 GB of tensors) and what the moments'
 # ATen update costs against torch's fused fp32 kernel (the issue's fp32 run: 14,964 tokens/s).

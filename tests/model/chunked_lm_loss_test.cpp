@@ -1,7 +1,8 @@
 // The chunked LM-head loss (model/chunked_lm_loss.cpp) on CPU tensors against the unchunked
 // composite computation (lm_losses of h W^T, autograd through it): values and gradients for
 // several chunk sizes (one row, uneven, whole), ignored targets, the gradient added into a
-// persistent buffer, bf16 products under CPU autocast, and no gradient work without grad mode.
+// persistent buffer, bf16 products under CPU autocast, no gradient work without grad mode, and
+// the head padded with zero rows for aligned products (what CUDA does under amp_bf16).
 #include <gtest/gtest.h>
 
 #include "spes/model/losses.h"
@@ -94,4 +95,36 @@ TEST(ChunkedLmHeadLoss, NoGradModeComputesOnlyTheValues) {
   auto [ce0, z0] = lm_losses(torch::matmul(c.h, c.w.t()), c.targets);
   EXPECT_LT(maxrel(r.ce, ce0), 1e-6);
   EXPECT_FALSE(r.total.requires_grad());
+}
+
+// The head padded with zero rows to a multiple of 8 or 64 entries (V = 43): the same values and
+// gradients as the unpadded reference for every chunk size, the head's gradient of shape [V, D]
+// (into the persistent buffer too), and under bf16 autocast the same as without padding.
+TEST(ChunkedLmHeadLoss, HeadPaddedForAlignedProductsGivesTheSameValuesAndGradients) {
+  const Case c = make_case(11, 8, 43, 6);
+  torch::Tensor h0 = c.h.clone().requires_grad_(true), w0 = c.w.clone().requires_grad_(true);
+  auto [ce0, z0] = lm_losses(torch::matmul(h0, w0.t()), c.targets);
+  (ce0 + kZ * z0).backward();
+  for (int64_t multiple : {8, 64}) {
+    for (int64_t rows : {1, 5, 0}) {
+      torch::Tensor h = c.h.clone().requires_grad_(true), w = c.w.clone().requires_grad_(true);
+      w.mutable_grad() = torch::zeros_like(w);  // the persistent buffer
+      LmHeadLoss r = lm_head_losses_chunked(h, w, c.targets, kZ, rows, multiple);
+      EXPECT_LT(maxrel(r.ce, ce0), 1e-6) << multiple << " " << rows;
+      EXPECT_LT(maxrel(r.z, z0), 1e-6) << multiple << " " << rows;
+      r.total.backward();
+      EXPECT_EQ(w.grad().sizes(), w.sizes());
+      EXPECT_LT(maxrel(h.grad(), h0.grad()), 1e-5) << multiple << " " << rows;
+      EXPECT_LT(maxrel(w.grad(), w0.grad()), 1e-5) << multiple << " " << rows;
+    }
+  }
+  AutocastScope ac(true, torch::kCPU);
+  torch::Tensor hp = c.h.clone().requires_grad_(true), hu = c.h.clone().requires_grad_(true);
+  LmHeadLoss padded = lm_head_losses_chunked(hp, c.w, c.targets, kZ, 4, 64);
+  LmHeadLoss unpadded = lm_head_losses_chunked(hu, c.w, c.targets, kZ, 4, 1);
+  EXPECT_LT(maxrel(padded.ce, unpadded.ce), 1e-6);
+  padded.total.backward();
+  unpadded.total.backward();
+  EXPECT_LT(maxrel(hp.grad(), hu.grad()), 1e-2);  // bf16 gradient products, summed differently
+  EXPECT_EQ(lm_head_vocab_multiple(c.h, c.w), 1);  // no padding on the CPU by default
 }

@@ -230,6 +230,39 @@ TEST(AdamWMoments, StepMatchesTheUpdateComputedFromTheStoredMomentsForEveryDtype
   }
 }
 
+// The skip flag the GPU's step passes (a 0-d bool on the parameter's device; true after a
+// non-finite gradient norm): false updates exactly as no flag does, true leaves the parameter
+// and every stored moment as they were. (The same ATen operations run on CUDA; on H100 the
+// optimizer once built the flag from a float's bytes, CudaKernels.LowPrecisionMomentsMatchCpu.)
+TEST(AdamWMoments, SkipFlagLeavesParameterAndMomentsAsTheyWere) {
+  for (MomentDtype dtype : {MomentDtype::Bf16, MomentDtype::Int8}) {
+    torch::manual_seed(7);
+    const torch::Tensor p0 = torch::randn({300, 70}), g = torch::randn({300, 70});
+    const AdamWMoments::Hyper h{1e-2, 0.1, 0.9, 0.95, 1e-8, 0.1, 0.05, 7};
+    auto state = [](const AdamWMoments& m) {
+      NamedTensors out;
+      m.append_state("p", &out);
+      for (auto& [n, t] : out) t = t.clone();  // the state itself, not views of it
+      return out;
+    };
+    torch::Tensor pa = p0.clone(), pb = p0.clone(), pc = p0.clone();
+    AdamWMoments a(pa, dtype), b(pb, dtype), c(pc, dtype);
+    const torch::Tensor one = torch::ones({});
+    a.update(pa, g, one, h, torch::Tensor());
+    b.update(pb, g, one, h, torch::zeros({}, torch::kBool));
+    const NamedTensors before = state(c);
+    c.update(pc, g, one, h, torch::ones({}, torch::kBool));
+    EXPECT_TRUE(torch::equal(pa, pb)) << Choice<MomentDtype>(dtype).name();
+    EXPECT_FALSE(torch::equal(pa, p0));
+    EXPECT_TRUE(torch::equal(pc, p0)) << Choice<MomentDtype>(dtype).name();
+    const NamedTensors sa = state(a), sb = state(b), sc = state(c);
+    for (size_t i = 0; i < sa.size(); ++i) {
+      EXPECT_TRUE(torch::equal(sa[i].second, sb[i].second)) << sa[i].first;
+      EXPECT_TRUE(torch::equal(sc[i].second, before[i].second)) << sc[i].first;
+    }
+  }
+}
+
 NamedTensors through_bytes(const NamedTensors& t) {
   return safetensors_parse(safetensors_serialize(t), nullptr, "test");
 }

@@ -185,14 +185,25 @@ TEST(CudaKernels, ChunkedLmHeadLossMatchesCpu) {
         return lm_head_losses_chunked(in[0], in[1], targets.to(in[0].device()), 1e-2, 16).total;
       },
       {torch::randn({50, 64}), torch::randn({300, 64}) * 0.2}, 1e-5);
-  // bf16 operands under autocast: close to fp32.
+  // bf16 operands under autocast, with the head padded to 320 rows for aligned products: values
+  // and gradients close to fp32's (unpadded).
   torch::Tensor h = torch::randn({50, 64}).to(kCuda), w = (torch::randn({300, 64}) * 0.2).to(kCuda);
+  torch::Tensor hb = h.clone().requires_grad_(true), wb = w.clone().requires_grad_(true);
+  torch::Tensor hf = h.clone().requires_grad_(true), wf = w.clone().requires_grad_(true);
   LmHeadLoss r;
   {
     AutocastScope ac(true, torch::kCUDA);
-    r = lm_head_losses_chunked(h, w, targets.to(kCuda), 1e-2, 16);
+    EXPECT_EQ(lm_head_vocab_multiple(hb, wb), 64);
+    r = lm_head_losses_chunked(hb, wb, targets.to(kCuda), 1e-2, 16);
   }
-  EXPECT_LT(maxrel(r.ce, lm_head_losses_chunked(h, w, targets.to(kCuda), 1e-2).ce), 2e-2);
+  EXPECT_EQ(lm_head_vocab_multiple(hf, wf), 1);  // fp32: no converted copy, no padding
+  LmHeadLoss f = lm_head_losses_chunked(hf, wf, targets.to(kCuda), 1e-2);
+  EXPECT_LT(maxrel(r.ce, f.ce), 2e-2);
+  r.total.backward();
+  f.total.backward();
+  EXPECT_EQ(wb.grad().sizes(), wb.sizes());
+  EXPECT_LT(maxrel(hb.grad(), hf.grad()), 3e-2);
+  EXPECT_LT(maxrel(wb.grad(), wf.grad()), 3e-2);
 }
 
 TEST(CudaKernels, FusedAdamWStepMatchesCpu) {
@@ -299,6 +310,28 @@ TEST(CudaTraining, Fp32StepsMatchCpu) {
                 1e-3 * m[0][i]["grad_norm"].get<double>()) << i;
   }
   EXPECT_TRUE(m[1].front().contains("gpu_peak_allocated_mb"));
+  fs::remove_all(dir);
+}
+
+// Two trainers with the same config and data take the same amp_bf16 steps on the GPU bit for
+// bit (losses, weights): what the bit-for-bit checks of an ownership change on the GPU
+// (CudaLayouts/OwnershipChange.*) rest on.
+TEST(CudaTraining, TwoIdenticalBf16RunsAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const fs::path dir = fs::temp_directory_path() / ("spes_cuda_det_" + std::to_string(getpid()));
+  const std::string shard = spes::test::make_pattern_shard(dir / "data", 20000, 256);
+  Config c = trainer_config(shard, 6, "cuda");
+  c.precision = "amp_bf16";
+  c.frozen_experts = {"*:3"};
+  Trainer a(c, (dir / "a").string(), quiet()), b(c, (dir / "b").string(), quiet());
+  for (int i = 0; i < 6; ++i) {
+    const auto ra = a.train_step(), rb = b.train_step();
+    EXPECT_EQ(ra["loss"].get<double>(), rb["loss"].get<double>()) << "step " << i;
+  }
+  for (size_t i = 0; i < a.registry().entries().size(); ++i) {
+    const auto& ea = a.registry().entries()[i];
+    EXPECT_TRUE(torch::equal(ea.tensor, b.registry().entries()[i].tensor)) << ea.name;
+  }
   fs::remove_all(dir);
 }
 

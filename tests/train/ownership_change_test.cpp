@@ -21,6 +21,7 @@
 #include "spes/common/error.h"
 #include "spes/io/files.h"
 #include "spes/io/safetensors.h"
+#include "spes/train/device.h"
 #include "spes/train/ownership_change.h"
 #include "spes/train/trainer.h"
 #include "train/train_test_util.h"
@@ -39,7 +40,9 @@ const Table kMapA = {{0, 0, 1, 1}, {0, 0, 1, 1}};
 const Table kMapB = {{0, 1, 0, 1}, {0, 0, 0, 1}};
 const std::vector<std::pair<int64_t, int64_t>> kGained = {{0, 2}, {1, 2}};
 
-enum class Layout { Fp32, GroupedBf16Frozen, GroupedFp32Frozen };
+// CudaGroupedBf16Frozen: the amp_bf16 grouped layout with bf16 frozen experts on the GPU (skips
+// visibly without one; scripts/gpu_check.sh runs it on the GPU machine).
+enum class Layout { Fp32, GroupedBf16Frozen, GroupedFp32Frozen, CudaGroupedBf16Frozen };
 
 Config node_config(const std::string& shard, const Table& owners, Layout layout) {
   Config c;
@@ -65,7 +68,12 @@ Config node_config(const std::string& shard, const Table& owners, Layout layout)
   c.spes_config.expert_owners = owners;
   c.spes_config.rewarmup_steps = 4;
   if (layout != Layout::Fp32) c.precision = Precision::AmpBf16;
-  if (layout == Layout::GroupedBf16Frozen) c.spes_config.transfer.dtype = TransferDtype::Bf16;
+  if (layout == Layout::GroupedBf16Frozen || layout == Layout::CudaGroupedBf16Frozen)
+    c.spes_config.transfer.dtype = TransferDtype::Bf16;
+  if (layout == Layout::CudaGroupedBf16Frozen) {
+    c.device = "cuda";
+    c.threads = 1;  // one device stream: no micro-batch replicas on a GPU
+  }
   config_validate(c, "ownership change test");
   return c;
 }
@@ -84,13 +92,13 @@ void train(Trainer& t, int64_t steps) {
 
 std::map<std::string, torch::Tensor> weights_of(const Trainer& t) {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& e : t.registry().entries()) out[e.name] = e.tensor.detach().clone();
+  for (const auto& e : t.registry().entries()) out[e.name] = e.tensor.detach().cpu().clone();
   return out;
 }
 
 std::map<std::string, torch::Tensor> optimizer_state_of(Trainer& t) {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& [n, v] : t.optimizer().state_tensors()) out[n] = v.clone();
+  for (const auto& [n, v] : t.optimizer().state_tensors()) out[n] = v.cpu().clone();
   return out;
 }
 
@@ -155,6 +163,11 @@ ExpertMoments departing_owner_moments(const TempDir& d, const std::string& shard
 
 class OwnershipChange : public ::testing::TestWithParam<Layout> {
  protected:
+  void SetUp() override {
+    if (GetParam() == Layout::CudaGroupedBf16Frozen && !spes::cuda_available())
+      GTEST_SKIP() << "no CUDA GPU visible to libtorch: this GPU check runs on the GPU machine "
+                      "(scripts/gpu_check.sh)";
+  }
   TempDir d_;
   std::string shard_ = spes::test::make_pattern_shard(d_.path / "data", 20000, 64);
 };
@@ -312,6 +325,8 @@ TEST_P(OwnershipChange, CheckpointAfterAChangeResumesWithTheNewMap) {
   EXPECT_EQ(r.ownership(), Ownership::from_table(2, kMapB));
   EXPECT_EQ(r.state().ownership_epoch, 1);
   EXPECT_EQ(trainable_names(r), trainable_names(a));
+  expect_same_tensors(weights_of(a), weights_of(r), "weights at the resume");
+  expect_same_tensors(optimizer_state_of(a), optimizer_state_of(r), "moments at the resume");
   const int64_t gained = r.optimizer().index_of(expert_param_name(0, 2, "gate_proj"));
   ASSERT_GE(gained, 0);
   EXPECT_DOUBLE_EQ(r.optimizer().lr_scale(gained), 2.0 / 4);  // its 2nd step of 4
@@ -333,6 +348,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, OwnershipChange,
                              default: return std::string("GroupedFp32Frozen");
                            }
                          });
+INSTANTIATE_TEST_SUITE_P(CudaLayouts, OwnershipChange,
+                         ::testing::Values(Layout::CudaGroupedBf16Frozen),
+                         [](const auto&) { return std::string("GroupedBf16Frozen"); });
 
 // (e) Bad input is refused with a message naming the problem, and the trainer is unchanged.
 TEST(OwnershipChangeRefused, BadMapsAndMomentsLeaveTheTrainerAsItWas) {

@@ -4,7 +4,12 @@
 // (logsumexp, target logit) and turned in place into the gradient of ce + z_weight * z, whose
 // products with the head and the hidden states are accumulated right away (the head's dW in
 // fp32); backward only scales them by the incoming gradient. So the logits are computed once,
-// not recomputed in backward. Leaves out: a vocabulary-parallel head.
+// not recomputed in backward. On CUDA, when the head is converted for the products anyway
+// (amp_bf16), the converted copy is padded with zero rows to a multiple of 64 vocabulary
+// entries: every product then has leading dimensions cuBLAS can vectorise (an odd vocabulary
+// such as 151665 otherwise gets its slow align-1 kernels; docs/PERFORMANCE.md); the padded
+// logits are left out of every reduction and their gradient is zero. Leaves out: a
+// vocabulary-parallel head.
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -23,6 +28,8 @@ using torch::autograd::tensor_list;
 
 // Logits chunks stay near this size (fp32): large enough for an efficient GEMM.
 constexpr int64_t kChunkBytes = int64_t{256} << 20;
+// Rows the converted head is padded to on CUDA (64 bf16 values: 128 bytes).
+constexpr int64_t kCudaVocabMultiple = 64;
 
 // Whether this device's torch multiplies bf16/fp16 operands into an fp32 result (CUDA's
 // mm.dtype); probed once.
@@ -64,18 +71,27 @@ void addmm_wide_(torch::Tensor& acc, const torch::Tensor& a, const torch::Tensor
   }
 }
 
+// `w` converted to `cd`, with zero rows appended up to a multiple of `multiple` rows.
+torch::Tensor head_for_products(const torch::Tensor& w, torch::ScalarType cd, int64_t multiple) {
+  const int64_t V = w.size(0), padded = (V + multiple - 1) / multiple * multiple;
+  if (padded == V) return w.to(cd).contiguous();
+  torch::Tensor out = torch::zeros({padded, w.size(1)}, w.options().dtype(cd));
+  out.narrow(0, 0, V).copy_(w);
+  return out;
+}
+
 struct ChunkedLmHeadLossFn : public torch::autograd::Function<ChunkedLmHeadLossFn> {
   // Returns {ce + z_weight * z (differentiable), ce, z} (the last two for logging).
   static tensor_list forward(AutogradContext* ctx, const torch::Tensor& h,
                              const torch::Tensor& w, const torch::Tensor& targets,
                              double z_weight, int64_t chunk_rows, int64_t compute_dtype,
-                             bool need_grad) {
+                             int64_t vocab_multiple, bool need_grad) {
     // Dtypes are chosen here, not by autocast (which would cast the fp32 products down).
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto cd = static_cast<torch::ScalarType>(compute_dtype);
     const torch::ScalarType acc = at::promote_types(cd, torch::kFloat32);
-    torch::Tensor hc = h.to(cd).contiguous(), wc = w.to(cd).contiguous();
-    const int64_t N = h.size(0), V = w.size(0);
+    torch::Tensor hc = h.to(cd).contiguous(), wc = head_for_products(w, cd, vocab_multiple);
+    const int64_t N = h.size(0), V = w.size(0), Vp = wc.size(0);
     torch::Tensor safe_t = targets.clamp_min(0);
     torch::Tensor mask = (targets >= 0).to(acc);
     torch::Tensor n = mask.sum().clamp_min(1.0);
@@ -83,14 +99,15 @@ struct ChunkedLmHeadLossFn : public torch::autograd::Function<ChunkedLmHeadLossF
     torch::Tensor dh, dw;
     if (need_grad) {
       dh = torch::empty_like(hc);
-      dw = torch::zeros({V, w.size(1)}, wc.options().dtype(acc));
+      dw = torch::zeros({Vp, w.size(1)}, wc.options().dtype(acc));
     }
     const int64_t rows = chunk_rows > 0 ? chunk_rows : lm_head_default_chunk_rows(V);
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
       const int64_t nr = std::min(rows, N - r0);
       torch::Tensor hr = hc.narrow(0, r0, nr), tr = safe_t.narrow(0, r0, nr).unsqueeze(1);
       torch::Tensor mr = mask.narrow(0, r0, nr);
-      torch::Tensor logits = mm_wide(hr, wc.t());  // [nr, V]
+      torch::Tensor padded_logits = mm_wide(hr, wc.t());  // [nr, Vp]
+      torch::Tensor logits = padded_logits.narrow(1, 0, V);
       torch::Tensor lse = at::logsumexp(logits, 1);
       torch::Tensor tgt = logits.gather(1, tr).squeeze(1);
       ce_sum.add_(((lse - tgt) * mr).sum());
@@ -100,7 +117,8 @@ struct ChunkedLmHeadLossFn : public torch::autograd::Function<ChunkedLmHeadLossF
       torch::Tensor d = logits;
       d.sub_(lse.unsqueeze(1)).exp_().mul_((mr * (1.0 + 2.0 * z_weight * lse) / n).unsqueeze(1));
       d.scatter_add_(1, tr, (-mr / n).unsqueeze(1));
-      torch::Tensor dc = d.to(cd);
+      if (Vp > V) padded_logits.narrow(1, V, Vp - V).zero_();  // no gradient for padding
+      torch::Tensor dc = padded_logits.to(cd);
       torch::Tensor dhr = dh.narrow(0, r0, nr);
       at::mm_out(dhr, dc, wc);
       addmm_wide_(dw, dc.t(), hr);
@@ -110,7 +128,7 @@ struct ChunkedLmHeadLossFn : public torch::autograd::Function<ChunkedLmHeadLossF
     ctx->mark_non_differentiable({ce, z});
     if (need_grad) {
       ctx->saved_data["dh"] = dh;
-      ctx->saved_data["dw"] = dw;
+      ctx->saved_data["dw"] = dw.narrow(0, 0, V);  // rows of a [Vp, D] tensor: contiguous
     }
     ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
     ctx->save_for_backward({w});
@@ -139,7 +157,7 @@ struct ChunkedLmHeadLossFn : public torch::autograd::Function<ChunkedLmHeadLossF
       }
     }
     return {dh_out, dw_out, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+            torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -152,15 +170,23 @@ torch::ScalarType autocast_compute_dtype(const torch::Tensor& t) {
   return t.scalar_type();
 }
 
+int64_t lm_head_vocab_multiple(const torch::Tensor& h, const torch::Tensor& lm_head) {
+  const bool converted = autocast_compute_dtype(h) != lm_head.scalar_type();
+  return h.is_cuda() && converted ? kCudaVocabMultiple : 1;
+}
+
 LmHeadLoss lm_head_losses_chunked(const torch::Tensor& h, const torch::Tensor& lm_head,
                                   const torch::Tensor& targets, double z_weight,
-                                  int64_t chunk_rows) {
+                                  int64_t chunk_rows, int64_t vocab_multiple) {
   SPES_CHECK(h.dim() == 2 && lm_head.dim() == 2 && h.size(1) == lm_head.size(1),
              "internal: LM-head loss wants h [N, D] and a head [V, D]");
   const bool need_grad =
       torch::GradMode::is_enabled() && (h.requires_grad() || lm_head.requires_grad());
+  SPES_CHECK(vocab_multiple >= 0, "internal: negative vocabulary multiple");
+  if (vocab_multiple == 0) vocab_multiple = lm_head_vocab_multiple(h, lm_head);
   auto r = ChunkedLmHeadLossFn::apply(h, lm_head, targets, z_weight, chunk_rows,
-                                      static_cast<int64_t>(autocast_compute_dtype(h)), need_grad);
+                                      static_cast<int64_t>(autocast_compute_dtype(h)),
+                                      vocab_multiple, need_grad);
   return {r[0], r[1], r[2]};
 }
 

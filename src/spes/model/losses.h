@@ -34,16 +34,20 @@ std::pair<torch::Tensor, torch::Tensor> lm_head_losses(const torch::Tensor& h,
 // [N, V] tensor beyond one chunk (chunk_rows; 0: about 256 MB of fp32 logits). `total` is
 // ce + z_weight * z and carries the gradient (computed during the forward pass, so logits are
 // computed once); `ce` and the unweighted `z` are for logging. Products run in
-// autocast_compute_dtype(h) with fp32 results.
+// autocast_compute_dtype(h) with fp32 results, against the head padded with zero rows to a
+// multiple of `vocab_multiple` entries (0: lm_head_vocab_multiple; same values and gradients).
 struct LmHeadLoss {
   torch::Tensor total, ce, z;
 };
 // Rows per chunk when chunk_rows is 0: about 256 MB of fp32 logits for a vocabulary of `vocab`
 // (model/memory_estimate counts the same).
 int64_t lm_head_default_chunk_rows(int64_t vocab);
+// The padding the products use by default: 64 on CUDA when the head is converted for them
+// anyway (amp_bf16: aligned leading dimensions for cuBLAS at no extra memory), else 1 (none).
+int64_t lm_head_vocab_multiple(const torch::Tensor& h, const torch::Tensor& lm_head);
 LmHeadLoss lm_head_losses_chunked(const torch::Tensor& h, const torch::Tensor& lm_head,
                                   const torch::Tensor& targets, double z_weight,
-                                  int64_t chunk_rows = 0);
+                                  int64_t chunk_rows = 0, int64_t vocab_multiple = 0);
 // Unweighted load-balancing loss: E/(L*T*k) * sum_l sum_e c_{l,e} * mean_t p_{l,t,e}.
 torch::Tensor load_balancing_loss(const std::vector<RouterStats>& routers, int64_t top_k);
 // Unweighted router z-loss: sum_l mean_t logsumexp(router_logits)^2.

@@ -298,6 +298,9 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
                                           torch::ones({}, f32))
                            : torch::ones({}, f32);
   torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32).view({1});
+  // 0-d: true when the step is skipped. (Not found_inf.view({}): `{}` there picks the
+  // view-as-dtype overload and reinterprets the float's 4 bytes as uint8.)
+  const torch::Tensor skip = found_inf.squeeze(0) > 0;
   torch::Tensor grad_scale = (1.0 / clip).view({1});  // the kernel divides gradients by it
   ++step_;
   // torch's fused kernel: same dtype and strides; one call per learning rate (tensors in a
@@ -315,7 +318,7 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
       moments_[i].update(p, g, clip, {lr_i, cfg_.weight_decay, cfg_.betas[0], cfg_.betas[1],
                                       cfg_.eps, 1.0 - std::pow(cfg_.betas[0], t),
                                       1.0 - std::pow(cfg_.betas[1], t), rounding_seed(step_, i)},
-                         found_inf.view({}) > 0);
+                         skip);
       device_steps_[i].add_(1);
       continue;
     }
@@ -335,17 +338,16 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
     // on a non-finite norm as the fused kernel does.
     const double t = static_cast<double>(tensor_steps_[i]);
     const double b1 = cfg_.betas[0], b2 = cfg_.betas[1];
-    torch::Tensor keep = found_inf.view({});
     torch::Tensor gc = g * clip;
     torch::Tensor m = exp_avg * b1 + gc * (1.0 - b1);
     torch::Tensor v = exp_avg_sq * b2 + gc * gc * (1.0 - b2);
     torch::Tensor denom = (v.sqrt() / std::sqrt(1.0 - std::pow(b2, t))).add_(cfg_.eps);
     torch::Tensor np = p * (1.0 - lr_i * cfg_.weight_decay) -
                        m / denom * (lr_i / (1.0 - std::pow(b1, t)));
-    exp_avg.copy_(torch::where(keep > 0, exp_avg, m));
-    exp_avg_sq.copy_(torch::where(keep > 0, exp_avg_sq, v));
+    exp_avg.copy_(torch::where(skip, exp_avg, m));
+    exp_avg_sq.copy_(torch::where(skip, exp_avg_sq, v));
     device_steps_[i].add_(1);
-    params_[i].tensor.copy_(torch::where(keep > 0, p, np));
+    params_[i].tensor.copy_(torch::where(skip, p, np));
   }
   for (auto& [lr_f, f] : fused) {
     at::_foreach_add_(f.s, 1);
