@@ -15,9 +15,9 @@ Usage: experiment_sparse_report.py --steps N --sync H --nodes N --node-batch B -
 """
 import argparse
 import json
-import math
 import os
 
+from experiment_runs import mean_sd, parse_runs
 from results_section import add_output_args, markers, run_date, write_section
 
 SCRIPT = "scripts/experiment_sparse.sh"
@@ -41,12 +41,6 @@ def read_run(d):
     return {"summary": summary, "final": sum(finals) / len(finals),
             "agree": bool(s.get("all_nodes_same_model_after_every_sync")),
             "bytes": moved / max(rounds, 1)}
-
-
-def mean_sd(xs):
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
-    return m, sd
 
 
 def mib(b):
@@ -119,17 +113,7 @@ def main():
     add_output_args(p)
     p.add_argument("runs", nargs="+", help="ARM:SEED=DIR")
     args = p.parse_args()
-    arms, seeds = {}, []
-    for a in args.runs:
-        key, _, d = a.partition("=")
-        name, _, seed = key.rpartition(":")
-        arms.setdefault(name, {})[seed] = read_run(d)
-        if seed not in seeds:
-            seeds.append(seed)
-    missing = [f"{n}:{s}" for n, runs in arms.items() for s in seeds if s not in runs]
-    if missing:
-        raise SystemExit("experiment_sparse_report.py: every arm needs a run for every seed; "
-                         "missing " + ", ".join(missing))
+    arms, seeds = parse_runs(args.runs, read_run, "experiment_sparse_report.py")
     write_section(args.section, section(arms, seeds, args), args.out, args.doc)
 
 

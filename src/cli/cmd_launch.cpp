@@ -45,10 +45,30 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
   sub.add_option("--progress-every", a->progress_every_s,
                  "Seconds between the lines of the plain view (default 10)")
       ->check(CLI::PositiveNumber);
+  auto kill_node = std::make_shared<int64_t>(-1), depart_node = std::make_shared<int64_t>(-1);
+  auto at_round = std::make_shared<int64_t>(0);
+  auto* kill = sub.add_option("--kill-node", *kill_node,
+                              "Kill node I with SIGKILL once the server published --at-round R "
+                              "(a machine that vanished; the rest runs on)");
+  auto* depart = sub.add_option("--depart-node", *depart_node,
+                                "Stop node I (started with --depart) with SIGTERM once the "
+                                "server published --at-round R: it leaves the run for good");
+  auto* at = sub.add_option("--at-round", *at_round,
+                            "The round after which --kill-node / --depart-node acts");
+  kill->excludes(depart)->needs(at);
+  depart->needs(at);
   sub.add_flag("--no-summary", *no_summary,
                "Skip the final model's baseline comparison and sample");
-  sub.callback([a, no_summary, progress] {
+  sub.callback([a, no_summary, progress, kill_node, depart_node, at_round, at] {
     a->progress = spes::launch_view_mode_from_string(*progress);
+    if (*kill_node >= 0 || *depart_node >= 0) {
+      a->disruption.kind = *kill_node >= 0 ? spes::NodeDisruption::Kind::Kill
+                                           : spes::NodeDisruption::Kind::Depart;
+      a->disruption.node = *kill_node >= 0 ? *kill_node : *depart_node;
+      a->disruption.at_round = *at_round;
+    } else if (at->count() > 0) {
+      throw CLI::ValidationError("--at-round", "needs --kill-node or --depart-node");
+    }
     const int code = spes::launch_cluster(*a);
     if (spes::stop_signal() != 0 && code == spes::stop_exit_code(spes::stop_signal())) {
       std::string cmd = spes::cli::continue_command();

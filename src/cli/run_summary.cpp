@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "spes/common/error.h"
 #include "spes/data/tokenizer.h"
 #include "spes/data/tokenizer_path.h"
 #include "spes/eval/generate.h"
@@ -51,19 +52,28 @@ void print_run_summary(Trainer& trainer, const EvalResult& final_eval) {
 
 void print_cluster_summary(const std::string& dir) {
   const auto summary = nlohmann::json::parse(file_read(run_layout::cluster_summary(dir)));
-  const std::string node0 = run_layout::cluster_node(dir, 0);
+  // The nodes that ran to the end (not one stopped by a scripted disruption): the first one's
+  // checkpoint is the final model, their validation losses are the run's.
+  std::vector<nlohmann::json> finished;
+  int64_t node_steps = 0;
+  for (const auto& node : summary.at("nodes")) {
+    node_steps += node.value("steps", int64_t{0});
+    if (!node.contains("disrupted")) finished.push_back(node);
+  }
+  SPES_CHECK(!finished.empty(), "{}: no node ran to the end", dir);
+  const std::string node0 = run_layout::cluster_node(dir, finished[0].at("node").get<int64_t>());
   LoadedModel lm = load_model_from_checkpoint(run_layout::checkpoint(node0));
   RunResult r;
   double loss = 0;
   int64_t n = 0;
-  for (const auto& node : summary.at("nodes")) {
+  for (const auto& node : finished) {
     r.steps = std::max(r.steps, node.value("steps", int64_t{0}));
     if (node.contains("final_val_loss")) {
       loss += node["final_val_loss"].get<double>();
       ++n;
     }
   }
-  r.tokens = r.steps * lm.config.tokens_per_step() * static_cast<int64_t>(summary["nodes"].size());
+  r.tokens = node_steps * lm.config.tokens_per_step();  // every node's steps, a stopped one's too
   r.has_validation = n > 0;
   if (n > 0) {
     r.validation.loss = loss / static_cast<double>(n);

@@ -25,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "io/tensorboard_read_back.h"
@@ -491,6 +492,54 @@ TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
   EXPECT_THAT(out2, ::testing::HasSubstr("[server] error: spes_config: 6 experts cannot be split"));
   EXPECT_THAT(out2, ::testing::HasSubstr("launch: FAILED: the sync server did not start (exit code 1)"));
   EXPECT_THAT(out2, ::testing::ContainsRegex("--- last lines of server \\(all of them: .*/launch_bad/server/log.txt\\) ---"));
+}
+
+// A scripted departure (`spes launch --depart-node 2 --at-round 2`): node 2 leaves for good
+// once round 2 is published, its experts go to the live nodes (an ownership epoch in
+// rounds.jsonl), the others run to the end on the published model, the launch succeeds and its
+// summary marks the node; the disruptions that could not end or name nothing are refused before
+// anything runs.
+TEST_F(SyncEndToEnd, LaunchDepartsANodeOnPurposeAndTheOthersTakeItsExperts) {
+  const std::string dir = g_dir + "/launch_depart";
+  const std::vector<std::string> base = {
+      SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "3", "--out", dir,
+      "--set", "max_duration=50", "--set", "spes_config.merge_interval=0", "--no-summary"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::string out;
+  const int code = run_child(with({"--depart-node", "2", "--at-round", "2", "--set",
+                                   "spes_config.reassign_after_rounds=1"}), &out);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("launch: node 2 departing (SIGTERM, --depart) after round 2"));
+  EXPECT_THAT(out, ::testing::HasSubstr("every node held the published model after every sync: yes"));
+  const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
+  EXPECT_EQ(summary["server"]["rounds"], 5);
+  EXPECT_EQ(summary["nodes"][2]["disrupted"]["after_round"], 2);
+  EXPECT_FALSE(summary["nodes"][0].contains("disrupted"));
+  EXPECT_LT(summary["nodes"][2]["steps"].get<int64_t>(), 50);
+  EXPECT_EQ(summary["nodes"][0]["steps"], 50);
+  std::set<std::pair<int64_t, int64_t>> handed;  // (layer, expert) from node 2
+  for (const auto& r : read_jsonl(dir + "/server/rounds.jsonl"))
+    for (const auto& h : r.value("handoffs", nlohmann::json::array())) {
+      EXPECT_EQ(h["from"], 2);
+      EXPECT_NE(h["to"], 2);
+      handed.insert({h["layer"].get<int64_t>(), h["expert"].get<int64_t>()});
+    }
+  EXPECT_EQ(handed.size(), 4u);  // node 2's two experts of each of the 2 layers
+  for (const auto& [flags, want] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--kill-node", "2", "--at-round", "2", "--set", "spes_config.reassign_after_rounds=0"},
+            "--kill-node with spes_config.reassign_after_rounds=0"},
+           {{"--kill-node", "3", "--at-round", "2"}, "the cluster has nodes 0 to 2"},
+           {{"--depart-node", "1", "--at-round", "5"}, "the run has rounds 1 to 5"},
+           {{"--at-round", "2"}, "--at-round: needs --kill-node or --depart-node"}}) {
+    std::string refused;
+    EXPECT_NE(run_child(with(flags), &refused), 0) << refused;
+    EXPECT_THAT(refused, ::testing::HasSubstr(want));
+    EXPECT_TRUE(fs::exists(dir + "/summary.json")) << "a refusal changed the earlier run";
+  }
 }
 
 // Runs argv on a pseudo-terminal of 160 columns (a terminal as a user's) until it exits or

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "spes/cluster/launch_disruption.h"
 #include "spes/cluster/launch_view.h"
 #include "spes/cluster/run_report.h"
 #include "spes/cluster/subprocess.h"
@@ -42,6 +43,7 @@ struct Part {
   std::vector<std::string> tail;  // last lines, shown when the part fails
   bool done = false;
   int code = 0;
+  bool stopped_on_purpose = false;  // a scripted disruption: its exit is no failure
 };
 
 // Where the server listens, and its status page (empty without a dashboard).
@@ -254,17 +256,32 @@ void start_node(Part& node, int64_t i, const LaunchOptions& o, const std::string
   if (!o.resume) argv.insert(argv.end(), {"--resume", "none"});
   if (o.nproc_per_node > 1)
     argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
+  if (o.disruption.kind == NodeDisruption::Kind::Depart && o.disruption.node == i)
+    argv.push_back("--depart");
   start_part(node, static_cast<size_t>(i) + 1, fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
              tokens.empty() ? Env() : Env{{"SPES_NODE_TOKEN", tokens[static_cast<size_t>(i)]}});
 }
 
+// Stops the disrupted node once its round is published: SIGKILL, or SIGTERM for a departure.
+void disrupt_when_due(std::vector<Part>& parts, LaunchView& view, const NodeDisruption& d,
+                      DisruptionWatch& watch) {
+  if (!watch.due()) return;
+  Part& p = parts[static_cast<size_t>(d.node) + 1];
+  if (p.done) return;
+  view.message("launch: " + d.describe());
+  p.stopped_on_purpose = true;
+  p.proc->kill(d.kind == NodeDisruption::Kind::Kill ? SIGKILL : SIGTERM);
+}
+
 // The combined view until every node has exited; returns the first failure ("" when none): a
-// part exiting with an error, the server gone for 30 s while nodes still run (they lost it),
-// or an interrupt.
-std::string watch_nodes(std::vector<Part>& parts, LaunchView& view) {
+// part exiting with an error (not the node of a scripted disruption), the server gone for 30 s
+// while nodes still run (they lost it), or an interrupt.
+std::string watch_nodes(std::vector<Part>& parts, LaunchView& view, const LaunchOptions& o) {
   std::string failure;
   Clock::time_point server_exit;
+  DisruptionWatch watch(o.disruption, run_layout::cluster_server(o.out));
   for (;;) {
+    disrupt_when_due(parts, view, o.disruption, watch);
     std::vector<pollfd> fds;
     for (auto& p : parts)
       if (p.proc->output_fd() >= 0) fds.push_back({p.proc->output_fd(), POLLIN, 0});
@@ -274,7 +291,7 @@ std::string watch_nodes(std::vector<Part>& parts, LaunchView& view) {
       Part& p = parts[k];
       pump(p, view);
       if (!p.done && part_exited(p, view)) {
-        if (p.code != 0 && failure.empty())
+        if (p.code != 0 && !p.stopped_on_purpose && failure.empty())
           failure = fmt::format("{} exited with code {}", p.name, p.code);
         if (k == 0) server_exit = Clock::now();
       }
@@ -308,7 +325,8 @@ int fail_launch(std::vector<Part>& parts, LaunchView& view, const std::string& f
                 const LaunchOptions& o, std::optional<size_t> also = std::nullopt) {
   std::vector<size_t> failed;
   for (size_t k = 0; k < parts.size(); ++k)
-    if ((parts[k].done && parts[k].code != 0) || also == k) failed.push_back(k);
+    if ((parts[k].done && parts[k].code != 0 && !parts[k].stopped_on_purpose) || also == k)
+      failed.push_back(k);
   stop_all(parts, view, SIGTERM, o.stop_timeout_s);
   view.finish();
   std::fflush(stdout);
@@ -344,7 +362,7 @@ int stop_launch(std::vector<Part>& parts, LaunchView& view, const LaunchOptions&
 // Writes and prints the end-of-run summary (run_report.h); returns the exit code: 0 when every
 // consistency check passed.
 int summarise(const LaunchOptions& o, const Config& cfg, int64_t N) {
-  nlohmann::json rep = cluster_report(o.out, N);
+  nlohmann::json rep = cluster_report(o.out, N, o.disruption);
   if (o.keep_uploads) rep["verify"] = verify_kept_rounds(cfg, run_layout::cluster_server(o.out));
   file_write_atomic(run_layout::cluster_summary(o.out), rep.dump(2) + "\n");
   fmt::print("\n=== summary ({}) ===\n{}", o.out, format_cluster_report(rep));
@@ -361,6 +379,15 @@ int launch_cluster(const LaunchOptions& o) {
   const Config base = config_load(config_path(o), o.sets);
   const int64_t N = cluster_size(o, base);
   const Config cfg = cluster_config(o, base, N);
+  o.disruption.check(N, cfg.total_steps() / std::max<int64_t>(1, cfg.spes_config.sync_steps));
+  SPES_CHECK(!o.disruption.active() || o.nproc_per_node == 1, "--kill-node/--depart-node stop "
+             "one process; leave out --nproc-per-node (a node of several ranks is not "
+             "supported there)");
+  SPES_CHECK(o.disruption.kind != NodeDisruption::Kind::Kill ||
+                 cfg.spes_config.elastic.reassign_after_rounds > 0,
+             "--kill-node with spes_config.reassign_after_rounds=0: with a fixed ownership map "
+             "the server waits for a killed node to come back, so the run would not end; use "
+             "--depart-node (a departing Leave), or reassign_after_rounds > 0");
   prepare_out_dir(o);
   write_run_config(o, cfg);
   const std::string cfg_path = run_layout::cluster_config(o.out);
@@ -399,7 +426,8 @@ int launch_cluster(const LaunchOptions& o) {
   for (int64_t i = 0; i < N; ++i)
     start_node(parts[static_cast<size_t>(i) + 1], i, o, exe, cfg_path, server->address, tokens);
 
-  std::string failure = watch_nodes(parts, view);
+  if (o.disruption.active()) view.message("launch: scripted: " + o.disruption.describe());
+  std::string failure = watch_nodes(parts, view, o);
   if (stop_signal() != 0) return stop_launch(parts, view, o);
   if (failure.empty()) failure = wait_for_server_exit(parts[0], view);
   if (!failure.empty()) return fail_launch(parts, view, failure, o);

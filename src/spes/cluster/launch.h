@@ -10,12 +10,15 @@
 // A run directory has one writer (io/run_lock.h): the launcher locks DIR, the server and each
 // node their own subdirectory. On a DIR holding an earlier run it asks for --resume (continue:
 // the server from its state, each node from its checkpoint) or --overwrite (start over, refused
-// while a part of that run still runs) and changes nothing. Leaves out: remote machines, restarting failed parts.
+// while a part of that run still runs) and changes nothing. A scripted disruption
+// (launch_disruption.h: --kill-node / --depart-node I --at-round R) stops one node mid-run on
+// purpose. Leaves out: remote machines, restarting failed parts.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "spes/cluster/launch_disruption.h"
 #include "spes/cluster/launch_view.h"
 
 namespace spes {
@@ -37,6 +40,7 @@ struct LaunchOptions {
   double progress_every_s = 10;      // plain view: one line this often
   double stop_timeout_s = 600;       // after a stop (or a failure), how long the parts get to
                                      // write their checkpoints before they are killed
+  NodeDisruption disruption;         // one node killed or departing after a round, on purpose
 };
 
 // Runs the cluster to completion and prints the summary; returns the process exit code

@@ -30,7 +30,8 @@ double mean(const std::vector<double>& v) {
 }
 }  // namespace
 
-nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
+nlohmann::json cluster_report(const std::string& dir, int64_t nodes,
+                              const NodeDisruption& stopped) {
   nlohmann::json rep;
   const auto rounds = read_jsonl(run_layout::rounds_log(run_layout::cluster_server(dir)));
   std::map<int64_t, std::string> server_sha;
@@ -89,13 +90,20 @@ nlohmann::json cluster_report(const std::string& dir, int64_t nodes) {
     n["bytes_up_per_round"] = mean(up);
     n["bytes_down_per_round"] = mean(down);
     n["sync_seconds_mean"] = mean(sync_s);
+    if (stopped.active() && stopped.node == i)
+      n["disrupted"] = {{"what", stopped.describe()}, {"after_round", stopped.at_round}};
     rep["nodes"].push_back(n);
   }
   // Every node must report, after every round the server published, exactly its digest.
   bool consistent = !server_sha.empty() && join_sha.size() == 1;
   nlohmann::json per_round = nlohmann::json::array();
   for (const auto& [round, sha] : server_sha) {
-    bool ok = static_cast<int64_t>(node_sha[round].size()) == nodes;
+    // Every node in the run at this round reports it (the disrupted node: the rounds before
+    // the one it was stopped after; that one if it got to it).
+    int64_t expected = nodes;
+    if (stopped.active() && round >= stopped.at_round && !node_sha[round].count(stopped.node))
+      --expected;
+    bool ok = static_cast<int64_t>(node_sha[round].size()) == expected;
     for (const auto& [node, s] : node_sha[round]) ok = ok && s == sha;
     per_round.push_back({{"round", round}, {"model_sha256", sha}, {"nodes_agree", ok}});
     consistent = consistent && ok;

@@ -10,12 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "spes/cluster/launch_disruption.h"
 #include "spes/io/config.h"
 
 namespace spes {
 
-// Reads DIR/server/rounds.jsonl and DIR/node<i>/metrics.jsonl for i < nodes.
-nlohmann::json cluster_report(const std::string& dir, int64_t nodes);
+// Reads DIR/server/rounds.jsonl and DIR/node<i>/metrics.jsonl for i < nodes. The node of a
+// scripted disruption (`stopped`) must report the rounds before the one it was stopped after
+// (it may or may not report that one, and none later) and is marked "disrupted" (its last
+// validation loss is not the run's).
+nlohmann::json cluster_report(const std::string& dir, int64_t nodes,
+                              const NodeDisruption& stopped = {});
 // The report as a few human-readable lines.
 std::string format_cluster_report(const nlohmann::json& report);
 

@@ -1,0 +1,28 @@
+"""What the experiment report scripts share: the runs named on their command line as
+ARM:SEED=DIR (every arm at every seed, refused otherwise) and the mean and sample standard
+deviation of paired differences. Python 3 standard library only."""
+import math
+
+
+def parse_runs(specs, read_run, script):
+    """{arm: {seed: read_run(DIR)}} and the seeds in order, from ARM:SEED=DIR strings; exits with
+    the missing ARM:SEED pairs when some arm lacks a seed that another has."""
+    arms, seeds = {}, []
+    for a in specs:
+        key, _, d = a.partition("=")
+        name, _, seed = key.rpartition(":")
+        arms.setdefault(name, {})[seed] = read_run(d)
+        if seed not in seeds:
+            seeds.append(seed)
+    missing = [f"{n}:{s}" for n, runs in arms.items() for s in seeds if s not in runs]
+    if missing:
+        raise SystemExit(f"{script}: every arm needs a run for every seed; missing " +
+                         ", ".join(missing))
+    return arms, seeds
+
+
+def mean_sd(xs):
+    """Mean and sample standard deviation (nan for one value)."""
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
+    return m, sd
