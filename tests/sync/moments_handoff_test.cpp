@@ -165,8 +165,15 @@ TEST(MomentsHandoff, KeptOnDiskHandedToTheNextOwnerExactlyAndRemovedWhenTheRunEn
     send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
     st.leave(b.id, 40, "for good", LeaveKind::Departing);
     ASSERT_EQ(st.ownership_at(2).epoch, 1);
-    // Node 1 owns nothing under epoch 1: a second handover is refused.
+    // Node 1 owns nothing under epoch 1: a second handover is refused, whether it says epoch 1
+    // or the epoch 0 it last applied.
     EXPECT_THAT(error_of([&] { hand_over(st, b.id, mb, 1); }), HasSubstr("not by node 1"));
+    EXPECT_THAT(error_of([&] { hand_over(st, b.id, mb, 0); }), HasSubstr("not by node 1"));
+    // Node 0 has not applied epoch 1 yet: its moments of experts 0 and 1, still its own, under
+    // the epoch 0 it trains under are kept (as of epoch 1).
+    EXPECT_EQ(hand_over(st, a.id, moments_of(*a.model, {{0, 0}, {0, 1}}, 4), 0),
+              (std::pair<int64_t, int64_t>{2, 1}));
+    EXPECT_TRUE(fs::exists(dir.path + "/handoff/moments-node0-epoch1.safetensors"));
   }
   // A restarted server still has them, and gives node 0 exactly what node 1 sent.
   RoundState st(cfg, ServeOptions{dir.path});

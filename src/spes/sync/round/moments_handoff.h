@@ -35,8 +35,8 @@ Metadata moments_metadata(const MomentsMeta& meta);
 ExpertMoments moments_from_tensors(const NamedTensors& ts, const std::string& origin);
 
 // The server's checks of a node's handover, against the plan of the round being collected
-// (its epoch's map): metadata (format, node_id == `node`, ownership_epoch == the plan's, step
-// >= 0), then every tensor: a name of the form above, NAME an expert tensor that `node` trains
+// (its epoch's map): metadata (format, node_id == `node`, ownership_epoch at most the plan's:
+// a node may not have applied the newest map yet; step >= 0), then every tensor: a name of the form above, NAME an expert tensor that `node` trains
 // under the plan's map, each such expert whole (its three projections, four entries each),
 // dtype and shape, finite values, exp_avg_sq >= 0, step >= 0, rewarm_from >= -1; nothing else.
 // Throws SyncError(InvalidArgument) naming the first problem; returns the experts handed
