@@ -121,9 +121,10 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
                "on loopback (the token and the model cross the network unprotected; default: "
                "refused without spes_config.tls_ca)");
   sub.add_flag("--depart", a->depart, "Leave the run for good when stopped (SIGINT/SIGTERM): "
-               "the server hands this node's experts to live nodes at the next round "
-               "(spes_config.reassign_after_rounds > 0); without it a stopped node is expected "
-               "back");
+               "the node hands the AdamW moments of its experts to the server, which gives them "
+               "with the experts to live nodes at the next round (spes_config."
+               "reassign_after_rounds > 0), so training them goes on where it stopped; without "
+               "it a stopped node is expected back");
   sub.callback([a] { run_node(*a); });
 });
 

@@ -21,12 +21,14 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "spes/cluster/subprocess.h"
 #include "spes/io/files.h"
 #include "spes/io/safetensors.h"
 #include "spes/model/transformer.h"
+#include "spes/sync/round/moments_handoff.h"
 #include "spes/sync/server/server.h"
 #include "spes/sync/wire/auth.h"
 #include "spes_sync.grpc.pb.h"
@@ -65,14 +67,18 @@ std::string write_config(const std::string& dir, int nodes, const std::string& e
 
 // A node process: `spes node`, or the test-only build with fault injection when `env` sets
 // SPES_SYNC_FAULTS (tests/fault_node/node_faults.h; `spes` itself has none).
+// `args`: more arguments of `spes node` (e.g. --depart).
 std::unique_ptr<Proc> start_node(const std::string& cfg, int id, const std::string& address,
                                  const std::string& out,
-                                 std::vector<std::pair<std::string, std::string>> env = {}) {
+                                 std::vector<std::pair<std::string, std::string>> env = {},
+                                 const std::vector<std::string>& args = {}) {
   const bool faults = std::any_of(env.begin(), env.end(),
                                   [](const auto& kv) { return kv.first == "SPES_SYNC_FAULTS"; });
-  return std::make_unique<Proc>("node " + std::to_string(id), std::vector<std::string>{
+  std::vector<std::string> argv = {
       faults ? SPES_FAULT_NODE_BINARY : SPES_BINARY, "node", "--config", cfg, "--node-id", std::to_string(id), "--server", address,
-      "--out", out, "--progress", "none", "--set", "seed=" + std::to_string(10 + id)}, env);
+      "--out", out, "--progress", "none", "--set", "seed=" + std::to_string(10 + id)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return std::make_unique<Proc>("node " + std::to_string(id), argv, env);
 }
 
 // The last sync record of a node's metrics.jsonl.
@@ -709,6 +715,20 @@ std::vector<nlohmann::json> syncs_of(const std::string& node_dir) {
   return out;
 }
 
+// Every round: the sync record of each of nodes 0 .. nodes-1 (DIR/node<i>) holds the published
+// digest of its round (DIR/server/rounds.jsonl), whose last round is `last_round`.
+void expect_nodes_on_published_digests(const std::string& dir, int nodes, int64_t last_round) {
+  std::map<int64_t, std::string> published;
+  for (const auto& r : read_jsonl(dir + "/server/rounds.jsonl"))
+    published[r["round"].get<int64_t>()] = r["model_sha256"].get<std::string>();
+  ASSERT_FALSE(published.empty());
+  EXPECT_EQ(published.rbegin()->first, last_round);
+  for (int i = 0; i < nodes; ++i)
+    for (const auto& s : syncs_of(dir + "/node" + std::to_string(i)))
+      EXPECT_EQ(s["model_sha256"], published[s["round"].get<int64_t>()])
+          << "node " << i << " round " << s["round"];
+}
+
 [[maybe_unused]] std::vector<nlohmann::json> joins_of(const std::string& node_dir) {
   std::vector<nlohmann::json> out;
   for (const auto& l : read_jsonl(node_dir + "/metrics.jsonl"))
@@ -782,18 +802,15 @@ TEST_F(SyncReliability, AKilledNodesExpertsGoToLiveNodesAndARestartKeepsTheNewSe
   ASSERT_EQ(back->code, 0) << all_logs(all);
   EXPECT_EQ(srv->code, 0) << all_logs(all);
 
-  // Every round: every live node's sync record holds the published digest of its round.
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
-  std::map<int64_t, std::string> published;
-  for (const auto& r : rounds)
-    published[r["round"].get<int64_t>()] = r["model_sha256"].get<std::string>();
-  EXPECT_EQ(published.rbegin()->first, 10);
-  for (int i = 0; i < 3; ++i)
-    for (const auto& s : syncs_of(dir + "/node" + std::to_string(i)))
-      EXPECT_EQ(s["model_sha256"], published[s["round"].get<int64_t>()])
-          << "node " << i << " round " << s["round"];
+  expect_nodes_on_published_digests(dir, 3, 10);
   for (const auto& r : rounds)
     EXPECT_EQ(r["ownership_epoch"], r["round"].get<int64_t>() < from_round ? 0 : 1) << r.dump();
+  // A killed node hands nothing over: its experts' new owners start at zero moments.
+  for (const auto& h : handoffs)
+    for (const auto& s : syncs_of(dir + "/node" +
+                                  std::to_string(h["to"].get<int64_t>())))
+      if (s.contains("ownership")) EXPECT_FALSE(s["ownership"].contains("handed_moments")) << s;
   // After the handoff each handed expert is its new owner's upload, bit for bit.
   for (const auto& h : handoffs) {
     int compared = 0;
@@ -824,4 +841,82 @@ TEST_F(SyncReliability, AKilledNodesExpertsGoToLiveNodesAndARestartKeepsTheNewSe
   // Not checked yet (issue 38 test (c)): that the restarted node's join record shows epoch 1
   // and its epoch-1 trainable set; its metrics.jsonl held one sync_join record in the run of
   // 2026-12-05 18:16, not two.
+}
+
+// The moments of `names` in a checkpoint's optimizer.safetensors (fp32 moments), as AdamW
+// holds them.
+ExpertMoments checkpoint_moments(const std::string& ckpt, const std::set<std::string>& names) {
+  ExpertMoments out;
+  std::map<std::string, torch::Tensor> by_name;
+  for (auto& [k, v] : safetensors_load(ckpt + "/optimizer.safetensors")) by_name[k] = v;
+  for (const std::string& n : names) {
+    auto rw = by_name.find("rewarm_from/" + n);
+    out.by_name[n] = {by_name.at("exp_avg/" + n), by_name.at("exp_avg_sq/" + n),
+                      by_name.at("step/" + n).item<int64_t>(),
+                      rw == by_name.end() ? -1 : rw->second.item<int64_t>()};
+  }
+  return out;
+}
+
+TEST_F(SyncReliability, AGracefullyDepartingNodesMomentsContinueBitForBitOnTheNewOwner) {
+  // 3 nodes, 10 rounds; node 2 (experts 4, 5) runs with --depart and is stopped with SIGINT
+  // after round 4: it hands over its AdamW moments and leaves for good; its experts' new
+  // owners continue from exactly those moments (their sync record's digest of what AdamW
+  // holds right after the change equals the digest of node 2's final checkpoint).
+  const std::string dir = g_dir + "/depart";
+  const std::string cfg = write_config(dir, 3, "  round_timeout: 30\n  min_nodes: 1\n"
+                                               "  reassign_after_rounds: 3\n");
+  std::string text = read_or_empty(cfg);
+  text.replace(text.find("max_duration: 25"), 16, "max_duration: 50");  // 10 rounds
+  file_write_atomic(cfg, text);
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  std::vector<std::unique_ptr<Proc>> n;
+  for (int i = 0; i < 3; ++i)
+    n.push_back(start_node(cfg, i, address, dir + "/node" + std::to_string(i), {},
+                           i == 2 ? std::vector<std::string>{"--depart"}
+                                  : std::vector<std::string>{}));
+  std::vector<Proc*> all = {srv.get(), n[0].get(), n[1].get(), n[2].get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n[2]->saw("round 4 (step 20)"); }, 180))
+      << all_logs(all);
+  n[2]->p->kill(SIGINT);
+  ASSERT_TRUE(pump_until(all, [&] { return srv->exited && n[0]->exited && n[1]->exited &&
+                                           n[2]->exited; }, 300)) << all_logs(all);
+  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(n[i]->code, 0) << all_logs(all);
+  ASSERT_TRUE(n[2]->saw("handed over the AdamW moments of 2 experts")) << n[2]->log();
+  ASSERT_TRUE(srv->saw("node 2 handed over the AdamW moments of 2 experts")) << srv->log();
+  // Kept until the run ended, then removed.
+  EXPECT_FALSE(fs::exists(dir + "/server/handoff")) << srv->log();
+
+  const auto epochs = nlohmann::json::parse(read_or_empty(dir + "/server/ownership.json"));
+  ASSERT_EQ(epochs["epochs"].size(), 2u) << epochs.dump();
+  const auto& handoffs = epochs["epochs"][1]["handoffs"];
+  ASSERT_EQ(handoffs.size(), 2u) << epochs.dump();
+  // Per new owner: the tensors it took from node 2.
+  std::map<int64_t, std::set<std::string>> taken;
+  for (const auto& h : handoffs) {
+    EXPECT_EQ(h["from"], 2);
+    EXPECT_THAT(h["why"].get<std::string>(), HasSubstr("departing"));
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+      taken[h["to"].get<int64_t>()].insert(expert_param_name(
+          h["layer"].get<int64_t>(), h["expert"].get<int64_t>(), proj));
+  }
+  for (const auto& [to, names] : taken) {
+    const ExpertMoments last = checkpoint_moments(dir + "/node2/checkpoint", names);
+    for (const auto& [name, m] : last.by_name) {
+      EXPECT_GT(m.exp_avg.abs().max().item<float>(), 0.0f) << name;  // trained: not zero
+      EXPECT_GT(m.step, 0) << name;
+    }
+    nlohmann::json change;
+    for (const auto& s : syncs_of(dir + "/node" + std::to_string(to)))
+      if (s.contains("ownership")) change = s["ownership"];
+    ASSERT_TRUE(change.contains("handed_moments")) << "node " << to << ": " << change.dump();
+    EXPECT_EQ(change["epoch"], 1);
+    EXPECT_EQ(change["handed_moments"]["tensors"], names.size());
+    EXPECT_EQ(change["handed_moments"]["sha256"], moments_sha256(last))
+        << "node " << to << " does not hold node 2's last moments";
+  }
+  expect_nodes_on_published_digests(dir, 2, 10);
 }

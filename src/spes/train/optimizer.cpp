@@ -132,7 +132,7 @@ int64_t AdamW::index_of(const std::string& name) const {
 
 ExpertMoments::Entry AdamW::moments_of(size_t i) const {
   auto [m, v] = moments_.at(i).fp32_values();
-  return {m, v, tensor_steps_.at(i)};
+  return {m, v, tensor_steps_.at(i), rewarm_from_.at(i)};
 }
 
 void AdamW::change_params(std::vector<RegistryEntry> params, const ExpertMoments* handed) {
@@ -163,7 +163,7 @@ void AdamW::change_params(std::vector<RegistryEntry> params, const ExpertMoments
           {"exp_avg/" + p.name, &given->exp_avg}, {"exp_avg_sq/" + p.name, &given->exp_avg_sq}};
       moments.back().load_state(by_name, p.name, rounding_seed(step_, j));
       steps.push_back(given->step);
-      rewarm.push_back(-1);
+      rewarm.push_back(given->rewarm_from);  // a re-warm-up under way goes on
     } else {  // zero moments, bias correction from step 1, learning rate re-warmed
       steps.push_back(0);
       rewarm.push_back(rewarmup_steps_ > 0 ? step_ : -1);

@@ -26,10 +26,15 @@ double lr_at_step(const Config& cfg, int64_t step);
 
 // Moments of some experts, as AdamW holds them: per parameter name (the registry's names of
 // the expert's tensors), exp_avg and exp_avg_sq (fp32, CPU), with the optimizer step count of
-// that parameter. What moves with an expert from one node to another (issue 38;
-// Trainer::change_ownership, expert_moments).
+// that parameter, and the optimizer step its learning-rate re-warm-up started at (-1: none).
+// What moves with an expert from one node to another (issue 38; Trainer::change_ownership,
+// expert_moments).
 struct ExpertMoments {
-  struct Entry { torch::Tensor exp_avg, exp_avg_sq; int64_t step = 0; };
+  struct Entry {
+    torch::Tensor exp_avg, exp_avg_sq;
+    int64_t step = 0;
+    int64_t rewarm_from = -1;
+  };
   std::map<std::string, Entry> by_name;
 };
 

@@ -59,6 +59,8 @@ void check_handed_moments(const ExpertMoments& handed, const ParamRegistry& regi
     SPES_CHECK((m.exp_avg_sq >= 0).all().item<bool>(), "{}: exp_avg_sq of '{}' has negative "
                "values (a second moment is a mean of squares)", origin, name);
     SPES_CHECK(m.step >= 0, "{}: the step count of '{}' is {}, negative", origin, name, m.step);
+    SPES_CHECK(m.rewarm_from >= -1, "{}: the re-warm-up start of '{}' is {} (a step, or -1 for "
+               "none)", origin, name, m.rewarm_from);
   }
 }
 
@@ -118,15 +120,16 @@ ExpertMoments share_handed_moments(DistGroup& group, const ExpertMoments* handed
       const ExpertMoments::Entry& h = handed->by_name.at(name);
       m = h.exp_avg.contiguous().to(device, torch::kFloat32, false, /*copy=*/true);
       v = h.exp_avg_sq.contiguous().to(device, torch::kFloat32, false, /*copy=*/true);
-      step = torch::tensor({h.step}, torch::kInt64).to(device);
+      step = torch::tensor({h.step, h.rewarm_from}, torch::kInt64).to(device);
     } else {
       m = torch::empty(sizes, f32);
       v = torch::empty(sizes, f32);
-      step = torch::zeros({1}, torch::kInt64).to(device);
+      step = torch::zeros({2}, torch::kInt64).to(device);
     }
     for (const torch::Tensor& t : {m, v, step}) group.broadcast(t);
-    out.by_name[name] = {m.to(torch::kCPU), v.to(torch::kCPU),
-                         step.to(torch::kCPU).item<int64_t>()};
+    const torch::Tensor s = step.to(torch::kCPU);
+    out.by_name[name] = {m.to(torch::kCPU), v.to(torch::kCPU), s[0].item<int64_t>(),
+                         s[1].item<int64_t>()};
   }
   return out;
 }

@@ -329,6 +329,70 @@ uint64_t SyncClient::download(int64_t round, Selection selection,
   return received - offset;
 }
 
+int64_t SyncClient::hand_over(const SafetensorsStreamWriter& payload) {
+  const uint64_t total = payload.total_bytes();
+  grpc::ClientContext ctx;
+  prepare(ctx, id_, 3600);
+  pb::HandOverReply rep;
+  std::unique_ptr<grpc::ClientWriter<pb::MomentsChunk>> w(impl_->stub->HandOver(&ctx, &rep));
+  pb::MomentsChunk c;
+  fill(c.mutable_node(), id_);
+  c.set_total_bytes(total);
+  StreamChecksum whole;
+  std::string data;
+  for (uint64_t off = 0; off < total; off += kChunkBytes) {
+    data.clear();
+    payload.read(off, kChunkBytes, &data);
+    whole.update(data.data(), data.size());
+    c.set_offset(off);
+    c.set_checksum(chunk_checksum(data));
+    if (off + data.size() >= total) c.set_stream_checksum(whole.hex_digest());
+    c.set_data(data);
+    if (!w->Write(c)) break;  // the server ended the stream: Finish() says why
+  }
+  w->WritesDone();
+  check(w->Finish(), "HandOver", impl_->address);
+  return rep.experts();
+}
+
+std::string SyncClient::fetch_moments(int64_t epoch, uint64_t max_bytes) {
+  pb::FetchMomentsRequest req;
+  fill(req.mutable_node(), id_);
+  req.set_ownership_epoch(epoch);
+  grpc::ClientContext ctx;
+  prepare(ctx, id_, 3600);
+  std::unique_ptr<grpc::ClientReader<pb::DownloadChunk>> rd(
+      impl_->stub->FetchMoments(&ctx, req));
+  pb::DownloadChunk c;
+  std::string out;
+  uint64_t total = 0;
+  try {
+    while (rd->Read(&c)) {
+      if (out.empty()) total = c.total_bytes();
+      if (total > max_bytes)
+        sync_fail(SyncErrc::ResourceExhausted, "moments of epoch {}: the server sends {} bytes, "
+                  "more than the experts this node gains can need ({})", epoch, total, max_bytes);
+      if (c.total_bytes() != total || c.offset() != out.size() ||
+          c.data().size() > kMaxChunkBytes || out.size() + c.data().size() > total)
+        sync_fail(SyncErrc::DataLoss, "moments of epoch {}: chunk at offset {} (expected {} of "
+                  "{})", epoch, c.offset(), out.size(), total);
+      if (chunk_checksum(c.data()) != c.checksum())
+        sync_fail(SyncErrc::DataLoss, "moments of epoch {}: checksum mismatch in the chunk at "
+                  "offset {}", epoch, c.offset());
+      out += c.data();
+    }
+  } catch (...) {
+    ctx.TryCancel();
+    rd->Finish();
+    throw;
+  }
+  check(rd->Finish(), "FetchMoments", impl_->address);
+  if (out.empty() || out.size() != total)
+    sync_fail(SyncErrc::DataLoss, "moments of epoch {} ended after {} of {} bytes", epoch,
+              out.size(), total);
+  return out;
+}
+
 int64_t SyncClient::heartbeat(int64_t step, const NodeMetrics& metrics) {
   pb::HeartbeatRequest req;
   fill(req.mutable_node(), id_);

@@ -73,6 +73,12 @@ class SyncClient {
                     const std::function<void(const char*, size_t)>& on_data,
                     uint64_t offset = 0, int64_t from_round = -1);
   void leave(int64_t step, const std::string& reason, LeaveKind kind = LeaveKind::Finished);
+  // Protocol 9: streams a departing node's moments (round/moments_handoff.h) to the server
+  // (sent again from the start by a retry). Returns the experts the server kept.
+  int64_t hand_over(const SafetensorsStreamWriter& payload);
+  // Protocol 9: the moments handed over for the experts this node gains in ownership epoch
+  // `epoch` (a safetensors stream; refused when the server announces more than `max_bytes`).
+  std::string fetch_moments(int64_t epoch, uint64_t max_bytes);
   // Reports the node's step and metrics; returns the server's latest published round.
   int64_t heartbeat(int64_t step, const NodeMetrics& metrics = {});
   // Needs `read_token` when the server has one or listens off loopback.

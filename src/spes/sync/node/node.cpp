@@ -490,7 +490,8 @@ nlohmann::json SyncNode::apply_ownership(Trainer& t, const OwnershipMap& m,
   std::set<std::string> before;
   for (const auto& e : t.registry().entries())
     if (e.trainable) before.insert(e.name);
-  t.change_ownership(next);
+  const ExpertMoments handed = fetch_handed_moments(t, next, m.epoch);
+  t.change_ownership(next, handed.by_name.empty() ? nullptr : &handed);
   ownership_epoch_ = t.state().ownership_epoch = m.epoch;
   const ParamRegistry& reg = t.registry();
   int64_t gained = 0, lost = 0, trainable = 0;
@@ -512,9 +513,12 @@ nlohmann::json SyncNode::apply_ownership(Trainer& t, const OwnershipMap& m,
                "gained, {} lost{})", node, m.epoch, m.from_round, m.fingerprint,
                trainable, gained, lost,
                dropped.empty() ? "" : fmt::format(", {} residuals dropped", dropped.size()));
-  return {{"epoch", m.epoch}, {"from_round", m.from_round}, {"fingerprint", m.fingerprint},
-          {"gained_tensors", gained}, {"lost_tensors", lost},
-          {"residuals_dropped", dropped.size()}, {"trainable_numel", reg.trainable_numel()}};
+  nlohmann::json rec = {{"epoch", m.epoch}, {"from_round", m.from_round},
+                        {"fingerprint", m.fingerprint}, {"gained_tensors", gained},
+                        {"lost_tensors", lost}, {"residuals_dropped", dropped.size()},
+                        {"trainable_numel", reg.trainable_numel()}};
+  if (!handed.by_name.empty()) rec["handed_moments"] = handed_record(t, handed);
+  return rec;
 }
 
 void SyncNode::on_stop(Trainer& t) {
@@ -524,7 +528,10 @@ void SyncNode::on_stop(Trainer& t) {
   inflight_.reset();
   stopping_ = false;
   stop_heartbeats();
-  if (opts_.depart && client_) leave(t, LeaveKind::Departing, "departing (spes node --depart)");
+  if (opts_.depart && client_) {
+    hand_over_moments(t);
+    leave(t, LeaveKind::Departing, "departing (spes node --depart)");
+  }
 }
 
 void SyncNode::leave(Trainer& t, LeaveKind kind, const std::string& reason) {

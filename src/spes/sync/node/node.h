@@ -174,6 +174,12 @@ class SyncNode : public StepObserver {
   void rejoin(double limit_s);  // join again (same incarnation), retrying transient failures
   void stop_heartbeats();
   void leave(Trainer& t, LeaveKind kind, const std::string& reason);
+  // node_handoff.cpp (protocol 9). Departing: the AdamW moments of the experts this node owns
+  // go to the server (a failure is logged: their next owners then start at zero moments).
+  void hand_over_moments(Trainer& t);
+  // Gaining experts under map `next` (epoch `epoch`): the moments handed over for them (empty:
+  // none, or the fetch failed, logged).
+  ExpertMoments fetch_handed_moments(const Trainer& t, const Ownership& next, int64_t epoch);
   // At a round boundary (or on join / catch-up): the trainer changes to map `m` (checked
   // against its fingerprint) when it differs from the one it trains under; a lost expert takes
   // its value from `published` (the round's model; null: the registry holds it already), the
@@ -205,6 +211,11 @@ class SyncNode : public StepObserver {
   std::unique_ptr<RoundInFlight> inflight_;  // with overlap: the round running in the background
   InFlightBuffers inflight_buffers_;          // with overlap: the last round's, for the next one
 };
+
+// The sync record's "handed_moments" entry after a change with `handed` moments (node_handoff.cpp):
+// {"experts", "tensors", "sha256"}, the digest (round/moments_handoff.h moments_sha256) of the
+// moments AdamW holds for those tensors now: equal to the departed owner's, bit for bit.
+nlohmann::json handed_record(const Trainer& t, const ExpertMoments& handed);
 
 // SHA-256 over the names and fp32 bytes of the registry's frozen (non-trainable) tensors.
 std::string frozen_weights_sha256(const ParamRegistry& registry);

@@ -115,20 +115,19 @@ Metadata upload_metadata(const UploadMeta& m) {
   return md;
 }
 
-namespace {
-int64_t meta_int(const Metadata& md, const char* key, const std::string& origin) {
+int64_t metadata_int(const Metadata& md, const char* key, const std::string& origin) {
   auto it = md.find(key);
-  SPES_CHECK(it != md.end(), "{}: upload metadata lacks '{}'", origin, key);
+  if (it == md.end())
+    sync_fail(SyncErrc::InvalidArgument, "{}: metadata lacks '{}'", origin, key);
   try {
     size_t pos = 0;
     const long long v = std::stoll(it->second, &pos);
     if (pos == it->second.size() && v >= 0) return v;
   } catch (const std::exception&) {
   }
-  sync_fail(SyncErrc::InvalidArgument, "{}: upload metadata '{}' = '{}' is not a non-negative "
+  sync_fail(SyncErrc::InvalidArgument, "{}: metadata '{}' = '{}' is not a non-negative "
             "integer", origin, key, printable(it->second, 40));
 }
-}  // namespace
 
 UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header,
                                int64_t expect_node, const std::string& origin) {
@@ -138,10 +137,10 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
     sync_fail(SyncErrc::InvalidArgument, "{}: not a SPES upload (metadata format '{}', expected "
               "'spes-upload-v1')", origin, fmt_it == md.end() ? "" : printable(fmt_it->second, 40));
   UploadMeta m;
-  m.node = meta_int(md, "node_id", origin);
-  m.round = meta_int(md, "round", origin);
-  m.step = meta_int(md, "step", origin);
-  m.tokens = meta_int(md, "tokens", origin);
+  m.node = metadata_int(md, "node_id", origin);
+  m.round = metadata_int(md, "round", origin);
+  m.step = metadata_int(md, "step", origin);
+  m.tokens = metadata_int(md, "tokens", origin);
   try {
     m.incarnation = std::stoull(md.count("incarnation") ? md.at("incarnation") : "0");
   } catch (const std::exception&) {
@@ -163,7 +162,7 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
               compression_name(comp));
   m.compression = comp;
   if (md.count("ownership_epoch")) {
-    m.ownership_epoch = meta_int(md, "ownership_epoch", origin);
+    m.ownership_epoch = metadata_int(md, "ownership_epoch", origin);
     if (m.ownership_epoch != plan.ownership_epoch())
       sync_fail(SyncErrc::InvalidArgument, "{}: node {} trained under ownership epoch {} but "
                 "round {} uses epoch {}: the node must change to the map that came with the "

@@ -95,6 +95,9 @@ struct UploadMeta {
   int64_t ownership_epoch = -1;
 };
 Metadata upload_metadata(const UploadMeta& m);
+// The stream metadata `key` as a non-negative integer; throws SyncError(InvalidArgument) naming
+// `origin` when it is missing or anything else.
+int64_t metadata_int(const Metadata& md, const char* key, const std::string& origin);
 // Checks an upload's header against the plan: format, metadata, exactly the node's upload
 // set in model order, shapes, wire dtype (with compression: each tensor's delta dtype, and
 // for int8 its scales right before it, F32, one per block; topk: one U8 entry per tensor, of a

@@ -102,6 +102,11 @@ void OwnershipEpochs::introduce(const OwnershipMap& next, const nlohmann::json& 
   }
 }
 
+nlohmann::json OwnershipEpochs::handoffs(int64_t epoch) const {
+  if (epoch < 0 || epoch >= static_cast<int64_t>(handoffs_.size())) return nlohmann::json::array();
+  return handoffs_[static_cast<size_t>(epoch)];
+}
+
 bool OwnershipEpochs::knows(int64_t epoch, const std::string& fingerprint) const {
   if (epoch < 0 || epoch >= static_cast<int64_t>(epochs_.size())) return false;
   return fingerprint.empty() || epochs_[static_cast<size_t>(epoch)].fingerprint == fingerprint;

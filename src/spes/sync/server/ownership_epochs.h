@@ -35,6 +35,8 @@ class OwnershipEpochs {
   // it and saves the file (throws, nothing changed, when it cannot be written). `next` may
   // replace an epoch that starts at the same round and was never published (a retried save).
   void introduce(const OwnershipMap& next, const nlohmann::json& handoffs);
+  // The handoffs that made epoch `epoch` ([] for epoch 0 or an epoch not decided).
+  nlohmann::json handoffs(int64_t epoch) const;
   // Whether the node's (epoch, fingerprint) is one of this run's epochs ("" : the config's).
   bool knows(int64_t epoch, const std::string& fingerprint) const;
   std::string path() const;

@@ -2,6 +2,8 @@
 // round_state.h).
 #include "spes/sync/server/round_state.h"
 
+#include "spes/sync/round/moments_handoff.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
+#include "spes/sync/round/moments_handoff.h"
 #include "spes/sync/round/ownership_map.h"
 #include "spes/sync/round/reassign.h"
 #include "spes/sync/round/round_clock.h"
@@ -40,6 +43,7 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
       epochs_(opts_.out_dir, model_->plan().ownership()),
       departures_(static_cast<size_t>(cfg_.spes_config.num_peers),
                   cfg_.spes_config.elastic.reassign_after_rounds),
+      handed_(opts_.out_dir),
       bounds_(cfg_, model_->plan(), model_->tensors()),
       experts_(cfg_, model_->plan(), model_->tensors()),
       history_(cfg_, model_->plan(), bounds_),
@@ -146,6 +150,10 @@ int64_t RoundState::published_round() const {
 
 bool RoundState::all_left() const {
   std::lock_guard<std::mutex> lk(mu_);
+  return all_left_locked();
+}
+
+bool RoundState::all_left_locked() const {
   // A node declared departed (gone for good, its experts handed on) counts as left, unless it
   // came back and is training.
   for (size_t i = 0; i < members_.size(); ++i) {
@@ -570,6 +578,50 @@ void RoundState::leave(const NodeId& node, int64_t step, const std::string& reas
   maybe_publish(false);  // the round no longer waits for it
 }
 
+std::unique_ptr<MomentsIntake> RoundState::begin_hand_over(const NodeId& node,
+                                                          uint64_t total_bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  members_.check(node);
+  if (model_->plan().mode() != SyncMode::Spes)
+    sync_fail(SyncErrc::FailedPrecondition, "node {}: moments are handed over with experts, in "
+              "mode spes only", node.node_id);
+  return std::make_unique<MomentsIntake>(handed_.staging_path(node.node_id), total_bytes,
+                                         max_moments_bytes(model_->plan(), node.node_id),
+                                         node.node_id);
+}
+
+std::pair<int64_t, int64_t> RoundState::finish_hand_over(const NodeId& node,
+                                                         MomentsIntake& intake) {
+  std::unique_lock<std::mutex> lk(mu_);
+  members_.check(node);
+  const RoundPlan plan = model_->plan();  // a copy: the checks run without the lock
+  lk.unlock();
+  const auto experts = handed_.check(intake.path(), plan, node.node_id);
+  lk.lock();
+  members_.check(node);
+  if (model_->plan().ownership_epoch() != plan.ownership_epoch())
+    sync_fail(SyncErrc::InvalidArgument, "node {}: ownership epoch {} began while its moments "
+              "of epoch {} arrived: they are not kept", node.node_id,
+              model_->plan().ownership_epoch(), plan.ownership_epoch());
+  handed_.keep(intake, node.node_id, plan.ownership_epoch());
+  spdlog::info("node {} handed over the AdamW moments of {} experts (ownership epoch {}, {} "
+               "bytes): their next owners continue from them", node.node_id, experts.size(),
+               plan.ownership_epoch(), intake.bytes());
+  return {static_cast<int64_t>(experts.size()), plan.ownership_epoch()};
+}
+
+NamedTensors RoundState::handed_moments(const NodeId& node, int64_t epoch) {
+  std::unique_lock<std::mutex> lk(mu_);
+  members_.check(node);
+  if (epoch <= 0 || epoch > epochs_.latest().epoch)
+    sync_fail(SyncErrc::InvalidArgument, "node {} asks for the moments of ownership epoch {}; "
+              "this run's epochs with handoffs are 1..{}", node.node_id, epoch,
+              epochs_.latest().epoch);
+  const nlohmann::json handoffs = epochs_.handoffs(epoch);
+  lk.unlock();
+  return handed_.for_node(node.node_id, epoch, handoffs);
+}
+
 int64_t RoundState::heartbeat(const NodeId& node, int64_t step, const NodeMetrics& m) {
   std::lock_guard<std::mutex> lk(mu_);
   members_.check(node);
@@ -639,6 +691,9 @@ void RoundState::close() {
   std::lock_guard<std::mutex> lk(mu_);
   if (closed_) return;
   closed_ = true;
+  // The run ended: nobody can need the handed-over moments any more (a server stopped before
+  // that keeps them for its restart).
+  if (all_left_locked()) handed_.remove_all();
   log_->flush_pending();
   cv_.notify_all();
   store_.flush();  // the last round on disk before the server exits

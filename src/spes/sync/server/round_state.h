@@ -38,6 +38,7 @@
 #include "spes/sync/server/departures.h"
 #include "spes/sync/server/download_session.h"
 #include "spes/sync/server/expert_drift.h"
+#include "spes/sync/server/handed_moments.h"
 #include "spes/sync/server/loss_history.h"
 #include "spes/sync/server/membership.h"
 #include "spes/sync/server/open_round.h"
@@ -94,6 +95,15 @@ class RoundState {
   // round boundary (with spes_config.reassign_after_rounds > 0).
   void leave(const NodeId& node, int64_t step, const std::string& reason,
              LeaveKind kind = LeaveKind::Finished);
+  // Protocol 9, a departing node's AdamW moments (handed_moments.h): the intake of a stream
+  // of `total_bytes` (the node joined; the size bounded by the experts it owns now), then its
+  // checks against the collecting round's plan (the epoch the node owns them under) and its
+  // place on disk. finish_hand_over returns {experts kept, their epoch}.
+  std::unique_ptr<MomentsIntake> begin_hand_over(const NodeId& node, uint64_t total_bytes);
+  std::pair<int64_t, int64_t> finish_hand_over(const NodeId& node, MomentsIntake& intake);
+  // The moments handed over for the experts `node` gains in ownership epoch `epoch` (stream
+  // tensors of round/moments_handoff.h; empty when their owners handed none over).
+  NamedTensors handed_moments(const NodeId& node, int64_t epoch);
   // Records the node's step and metrics (its loss curve); returns the latest published round.
   int64_t heartbeat(const NodeId& node, int64_t step, const NodeMetrics& metrics = {});
   ServerStatus status() const;
@@ -152,6 +162,7 @@ class RoundState {
   const OwnershipMap& collecting_map() const;
   void resume_ownership();
   void decide_ownership(int64_t round, nlohmann::json& line);
+  bool all_left_locked() const;
   std::vector<int64_t> live_nodes() const;
   std::vector<std::string> frozen_experts() const;
   void check_join_ownership(const JoinInfo& info) const;
@@ -175,6 +186,7 @@ class RoundState {
   RoundStore store_;
   OwnershipEpochs epochs_;
   Departures departures_;
+  HandedMoments handed_;  // moments departing nodes handed over (DIR/handoff)
   UpdateBounds bounds_;
   ExpertDrift experts_;  // the run-long bound per expert (expert_drift.h)
   UpdateHistory history_;  // shared updates against the accepted ones (update_history.h)

@@ -1,6 +1,8 @@
 // The sync protocol's calls as messages, mapped onto RoundState (see rpc_calls.h).
 #include "spes/sync/server/rpc_calls.h"
 
+#include "spes/sync/round/moments_handoff.h"
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -111,6 +113,47 @@ void call_download(RoundState& st, const NodeId& credentials, const pb::Download
     c.set_data(std::move(bytes));
     write(c);
     bytes = std::move(*c.mutable_data());  // reuses the buffer
+  }
+}
+
+void call_hand_over(RoundState& st, const NodeId& credentials,
+                    const std::function<bool(pb::MomentsChunk*)>& read, pb::HandOverReply* rep) {
+  pb::MomentsChunk c;
+  if (!read(&c)) sync_fail(SyncErrc::InvalidArgument, "empty moments handover stream");
+  const NodeId node = message_caller(credentials, c.node());
+  const uint64_t total = c.total_bytes();
+  std::unique_ptr<MomentsIntake> in = st.begin_hand_over(node, total);
+  std::string whole_checksum;
+  do {
+    if (c.node().node_id() != node.node_id || c.total_bytes() != total)
+      sync_fail(SyncErrc::InvalidArgument, "moments handover chunks disagree on node or size");
+    if (!c.stream_checksum().empty()) whole_checksum = c.stream_checksum();
+    in->chunk(c.offset(), c.data(), c.checksum());
+  } while (read(&c));
+  in->finish(whole_checksum);
+  const auto [experts, epoch] = st.finish_hand_over(node, *in);
+  rep->set_experts(experts);
+  rep->set_ownership_epoch(epoch);
+  rep->set_bytes_received(total);
+}
+
+void call_fetch_moments(RoundState& st, const NodeId& credentials,
+                        const pb::FetchMomentsRequest& req,
+                        const std::function<void(const pb::DownloadChunk&)>& write) {
+  const NodeId node = message_caller(credentials, req.node());
+  const SafetensorsStreamWriter stream = SafetensorsStreamWriter::as_stored(
+      st.handed_moments(node, req.ownership_epoch()),
+      {{"format", kMomentsFormat}, {"ownership_epoch", std::to_string(req.ownership_epoch())}});
+  pb::DownloadChunk c;
+  std::string data;
+  for (uint64_t off = 0; off < stream.total_bytes(); off += kChunkBytes) {
+    data.clear();
+    stream.read(off, kChunkBytes, &data);
+    c.set_offset(off);
+    c.set_total_bytes(stream.total_bytes());
+    c.set_checksum(chunk_checksum(data));
+    c.set_data(data);
+    write(c);
   }
 }
 

@@ -33,6 +33,15 @@ void call_wait_round(RoundState& st, const NodeId& credentials, const pb::WaitRo
 // away, or a newer stream of it took over).
 void call_download(RoundState& st, const NodeId& credentials, const pb::DownloadRequest& req,
                    const std::function<void(const pb::DownloadChunk&)>& write);
+// A HandOver stream (protocol 9): `read` as for call_upload; the whole stream is checked before
+// anything is kept.
+void call_hand_over(RoundState& st, const NodeId& credentials,
+                    const std::function<bool(pb::MomentsChunk*)>& read, pb::HandOverReply* rep);
+// A FetchMoments stream: the moments handed over for the experts the node gains in the
+// request's epoch, one safetensors stream (format spes-moments-v1) in chunks.
+void call_fetch_moments(RoundState& st, const NodeId& credentials,
+                        const pb::FetchMomentsRequest& req,
+                        const std::function<void(const pb::DownloadChunk&)>& write);
 void call_leave(RoundState& st, const NodeId& credentials, const pb::LeaveRequest& req);
 void call_heartbeat(RoundState& st, const NodeId& credentials, const pb::HeartbeatRequest& req,
                     pb::HeartbeatReply* rep);

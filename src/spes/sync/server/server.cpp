@@ -69,7 +69,7 @@ const std::map<std::string, CallRate>& call_rate_limits() {
   static const std::map<std::string, CallRate> rates = {
       {"Join", {2, 10}},       {"Leave", {2, 10}},     {"Upload", {5, 20}},
       {"Download", {5, 20}},   {"WaitRound", {20, 40}}, {"Heartbeat", {20, 40}},
-      {"Status", {20, 40}}};
+      {"Status", {20, 40}},    {"HandOver", {2, 10}},  {"FetchMoments", {5, 20}}};
   return rates;
 }
 
@@ -134,6 +134,25 @@ class SyncService final : public pb::SpesSync::Service {
         if (ctx->IsCancelled() || !writer->Write(c))
           stream_end_reason(*lease, who.node_id, "download");
       });
+    });
+  }
+
+  grpc::Status HandOver(grpc::ServerContext* ctx, grpc::ServerReader<pb::MomentsChunk>* reader,
+                        pb::HandOverReply* rep) override {
+    return guarded("HandOver", *ctx, [&] {
+      const NodeId who = node_of(*ctx, "HandOver");
+      call_hand_over(st_, who, [&](pb::MomentsChunk* c) { return reader->Read(c); }, rep);
+    });
+  }
+
+  grpc::Status FetchMoments(grpc::ServerContext* ctx, const pb::FetchMomentsRequest* req,
+                            grpc::ServerWriter<pb::DownloadChunk>* writer) override {
+    return guarded("FetchMoments", *ctx, [&] {
+      call_fetch_moments(st_, node_of(*ctx, "FetchMoments"), *req,
+                         [&](const pb::DownloadChunk& c) {
+                           if (ctx->IsCancelled() || !writer->Write(c))
+                             sync_fail(SyncErrc::Aborted, "moments fetch cancelled by the node");
+                         });
     });
   }
 

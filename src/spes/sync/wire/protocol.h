@@ -16,8 +16,9 @@ namespace spes::sync {
 // 4: chunk coding; 5: per-tensor model digest; 6: Join's must-match settings as one map;
 // 7: compression topk and its settings (topk_density, topk_bits, topk_decay) in that map;
 // 8: ownership epochs (the map with every round and join, the node's epoch and capacity on
-// Join, Leave's kind).
-constexpr uint32_t kProtocolVersion = 8;
+// Join, Leave's kind); 9: a departing node's AdamW moments handed to its experts' next owners
+// (HandOver, FetchMoments).
+constexpr uint32_t kProtocolVersion = 9;
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
