@@ -63,7 +63,7 @@ for kv in $MODEL; do common+=(--set "model.$kv"); done
 
 arm_options() {  # the launch options that make an arm, on top of `common`
   case "$1" in
-    undisturbed) echo --set spes_config.reassign_after_rounds=0 ;;
+    undisturbed) ;;  # experiment_sparse.sh's fp32 arm: the same command, the same runs
     depart-fixed) echo --depart-node "$LEAVER" --at-round "$AT" \
                     --set spes_config.reassign_after_rounds=0 ;;
     depart-reassign) echo --depart-node "$LEAVER" --at-round "$AT" \
