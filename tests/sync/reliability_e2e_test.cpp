@@ -709,7 +709,7 @@ std::vector<nlohmann::json> syncs_of(const std::string& node_dir) {
   return out;
 }
 
-[[maybe_unused]] std::vector<nlohmann::json> joins_of(const std::string& node_dir) {
+std::vector<nlohmann::json> joins_of(const std::string& node_dir) {
   std::vector<nlohmann::json> out;
   for (const auto& l : read_jsonl(node_dir + "/metrics.jsonl"))
     if (l.contains("sync_join")) out.push_back(l["sync_join"]);
@@ -821,7 +821,19 @@ TEST_F(SyncReliability, AKilledNodesExpertsGoToLiveNodesAndARestartKeepsTheNewSe
     }
     EXPECT_GE(compared, 3) << h.dump();
   }
-  // Not checked yet (issue 38 test (c)): that the restarted node's join record shows epoch 1
-  // and its epoch-1 trainable set; its metrics.jsonl held one sync_join record in the run of
-  // 2026-12-05 18:16, not two.
+  // The restarted node joined twice (one record per join, written even when no step followed
+  // its second join): first under epoch 0, then under epoch 1's map with the expert it gained;
+  // its final checkpoint holds the epoch-1 map.
+  const std::string back_dir = dir + "/node" + std::to_string(gainer);
+  const auto joins = joins_of(back_dir);
+  ASSERT_EQ(joins.size(), 2u) << read_or_empty(back_dir + "/metrics.jsonl");
+  const auto& epoch1 = epochs["epochs"][1]["map"];
+  EXPECT_EQ(joins[0]["ownership_epoch"], 0) << joins[0].dump();
+  EXPECT_EQ(joins[1]["ownership_epoch"], 1) << joins[1].dump();
+  EXPECT_EQ(joins[1]["ownership_fingerprint"], epoch1["fingerprint"]) << joins[1].dump();
+  EXPECT_GT(joins[1]["trainable_numel"].get<int64_t>(), joins[0]["trainable_numel"].get<int64_t>())
+      << "the restarted node trains the expert it gained: " << joins[1].dump();
+  const auto state = nlohmann::json::parse(read_or_empty(back_dir + "/checkpoint/state.json"));
+  EXPECT_EQ(state["ownership"]["epoch"], 1) << state.dump();
+  EXPECT_EQ(state["ownership"]["table"], epoch1["table"]) << state.dump();
 }

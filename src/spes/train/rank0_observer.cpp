@@ -59,6 +59,10 @@ void Rank0Observer::on_finish(Trainer& t) {
   if (inner_) inner_->on_finish(t);
 }
 
+nlohmann::json Rank0Observer::unreported(Trainer& t) {
+  return inner_ ? inner_->unreported(t) : nlohmann::json();
+}
+
 void Rank0Observer::on_stop(Trainer& t) {
   if (inner_) inner_->on_stop(t);
 }

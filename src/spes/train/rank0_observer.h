@@ -16,6 +16,7 @@ class Rank0Observer : public StepObserver {
   void on_start(Trainer& t) override;
   nlohmann::json after_step(Trainer& t, int64_t step) override;
   void on_finish(Trainer& t) override;
+  nlohmann::json unreported(Trainer& t) override;  // rank 0's (only rank 0 writes metrics)
   void on_stop(Trainer& t) override;
   void save_state(TrainState& s) override;  // rank 0's (only rank 0 writes checkpoints)
 

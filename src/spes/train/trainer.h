@@ -38,6 +38,10 @@ class StepObserver {
   // merged into that step's metrics line (e.g. {"sync": {...}}).
   virtual nlohmann::json after_step(Trainer&, int64_t /*step*/) { return {}; }
   virtual void on_finish(Trainer&) {}
+  // What the observer has for metrics.jsonl that no step carried (e.g. the join record of a
+  // node that joined at the run's last step, or was stopped before its first): written as one
+  // line, with the step and time, before on_finish or on_stop. Empty: nothing to write.
+  virtual nlohmann::json unreported(Trainer&) { return {}; }
   // The run stops early (SIGINT/SIGTERM, common/stop_signal.h), after its last complete step
   // and before its checkpoint is written: end what is in flight, leave.
   virtual void on_stop(Trainer&) {}
@@ -170,6 +174,8 @@ class Trainer {
   };
   BoundaryDecision decide_at_boundary() const;
   void stop_early(int sig, ProgressDisplay& progress);
+  // The observer's record that no step carried (StepObserver::unreported), on its own line.
+  void write_unreported();
   std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
   int stopped_by_ = 0;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
