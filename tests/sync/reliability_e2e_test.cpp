@@ -836,4 +836,40 @@ TEST_F(SyncReliability, AKilledNodesExpertsGoToLiveNodesAndARestartKeepsTheNewSe
   const auto state = nlohmann::json::parse(read_or_empty(back_dir + "/checkpoint/state.json"));
   EXPECT_EQ(state["ownership"]["epoch"], 1) << state.dump();
   EXPECT_EQ(state["ownership"]["table"], epoch1["table"]) << state.dump();
+
+  // `spes aggregate --ownership` replays the rounds around the handoff under each round's map
+  // (the last one of epoch 0, the first two of epoch 1) and gets the published models; without
+  // --ownership an epoch-1 round is refused, saying what to give.
+  const std::string kept = dir + "/server/rounds/";
+  auto replay = [&](int64_t r, bool with_ownership) {
+    std::vector<std::string> argv = {SPES_BINARY, "aggregate", "--config", cfg, "--step",
+                                     std::to_string(5 * r), "--out", dir + "/agg.safetensors",
+                                     "--previous",
+                                     kept + std::to_string(r - 1) + "/published.safetensors"};
+    if (with_ownership) {
+      argv.push_back("--ownership");
+      argv.push_back(dir + "/server/ownership.json");
+    }
+    for (int64_t i : rounds[r - 1]["nodes"].get<std::vector<int64_t>>())
+      argv.push_back(kept + std::to_string(r) + "/node" + std::to_string(i) + ".safetensors");
+    auto agg = std::make_unique<Proc>("aggregate", argv);
+    pump_until({agg.get()}, [&] { return agg->exited; }, 120);
+    return agg;
+  };
+  int replayed = 0;
+  for (int64_t r = from_round - 1; r <= from_round + 1; ++r) {
+    ASSERT_EQ(rounds[r - 1]["round"], r);
+    if (rounds[r - 1]["missing"].dump().find("rejected") != std::string::npos) continue;
+    auto agg = replay(r, true);
+    ASSERT_EQ(agg->code, 0) << agg->log();
+    EXPECT_TRUE(agg->saw(rounds[r - 1]["model_sha256"].get<std::string>())) << agg->log();
+    EXPECT_EQ(sha256_hex(file_read(dir + "/agg.safetensors")),
+              sha256_hex(file_read(kept + std::to_string(r) + "/published.safetensors")))
+        << "round " << r;
+    ++replayed;
+  }
+  EXPECT_GE(replayed, 2);
+  auto refused = replay(from_round, false);
+  EXPECT_NE(refused->code, 0) << refused->log();
+  EXPECT_TRUE(refused->saw("--ownership")) << refused->log();
 }
