@@ -30,24 +30,7 @@ const Table kMapB = {{0, 1, 0, 1}, {0, 0, 0, 1}};
 const std::vector<std::pair<int64_t, int64_t>> kGained = {{0, 2}, {1, 2}};
 
 Config node_config(const std::string& shard, const Table& owners) {
-  Config c;
-  c.model.d_model = 32;
-  c.model.n_layers = 2;
-  c.model.n_heads = 2;
-  c.model.mlp_hidden_size = 32;
-  c.model.moe_num_experts = 4;
-  c.model.moe_top_k = 2;
-  c.model.vocab_size = 64;
-  c.model.max_sequence_length = 16;
-  c.optimizer.learning_rate = 3e-3;
-  c.scheduler.t_warmup = 2;
-  c.scheduler.t_max = 20;
-  c.data.paths = {shard};
-  c.max_duration = "20";
-  c.global_train_batch_size = 8;
-  c.device_train_microbatch_size = 4;
-  c.threads = 1;
-  c.device = "cpu";
+  Config c = spes::test::tiny_train_config(shard, 20);
   c.precision = Precision::Fp32;
   c.spes_config.mode = SyncMode::Spes;
   c.spes_config.num_peers = 2;
