@@ -1,6 +1,8 @@
 // `spes aggregate`: one sync round offline, with exactly the server's code: the kept uploads of
 // a round (and the previous published model) in, the published model of that round out,
-// including expert merging when the step is a merge point.
+// including expert merging when the step is a merge point. After a handoff (ownership epochs)
+// the round is aggregated under its epoch's map, read from the server's ownership.json
+// (--ownership).
 #include <spdlog/spdlog.h>
 
 #include <fmt/ranges.h>
@@ -9,14 +11,16 @@
 #include "cli/command.h"
 #include "spes/interop/init_checkpoint.h"
 #include "spes/io/config.h"
+#include "spes/io/files.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/ownership_map.h"
 #include "spes/sync/round/round_clock.h"
 #include "spes/train/device.h"
 
 namespace {
 
 struct AggregateArgs {
-  std::string config, out, previous, momentum, momentum_out, residual, residual_out;
+  std::string config, out, previous, momentum, momentum_out, residual, residual_out, ownership;
   int64_t step = 0;
   std::vector<std::string> inputs, sets;
 };
@@ -47,6 +51,46 @@ void load_residual(const AggregateArgs& a, const spes::Config& cfg,
              prev_round);
 }
 
+// The map of the round's ownership epoch (the config's map without --ownership): the server
+// aggregated each round under the map of its epoch.
+void use_round_ownership(const AggregateArgs& a, const spes::Config& cfg,
+                         spes::sync::SyncModel& model) {
+  if (a.ownership.empty()) return;
+  const spes::Ownership initial = spes::Ownership::from_config(cfg);
+  const int64_t round = spes::sync::RoundClock(cfg).round_at(a.step);
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(spes::file_read(a.ownership));
+  } catch (const std::exception& e) {
+    spes::fail("--ownership '{}': {}", a.ownership, e.what());
+  }
+  const auto epoch0 = spes::sync::ownership_map_at_round(doc, 0, initial.num_layers(),
+                                                         initial.num_experts(), a.ownership);
+  SPES_CHECK(epoch0.fingerprint == initial.fingerprint(), "--ownership '{}' starts from another "
+             "map ({}) than the config's ({}): it belongs to another run", a.ownership,
+             epoch0.fingerprint, initial.fingerprint());
+  const auto m = spes::sync::ownership_map_at_round(doc, round, initial.num_layers(),
+                                                    initial.num_experts(), a.ownership);
+  spdlog::info("round {}: ownership epoch {} (from round {}, map {})", round, m.epoch,
+               m.from_round, m.fingerprint);
+  if (m.epoch > 0)
+    model.change_ownership(spes::sync::ownership_of(m, m.num_nodes, initial.num_layers(),
+                                                    initial.num_experts(), a.ownership),
+                           m.epoch);
+}
+
+spes::sync::RoundOutcome aggregate(const AggregateArgs& a, spes::sync::SyncModel& model) {
+  try {
+    return spes::sync::aggregate_offline(model, a.inputs, a.step);
+  } catch (const spes::sync::SyncError& e) {
+    // An upload under a later ownership epoch than the config's map.
+    if (!a.ownership.empty() || std::string(e.what()).find("ownership epoch") == std::string::npos)
+      throw;
+    spes::fail("{}\n(offline: a round after a handoff is aggregated under its epoch's map: give "
+               "the server's ownership.json with --ownership)", e.what());
+  }
+}
+
 void run_aggregate(const AggregateArgs& a) {
   const spes::Config cfg = spes::config_load(a.config, a.sets);
   spes::configure_threads(cfg);
@@ -62,8 +106,9 @@ void run_aggregate(const AggregateArgs& a) {
                  a.step == spes::sync::RoundClock(cfg).step_of(1),
              "the outer step (mode diloco, or spes with outer_step) after round 1 needs "
              "--momentum (the server keeps it in rounds/<round-1>/momentum.safetensors)");
+  use_round_ownership(a, cfg, model);
   load_residual(a, cfg, model);
-  const spes::sync::RoundOutcome o = spes::sync::aggregate_offline(model, a.inputs, a.step);
+  const spes::sync::RoundOutcome o = aggregate(a, model);
   const std::string sha = model.weights_sha256();
   if (!a.residual_out.empty()) model.save_sparse_residual(a.residual_out, o.round, sha);
   spes::sync::write_stream_file(a.out, spes::sync::published_writer(model, o.round, o.step, sha));
@@ -91,6 +136,9 @@ spes::cli::SubcommandRegistrar register_aggregate("aggregate",
   sub.add_option("--residual", a->residual,
                  "compression topk: the server's residual after the previous round");
   sub.add_option("--residual-out", a->residual_out, "compression topk: write the new residual");
+  sub.add_option("--ownership", a->ownership,
+                 "The server's ownership.json (DIR/ownership.json): the round is aggregated "
+                 "under its ownership epoch's map (needed for rounds after a handoff)");
   spes::cli::add_set_option(sub, a->sets);
   sub.add_option("inputs", a->inputs, "Uploads of the round (node<i>.safetensors)")->required();
   sub.callback([a] { run_aggregate(*a); });

@@ -229,5 +229,67 @@ TEST(RunPlots, TheLegendOfSeveralRunsFitsInTheChart) {
   EXPECT_EQ(found, labels.size());
 }
 
+// The ownership-epoch marks of an SVG chart: (x of the dashed line, label).
+std::vector<std::pair<double, std::string>> epoch_marks_of(const std::string& svg) {
+  std::vector<std::pair<double, std::string>> marks;
+  const std::regex mark(R"re(<g class="mark"><line x1="([0-9.]+)"[^>]*/><text [^>]*>([^<]*)</text></g>)re");
+  for (std::sregex_iterator it(svg.begin(), svg.end(), mark), e; it != e; ++it)
+    marks.emplace_back(std::stod((*it)[1]), (*it)[2]);
+  return marks;
+}
+
+// The x of the dots (markers) of an SVG chart.
+std::vector<double> dot_xs(const std::string& svg) {
+  std::vector<double> xs;
+  const std::regex dot(R"re(<circle cx="([0-9.]+)")re");
+  for (std::sregex_iterator it(svg.begin(), svg.end(), dot), e; it != e; ++it)
+    xs.push_back(std::stod((*it)[1]));
+  return xs;
+}
+
+TEST(RunPlots, EveryChartOfARunMarksTheRoundsThatStartAnOwnershipEpoch) {
+  // Round 3 (step 6) handed node 3's experts 6 and 7 to nodes 0 and 1: epoch 1 from round 4.
+  // Each chart marks it where its own x axis puts it: round 4 (rounds charts), step 6
+  // (similarity), the cluster tokens at step 6 (loss), each where a data point of that x lies.
+  spes::test::TempDir dir;
+  for (const char* run : {"elastic", "fixed"}) {
+    for (int node = 0; node < 2; ++node) {
+      std::vector<std::string> lines;
+      for (int step = 2; step <= 10; step += 2)
+        lines.push_back(fmt::format(R"({{"step":{},"tokens":{},"loss":{},"val_loss":{}}})", step,
+                                    100 * step, 6 - 0.1 * step, 6.5 - 0.1 * step));
+      write_lines(dir.path / run / fmt::format("node{}/metrics.jsonl", node), lines);
+    }
+    std::vector<std::string> rounds;
+    for (int r = 1; r <= 5; ++r) {
+      std::string extra;
+      if (std::string(run) == "elastic" && r == 3)
+        extra = R"(,"ownership_next":{"epoch":1,"from_round":4,"fingerprint":"f"},"handoffs":[)"
+                R"({"layer":0,"expert":6,"from":3,"to":0,"why":"killed","round":4},)"
+                R"({"layer":0,"expert":7,"from":3,"to":1,"why":"killed","round":4}])";
+      rounds.push_back(fmt::format(R"({{"round":{},"step":{},"bytes_in":1048576,"seconds":1,)"
+                                   R"("alpha":0,"gate_cos":[0.5]{}}})",
+                                   r, 2 * r, extra));
+    }
+    write_lines(dir.path / run / "server/rounds.jsonl", rounds);
+    const auto plotted = spes::interop_test::run_spes(dir, {"plot", dir.file(run)});
+    ASSERT_EQ(plotted.code, 0) << plotted.err;
+  }
+  // round_time.svg: dots of seconds and alpha at rounds 1..5; the others: one dot per x.
+  const std::vector<std::pair<std::string, size_t>> charts = {
+      {"rounds.svg", 3}, {"round_time.svg", 3}, {"expert_similarity.svg", 2}, {"loss.svg", 2}};
+  for (const auto& [chart, dot] : charts) {
+    const std::string svg = spes::interop_test::slurp(dir.file("elastic/plots/" + chart));
+    const auto marks = epoch_marks_of(svg);
+    ASSERT_EQ(marks.size(), 1u) << chart << "\n" << svg;
+    EXPECT_EQ(marks[0].second, "epoch 1: 2 experts 3-&gt;0,1") << chart;
+    const std::vector<double> xs = dot_xs(svg);
+    ASSERT_GT(xs.size(), dot) << chart;
+    EXPECT_NEAR(marks[0].first, xs[dot], 0.11) << chart << ": the mark is not at the dot of its x";
+    EXPECT_TRUE(epoch_marks_of(spes::interop_test::slurp(dir.file("fixed/plots/" + chart))).empty())
+        << chart << " of a run without handoffs";
+  }
+}
+
 }  // namespace
 }  // namespace spes::report

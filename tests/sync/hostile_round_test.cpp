@@ -218,7 +218,78 @@ TEST(HostileRound, SlowDriftIsBoundedOverTheWindow) {
     }
   }
   EXPECT_THAT(why, HasSubstr("max_drift_ratio"));
-  EXPECT_EQ(st.published_round(), 2);
+  // Both uploads of round 3 were refused: it publishes the model unchanged.
+  EXPECT_EQ(st.published_round(), 3);
+  EXPECT_TRUE(st.round_history().back()["nodes"].empty());
+}
+
+TEST(HostileRound, ARoundWhoseEveryUploadIsRefusedPublishesTheModelUnchanged) {
+  // Both nodes' round-2 uploads are refused (the per-tensor bound): nobody is left to upload,
+  // so round 2 closes with no node's values and no merge (every round is a merge point here),
+  // the previous model unchanged; the refused nodes take it and round 3 goes on as usual.
+  TempDir dir;
+  const Config cfg = two_nodes({"spes_config.outlier_factor=0", "spes_config.merge_interval=10",
+                                "spes_config.merge_alpha_start=0.5"});
+  RoundState st(cfg, ServeOptions{dir.path});
+  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
+  st.join(a.join_info());
+  st.join(b.join_info());
+  for (auto* n : {&a, &b}) send_upload(st, n->id, 1, upload_of(*n, 1, trained(*n, st, 0.001)));
+  ASSERT_EQ(st.published_round(), 1);
+  ASSERT_TRUE(st.round_history().back()["merged"].get<bool>());
+  const std::string sha1 = st.model().weights_sha256();
+  for (auto* n : {&a, &b}) {
+    NamedTensors poison = trained(*n, st, 0.0);
+    tensor_named(poison, kNorm).mul_(12.0);
+    EXPECT_THAT(error_of([&] { send_upload(st, n->id, 2, upload_of(*n, 2, poison)); }),
+                HasSubstr("max_tensor_update_ratio"));
+  }
+  ASSERT_EQ(st.published_round(), 2) << "a round whose every upload was refused never closed";
+  EXPECT_EQ(st.model().weights_sha256(), sha1);
+  const auto line = st.round_history().back();
+  EXPECT_EQ(line["round"], 2);
+  EXPECT_TRUE(line["nodes"].empty()) << line.dump();
+  EXPECT_FALSE(line["merged"].get<bool>()) << line.dump();
+  EXPECT_EQ(line["model_sha256"], sha1);
+  EXPECT_THAT(line["missing"].dump(), HasSubstr("rejected"));
+  // The refused nodes take round 2 (what they hold already) and go on.
+  for (auto* n : {&a, &b}) {
+    n->download(st, 2, Selection::All);
+    EXPECT_EQ(n->reg->weights_sha256(), sha1);
+  }
+  for (auto* n : {&a, &b}) send_upload(st, n->id, 3, upload_of(*n, 3, trained(*n, st, 0.001)));
+  EXPECT_EQ(st.published_round(), 3);
+  EXPECT_EQ(st.round_history().back()["nodes"], nlohmann::json({0, 1}));
+  expect_round_log_valid(dir.path);
+}
+
+TEST(HostileRound, ARoundWithRefusedUploadsAndANodeNeverJoinedClosesAtItsDeadline) {
+  // Four nodes, nodes 2 and 3 never joined: the refused round closes unchanged at its deadline
+  // (no node is waiting), not before; a round nobody uploaded to never closes by itself.
+  TempDir dir;
+  const Config cfg = two_nodes({"spes_config.num_peers=4", "spes_config.outlier_factor=0",
+                                "spes_config.round_timeout=0.05"});
+  RoundState st(cfg, ServeOptions{dir.path});
+  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
+  st.join(a.join_info());
+  st.join(b.join_info());
+  const std::string sha0 = st.model().weights_sha256();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  st.tick();
+  EXPECT_EQ(st.published_round(), 0) << "a round nobody uploaded to closed";
+  for (auto* n : {&a, &b}) {
+    NamedTensors poison = trained(*n, st, 0.0);
+    tensor_named(poison, kNorm).mul_(12.0);
+    EXPECT_NE(error_of([&] { send_upload(st, n->id, 1, upload_of(*n, 1, poison)); }), "");
+  }
+  EXPECT_EQ(st.published_round(), 0);  // nodes 2 and 3 are not out: the deadline decides
+  for (int i = 0; i < 100 && st.published_round() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    st.tick();
+  }
+  ASSERT_EQ(st.published_round(), 1);
+  EXPECT_EQ(st.model().weights_sha256(), sha0);
+  EXPECT_TRUE(st.round_history().back()["nodes"].empty());
 }
 
 TEST(HostileRound, TheDriftWindowSurvivesAServerRestart) {
@@ -252,8 +323,11 @@ TEST(HostileRound, TheDriftWindowSurvivesAServerRestart) {
     FakeNode a(cfg, 0, 3), b(cfg, 1, 4);
     st.join(a.join_info());
     st.join(b.join_info());
+    const std::string before = st.model().weights_sha256();
     EXPECT_THAT(drift_round(st, a, b, 3), HasSubstr("max_drift_ratio"));
-    EXPECT_EQ(st.published_round(), 2);
+    // Both refused: round 3 publishes the model unchanged.
+    EXPECT_EQ(st.published_round(), 3);
+    EXPECT_EQ(st.model().weights_sha256(), before);
   }
   // A window file that does not belong to the resumed round is not trusted: the window starts
   // over from the resumed model, so the same drift passes once.
@@ -264,8 +338,8 @@ TEST(HostileRound, TheDriftWindowSurvivesAServerRestart) {
   FakeNode a(cfg, 0, 5), b(cfg, 1, 6);
   st.join(a.join_info());
   st.join(b.join_info());
-  EXPECT_EQ(drift_round(st, a, b, 3), "");
-  EXPECT_EQ(st.published_round(), 3);
+  EXPECT_EQ(drift_round(st, a, b, 4), "");
+  EXPECT_EQ(st.published_round(), 4);
 }
 
 TEST(HostileRound, TokenCountsMustBePossible) {
@@ -275,6 +349,7 @@ TEST(HostileRound, TokenCountsMustBePossible) {
   FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
   st.join(a.join_info());
   st.join(b.join_info());
+  const std::string sha0 = st.model().weights_sha256();
   const std::string zero =
       error_of([&] { send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001), 0)); });
   EXPECT_THAT(zero, HasSubstr("0 tokens"));
@@ -283,8 +358,11 @@ TEST(HostileRound, TokenCountsMustBePossible) {
   const std::string many = error_of(
       [&] { send_upload(st, b.id, 1, upload_of(b, 1, trained(b, st, 0.001), most + 1)); });
   EXPECT_THAT(many, HasSubstr("more than one round can train"));
-  // Both are out; nothing was published from their claims.
-  EXPECT_EQ(st.published_round(), 0);
+  // Both are out; nothing was published from their claims: round 1 closes with the model
+  // unchanged.
+  EXPECT_EQ(st.published_round(), 1);
+  EXPECT_TRUE(st.round_history().back()["nodes"].empty());
+  EXPECT_EQ(st.model().weights_sha256(), sha0);
   EXPECT_NO_THROW(st.tick());
 }
 

@@ -229,6 +229,18 @@ TEST(OwnershipEpochs, ADepartingNodesExpertsGoToALiveNodeAndARestartKeepsTheMap)
   EXPECT_EQ(again.ownership_at(3).fingerprint, next.fingerprint());
   EXPECT_EQ(again.model().plan().ownership_epoch(), 1);
   EXPECT_EQ(again.model().plan().ownership().table(), next.table());
+  // An offline replay (spes aggregate --ownership) finds each round's map in ownership.json;
+  // a damaged map is refused, naming the file.
+  const std::string path = dir.path + "/ownership.json";
+  nlohmann::json doc = read_json(path);
+  EXPECT_EQ(ownership_map_at_round(doc, 1, 1, 4, path).epoch, 0);
+  EXPECT_EQ(ownership_map_at_round(doc, 2, 1, 4, path).fingerprint, next.fingerprint());
+  EXPECT_EQ(ownership_map_at_round(doc, 9, 1, 4, path).epoch, 1);
+  doc["epochs"][1]["map"]["table"][0][3] = 1;
+  EXPECT_THAT(error_of([&] { ownership_map_at_round(doc, 2, 1, 4, path); }),
+              HasSubstr("hashes to"));
+  EXPECT_THAT(error_of([&] { ownership_map_at_round(nlohmann::json::object(), 2, 1, 4, path); }),
+              HasSubstr("not an ownership file"));
 }
 
 TEST(OwnershipEpochs, AnUploadUnderAnOlderEpochIsRefusedAndTheModelUnchanged) {

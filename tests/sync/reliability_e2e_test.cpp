@@ -729,7 +729,7 @@ void expect_nodes_on_published_digests(const std::string& dir, int nodes, int64_
           << "node " << i << " round " << s["round"];
 }
 
-[[maybe_unused]] std::vector<nlohmann::json> joins_of(const std::string& node_dir) {
+std::vector<nlohmann::json> joins_of(const std::string& node_dir) {
   std::vector<nlohmann::json> out;
   for (const auto& l : read_jsonl(node_dir + "/metrics.jsonl"))
     if (l.contains("sync_join")) out.push_back(l["sync_join"]);
@@ -838,9 +838,57 @@ TEST_F(SyncReliability, AKilledNodesExpertsGoToLiveNodesAndARestartKeepsTheNewSe
     }
     EXPECT_GE(compared, 3) << h.dump();
   }
-  // Not checked yet (issue 38 test (c)): that the restarted node's join record shows epoch 1
-  // and its epoch-1 trainable set; its metrics.jsonl held one sync_join record in the run of
-  // 2026-12-05 18:16, not two.
+  // The restarted node joined twice (one record per join, written even when no step followed
+  // its second join): first under epoch 0, then under epoch 1's map with the expert it gained;
+  // its final checkpoint holds the epoch-1 map.
+  const std::string back_dir = dir + "/node" + std::to_string(gainer);
+  const auto joins = joins_of(back_dir);
+  ASSERT_EQ(joins.size(), 2u) << read_or_empty(back_dir + "/metrics.jsonl");
+  const auto& epoch1 = epochs["epochs"][1]["map"];
+  EXPECT_EQ(joins[0]["ownership_epoch"], 0) << joins[0].dump();
+  EXPECT_EQ(joins[1]["ownership_epoch"], 1) << joins[1].dump();
+  EXPECT_EQ(joins[1]["ownership_fingerprint"], epoch1["fingerprint"]) << joins[1].dump();
+  EXPECT_GT(joins[1]["trainable_numel"].get<int64_t>(), joins[0]["trainable_numel"].get<int64_t>())
+      << "the restarted node trains the expert it gained: " << joins[1].dump();
+  const auto state = nlohmann::json::parse(read_or_empty(back_dir + "/checkpoint/state.json"));
+  EXPECT_EQ(state["ownership"]["epoch"], 1) << state.dump();
+  EXPECT_EQ(state["ownership"]["table"], epoch1["table"]) << state.dump();
+
+  // `spes aggregate --ownership` replays the rounds around the handoff under each round's map
+  // (the last one of epoch 0, the first two of epoch 1) and gets the published models; without
+  // --ownership an epoch-1 round is refused, saying what to give.
+  const std::string kept = dir + "/server/rounds/";
+  auto replay = [&](int64_t r, bool with_ownership) {
+    std::vector<std::string> argv = {SPES_BINARY, "aggregate", "--config", cfg, "--step",
+                                     std::to_string(5 * r), "--out", dir + "/agg.safetensors",
+                                     "--previous",
+                                     kept + std::to_string(r - 1) + "/published.safetensors"};
+    if (with_ownership) {
+      argv.push_back("--ownership");
+      argv.push_back(dir + "/server/ownership.json");
+    }
+    for (int64_t i : rounds[r - 1]["nodes"].get<std::vector<int64_t>>())
+      argv.push_back(kept + std::to_string(r) + "/node" + std::to_string(i) + ".safetensors");
+    auto agg = std::make_unique<Proc>("aggregate", argv);
+    pump_until({agg.get()}, [&] { return agg->exited; }, 120);
+    return agg;
+  };
+  int replayed = 0;
+  for (int64_t r = from_round - 1; r <= from_round + 1; ++r) {
+    ASSERT_EQ(rounds[r - 1]["round"], r);
+    if (rounds[r - 1]["missing"].dump().find("rejected") != std::string::npos) continue;
+    auto agg = replay(r, true);
+    ASSERT_EQ(agg->code, 0) << agg->log();
+    EXPECT_TRUE(agg->saw(rounds[r - 1]["model_sha256"].get<std::string>())) << agg->log();
+    EXPECT_EQ(sha256_hex(file_read(dir + "/agg.safetensors")),
+              sha256_hex(file_read(kept + std::to_string(r) + "/published.safetensors")))
+        << "round " << r;
+    ++replayed;
+  }
+  EXPECT_GE(replayed, 2);
+  auto refused = replay(from_round, false);
+  EXPECT_NE(refused->code, 0) << refused->log();
+  EXPECT_TRUE(refused->saw("--ownership")) << refused->log();
 }
 
 // The moments of `names` in a checkpoint's optimizer.safetensors (fp32 moments), as AdamW

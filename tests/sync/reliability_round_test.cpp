@@ -163,7 +163,8 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
   EXPECT_EQ(n1.reg->weights_sha256(), r2.model_sha256);
 
   // Round 3: node 0's update is 1000x the model (above max_update_norm_ratio=5); an upload
-  // declaring an impossible size is refused up front. Both nodes are out: nothing publishes.
+  // declaring an impossible size is refused up front. Both nodes are out: round 3 publishes the
+  // model unchanged, with neither's values.
   {
     NamedTensors t = n0.trainable();
     for (auto& [name, v] : t) v.mul_(1000);
@@ -173,7 +174,10 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
   EXPECT_EQ(code_of([&] { st.begin_upload(n1.id, 3, 30, 1ull << 40); }),
             SyncErrc::ResourceExhausted);
   st.tick();
-  EXPECT_FALSE(st.wait_round(n0.id, 3, 10).published);
+  const RoundStatus r3 = st.wait_round(n0.id, 3, 10);
+  ASSERT_TRUE(r3.published);
+  EXPECT_TRUE(r3.nodes.empty());
+  EXPECT_EQ(r3.model_sha256, r2.model_sha256);
   EXPECT_EQ(st.model().weights_sha256(), r2.model_sha256);
 
   // A replay of an old round is refused as closed, and never applied.
@@ -182,13 +186,15 @@ TEST(RoundStateReliability, RejectedUploadsPutTheNodeOutAndNeverReachTheModel) {
 
   st.close();
   const auto lines = read_jsonl(tmp.path + "/rounds.jsonl");
-  ASSERT_EQ(lines.size(), 2u);
+  ASSERT_EQ(lines.size(), 3u);
   ASSERT_EQ(lines[0]["missing"].size(), 1u);
   EXPECT_EQ(lines[0]["missing"][0]["node"], 0);
   EXPECT_THAT(lines[0]["missing"][0]["reason"].get<std::string>(), HasSubstr("rejected: "));
   EXPECT_THAT(lines[0]["missing"][0]["reason"].get<std::string>(), HasSubstr("NaN"));
   EXPECT_THAT(lines[1]["missing"][0]["reason"].get<std::string>(), HasSubstr("may not upload"));
   EXPECT_EQ(lines[0]["node_states"][0], "rejected");
+  EXPECT_TRUE(lines[2]["nodes"].empty());
+  EXPECT_EQ(lines[2]["missing"].size(), 2u);
 }
 
 TEST(RoundStateReliability, DeadlinePublishesWithQuorumAndRefusesTheStraggler) {

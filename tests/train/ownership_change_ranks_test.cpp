@@ -2,7 +2,9 @@
 // per rank around a TCPStore the test hosts, as the rank launcher does): both ranks change
 // together, rank 0's handed moments reach rank 1 exactly, the ranks stay identical bit for bit
 // and match one process over the same global batch (within 1e-6, fp32, as
-// data_parallel_test.cpp); ranks handed different maps all refuse and stay as they were.
+// data_parallel_test.cpp); ranks handed different maps all refuse and stay as they were; a map
+// change made by rank 0's sync client alone (Rank0Observer) reaches rank 1 at that step
+// boundary, with its epoch and rank 0's handed moments, as if both ranks had changed together.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -12,6 +14,7 @@
 
 #include "data/data_test_util.h"
 #include "spes/common/error.h"
+#include "spes/train/rank0_observer.h"
 #include "spes/train/trainer.h"
 #include "train/train_test_util.h"
 
@@ -27,24 +30,7 @@ const Table kMapB = {{0, 1, 0, 1}, {0, 0, 0, 1}};
 const std::vector<std::pair<int64_t, int64_t>> kGained = {{0, 2}, {1, 2}};
 
 Config node_config(const std::string& shard, const Table& owners) {
-  Config c;
-  c.model.d_model = 32;
-  c.model.n_layers = 2;
-  c.model.n_heads = 2;
-  c.model.mlp_hidden_size = 32;
-  c.model.moe_num_experts = 4;
-  c.model.moe_top_k = 2;
-  c.model.vocab_size = 64;
-  c.model.max_sequence_length = 16;
-  c.optimizer.learning_rate = 3e-3;
-  c.scheduler.t_warmup = 2;
-  c.scheduler.t_max = 20;
-  c.data.paths = {shard};
-  c.max_duration = "20";
-  c.global_train_batch_size = 8;
-  c.device_train_microbatch_size = 4;
-  c.threads = 1;
-  c.device = "cpu";
+  Config c = spes::test::tiny_train_config(shard, 20);
   c.precision = Precision::Fp32;
   c.spes_config.mode = SyncMode::Spes;
   c.spes_config.num_peers = 2;
@@ -164,5 +150,80 @@ TEST(OwnershipChangeRanks, RanksGivenDifferentMapsAllRefuseAndStayAsTheyWere) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_THAT(errors[r], HasSubstr("were given different ownership maps")) << r;
     EXPECT_EQ(after[r], Ownership::from_table(2, kMapA).fingerprint()) << r;
+  }
+}
+
+namespace {
+// A sync client that, after step `at`, changes the node to `next` (epoch 1) with `handed`: what
+// SyncNode does at a round boundary that brings a new map.
+struct ChangeMapAfter : StepObserver {
+  int64_t at;
+  Ownership next;
+  const ExpertMoments* handed;
+  ChangeMapAfter(int64_t step, Ownership map, const ExpertMoments* moments)
+      : at(step), next(std::move(map)), handed(moments) {}
+  nlohmann::json after_step(Trainer& t, int64_t step) override {
+    if (step == at) {
+      t.change_ownership(next, handed);
+      t.state().ownership_epoch = 1;
+    }
+    return {};
+  }
+};
+}  // namespace
+
+TEST(OwnershipChangeRanks, AMapChangedByRank0sSyncClientReachesEveryRank) {
+  TempDir d;
+  const std::string shard = spes::test::make_pattern_shard(d.path / "data", 20000, 64);
+  const int64_t K = 2, total = 20;
+  ExpertMoments handed;
+  {
+    Trainer owner(node_config(shard, kMapA), d.file("owner"), quiet(1));
+    for (int64_t i = 0; i < K; ++i) owner.train_step();
+    handed = owner.expert_moments(kGained);
+  }
+  // Reference: both ranks change together after step K (the collective path tested above).
+  std::vector<std::map<std::string, torch::Tensor>> w_ref(2), m_ref(2);
+  auto errors = on_two_ranks([&](int r, DistGroup& g) {
+    Trainer t(node_config(shard, kMapA), d.file("ref" + std::to_string(r)), quiet(0, &g));
+    for (int64_t i = 0; i < K; ++i) t.train_step();
+    t.change_ownership(Ownership::from_table(2, kMapB), r == 0 ? &handed : nullptr);
+    for (int64_t i = K; i < total; ++i) t.train_step();
+    w_ref[r] = weights_of(t);
+    m_ref[r] = moments_of(t);
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  // Rank 0's client alone changes the map after step K; run() with Rank0Observer on both.
+  std::vector<std::map<std::string, torch::Tensor>> w(2), m(2);
+  std::vector<std::string> map(2);
+  std::vector<int64_t> epoch(2, -1);
+  errors = on_two_ranks([&](int r, DistGroup& g) {
+    ChangeMapAfter client(K, Ownership::from_table(2, kMapB), &handed);
+    Rank0Observer ranks(g, &client);
+    TrainerOptions o = quiet(0, &g);
+    o.observer = &ranks;
+    Trainer t(node_config(shard, kMapA), d.file("obs" + std::to_string(r)), o);
+    t.run();
+    w[r] = weights_of(t);
+    m[r] = moments_of(t);
+    map[r] = t.ownership().fingerprint();
+    epoch[r] = t.state().ownership_epoch;
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(map[r], Ownership::from_table(2, kMapB).fingerprint()) << "rank " << r;
+    EXPECT_EQ(epoch[r], 1) << "rank " << r;
+  }
+  ASSERT_EQ(w[1].size(), w_ref[0].size());
+  for (const auto& [n, ref] : w_ref[0]) {
+    EXPECT_TRUE(torch::equal(w[0].at(n), w[1].at(n))) << "the ranks differ: " << n;
+    EXPECT_TRUE(torch::equal(w[1].at(n), ref)) << "not as if both had changed together: " << n;
+  }
+  ASSERT_EQ(m[1].size(), m_ref[0].size());
+  for (const auto& [n, ref] : m_ref[0]) {
+    EXPECT_TRUE(torch::equal(m[0].at(n), m[1].at(n))) << "the ranks' moments differ: " << n;
+    EXPECT_TRUE(torch::equal(m[1].at(n), ref)) << n;
   }
 }

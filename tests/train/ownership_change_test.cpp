@@ -45,24 +45,8 @@ const std::vector<std::pair<int64_t, int64_t>> kGained = {{0, 2}, {1, 2}};
 enum class Layout { Fp32, GroupedBf16Frozen, GroupedFp32Frozen, CudaGroupedBf16Frozen };
 
 Config node_config(const std::string& shard, const Table& owners, Layout layout) {
-  Config c;
-  c.model.d_model = 32;
-  c.model.n_layers = 2;
-  c.model.n_heads = 2;
-  c.model.mlp_hidden_size = 32;
-  c.model.moe_num_experts = 4;
-  c.model.moe_top_k = 2;
-  c.model.vocab_size = 64;
-  c.model.max_sequence_length = 16;
-  c.optimizer.learning_rate = 3e-3;
-  c.scheduler.t_warmup = 2;
-  c.scheduler.t_max = 20;
-  c.data.paths = {shard};
-  c.max_duration = "20";
-  c.global_train_batch_size = 8;
-  c.device_train_microbatch_size = 4;  // 2 micro-batches, one per thread (replicas)
-  c.threads = 2;
-  c.device = "cpu";
+  Config c = spes::test::tiny_train_config(shard, 20);
+  c.threads = 2;  // the 2 micro-batches, one per thread (replicas)
   c.spes_config.mode = SyncMode::Spes;
   c.spes_config.num_peers = 2;
   c.spes_config.expert_owners = owners;

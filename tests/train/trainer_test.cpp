@@ -23,27 +23,12 @@ namespace {
 using spes::test::read_metrics;
 
 Config tiny_config(const std::string& shard, int64_t steps) {
-  Config c;
-  c.model.d_model = 32;
-  c.model.n_layers = 2;
-  c.model.n_heads = 2;
+  Config c = spes::test::tiny_train_config(shard, steps);  // 2 micro-batches: accumulation
   c.model.mlp_hidden_size = 64;
-  c.model.moe_num_experts = 4;
-  c.model.moe_top_k = 2;
-  c.model.vocab_size = 64;
-  c.model.max_sequence_length = 16;
-  c.optimizer.learning_rate = 3e-3;
-  c.scheduler.t_warmup = 2;
   c.scheduler.t_max = 8;
-  c.data.paths = {shard};
   c.data.validation_fraction = 0.1;
-  c.max_duration = std::to_string(steps);
-  c.global_train_batch_size = 8;
-  c.device_train_microbatch_size = 4;  // 2 micro-batches: exercises accumulation
   c.eval_interval = 4;
   c.eval_batches = 2;
-  c.threads = 1;
-  c.device = "cpu";
   config_validate(c, "tiny");
   return c;
 }

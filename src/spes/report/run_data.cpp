@@ -43,9 +43,6 @@ RunData load_run(const std::string& dir, const std::string& label) {
   return run;
 }
 
-namespace {
-
-// step -> tokens summed over the nodes that logged the step (each node's own count).
 std::map<int64_t, double> cluster_tokens_by_step(const RunData& run) {
   std::map<int64_t, double> tokens;
   std::map<int64_t, int64_t> seen;
@@ -61,6 +58,8 @@ std::map<int64_t, double> cluster_tokens_by_step(const RunData& run) {
   for (auto& [s, t] : tokens) t = t / static_cast<double>(seen[s]) * n;
   return tokens;
 }
+
+namespace {
 
 std::map<int64_t, std::pair<double, int64_t>> mean_by_step(const RunData& run, int64_t node,
                                                            const char* key) {

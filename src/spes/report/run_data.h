@@ -5,6 +5,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,10 @@ struct RunData {
 
 // Fails with a clear message when DIR holds neither kind of run.
 RunData load_run(const std::string& dir, const std::string& label = "");
+
+// step -> tokens seen by the whole cluster at that step (each node's own count, summed; a node
+// that has not logged the step counts as the average of those that have).
+std::map<int64_t, double> cluster_tokens_by_step(const RunData& run);
 
 // Validation loss (mean over nodes evaluated at that step) against tokens seen by the cluster.
 Series val_loss_series(const RunData& run);

@@ -7,6 +7,7 @@
 
 #include "spes/common/error.h"
 #include "spes/io/files.h"
+#include "spes/report/epoch_marks.h"
 
 namespace spes::report {
 namespace fs = std::filesystem;
@@ -27,12 +28,24 @@ void write_chart(const std::string& path, const std::vector<Series>& series,
   file_write_atomic(path, render_line_chart(series, o));
 }
 
+// The run's ownership epoch starts as marks on a chart whose x is `axis`.
+enum class Axis { Tokens, Round, Step };
+ChartOptions with_epoch_marks(ChartOptions o, const std::vector<EpochStart>& starts, Axis axis) {
+  for (const auto& e : starts)
+    o.marks.push_back({axis == Axis::Tokens  ? e.tokens
+                       : axis == Axis::Round ? static_cast<double>(e.round)
+                                             : static_cast<double>(e.step),
+                       e.label});
+  return o;
+}
+
 }  // namespace
 
 std::vector<std::string> write_run_plots(const RunData& run, const std::string& out_dir,
                                          int64_t smooth) {
   fs::create_directories(out_dir);
   std::vector<std::string> written;
+  const std::vector<EpochStart> epochs = epoch_starts(run);
   std::vector<Series> loss;
   for (int64_t i = 0; i < static_cast<int64_t>(run.nodes.size()); ++i) {
     Series s = train_loss_series(run, run.cluster ? i : -1, smooth);
@@ -43,7 +56,9 @@ std::vector<std::string> write_run_plots(const RunData& run, const std::string& 
   val.label = "validation";
   if (!val.x.empty()) loss.push_back(std::move(val));
   write_chart(out_dir + "/loss.svg", loss,
-              titled(run.label + ": loss", "tokens (whole cluster)", "loss (nats/token)"));
+              with_epoch_marks(titled(run.label + ": loss", "tokens (whole cluster)",
+                                      "loss (nats/token)"),
+                               epochs, Axis::Tokens));
   written.push_back(out_dir + "/loss.svg");
   if (!run.cluster || run.rounds.empty()) return written;
 
@@ -77,15 +92,20 @@ std::vector<std::string> write_run_plots(const RunData& run, const std::string& 
   std::vector<Series> bytes = {in};
   if (!out.x.empty()) bytes.push_back(out);
   write_chart(out_dir + "/rounds.svg", bytes,
-              titled(run.label + ": bytes per round", "round", "MiB"));
+              with_epoch_marks(titled(run.label + ": bytes per round", "round", "MiB"), epochs,
+                               Axis::Round));
   write_chart(out_dir + "/round_time.svg", {secs, alpha},
-              titled(run.label + ": round latency and merging", "round", "seconds | alpha x 100"));
+              with_epoch_marks(titled(run.label + ": round latency and merging", "round",
+                                      "seconds | alpha x 100"),
+                               epochs, Axis::Round));
   written.push_back(out_dir + "/rounds.svg");
   written.push_back(out_dir + "/round_time.svg");
   if (!cos.empty()) {
     write_chart(out_dir + "/expert_similarity.svg", cos,
-                titled(run.label + ": mean pairwise cosine of experts' gate_proj", "step",
-                       "cosine"));
+                with_epoch_marks(titled(run.label + ": mean pairwise cosine of experts' "
+                                                    "gate_proj",
+                                        "step", "cosine"),
+                                 epochs, Axis::Step));
     written.push_back(out_dir + "/expert_similarity.svg");
   }
   return written;

@@ -2,7 +2,8 @@
 // (training loss per node, smoothed, and validation loss against cluster tokens) and, for a
 // cluster run, bytes per round, round latency and the merge coefficient, and the mean pairwise
 // cosine similarity of experts per layer; for several runs, validation (or training) loss
-// against tokens side by side.
+// against tokens side by side. Every chart of one cluster run marks where its ownership epochs
+// start (experts handed from departed nodes to live ones: epoch_marks.h).
 #pragma once
 #include <string>
 #include <vector>

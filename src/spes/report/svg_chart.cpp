@@ -207,6 +207,22 @@ std::string series_and_legend(const std::vector<Series>& series, const Axes& a) 
   return svg;
 }
 
+// The marks inside the x range: a dashed grey line over the plot's height, the label rotated
+// along it, just right of the line, reading upwards from the plot's bottom.
+std::string marks_svg(const std::vector<ChartMark>& marks, const Axes& a) {
+  std::string svg;
+  for (const auto& m : marks) {
+    if (!std::isfinite(m.x) || m.x < a.x0 || m.x > a.x1) continue;
+    const double x = a.px(m.x);
+    svg += fmt::format("<g class=\"mark\"><line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" "
+                       "y2=\"{2:.1f}\" stroke=\"#555\" stroke-width=\"1.2\" "
+                       "stroke-dasharray=\"5 3\"/><text transform=\"translate({3:.1f},{4:.1f}) "
+                       "rotate(-90)\" font-size=\"11\" fill=\"#333\">{5}</text></g>\n",
+                       x, a.top, a.top + a.ph, x + 12, a.top + a.ph - 6, xml_escape(m.label));
+  }
+  return svg;
+}
+
 }  // namespace
 
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks, double min_step) {
@@ -267,7 +283,7 @@ std::string tick_label(double v) {
 std::string render_line_chart(const std::vector<Series>& series, const ChartOptions& o) {
   const Axes a = axes_for(series, o);
   return chart_header(o, a) + x_grid(a) + y_grid(a) + frame_and_labels(o, a) +
-         series_and_legend(series, a) + "</svg>\n";
+         series_and_legend(series, a) + marks_svg(o.marks, a) + "</svg>\n";
 }
 
 }  // namespace spes::report

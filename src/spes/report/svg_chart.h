@@ -1,7 +1,7 @@
 // Self-contained SVG line charts (no fonts, scripts or network needed to view them): several
 // labelled series on shared axes with "nice" ticks, a legend that the chart widens (and
-// lengthens) to fit, and optional log-scale y. Used by
-// `spes plot` for loss curves and round statistics.
+// lengthens) to fit, optional log-scale y, and labelled vertical marks (events such as a
+// handoff of experts). Used by `spes plot` for loss curves and round statistics.
 #pragma once
 #include <string>
 #include <vector>
@@ -14,6 +14,12 @@ struct Series {
   bool markers = false;      // draw a dot at each point (sparse series such as val_loss)
 };
 
+// A dashed vertical line across the plot at x, its label written along it (class "mark").
+struct ChartMark {
+  double x = 0;
+  std::string label;
+};
+
 struct ChartOptions {
   std::string title;
   std::string x_label;
@@ -22,6 +28,7 @@ struct ChartOptions {
   int height = 460;
   bool log_y = false;
   bool integer_x = false;  // x counts things (rounds, steps, tokens): ticks at whole numbers
+  std::vector<ChartMark> marks;  // drawn when inside the data's x range
 };
 
 // The chart as a complete SVG document. Fails when no series has a finite point.

@@ -134,10 +134,23 @@ ExpertMoments share_handed_moments(DistGroup& group, const ExpertMoments* handed
   return out;
 }
 
+std::vector<RegistryEntry> Trainer::gained_entries(
+    const std::vector<std::vector<bool>>& before,
+    const std::vector<std::vector<bool>>& after) const {
+  std::vector<RegistryEntry> gained;
+  for (const auto& e : registry_->entries())
+    if (e.role == ParamRole::Expert && after[e.layer][e.expert] && !before[e.layer][e.expert])
+      gained.push_back(e);
+  return gained;
+}
+
 void Trainer::change_ownership(const Ownership& next, const ExpertMoments* handed) {
-  // Every check first: a refused change leaves the trainer as it was.
+  // Every check first: a refused change leaves the trainer as it was. Ranks change together,
+  // unless rank 0 changes alone (its sync client: follow_rank0_ownership() then brings the
+  // other ranks along).
   next.check_shape(cfg_.model.n_layers, moe_experts(cfg_), "change_ownership: the new map");
-  if (opts_.dist) check_ranks_hold_map(*opts_.dist, next, device_);
+  const bool together = opts_.dist && !rank0_alone_;
+  if (together) check_ranks_hold_map(*opts_.dist, next, device_);
   const auto before = trainable_expert_table(cfg_, *ownership_, opts_.node_id);
   const auto after = trainable_expert_table(cfg_, next, opts_.node_id);
   auto check = [&](const ExpertMoments& h) {
@@ -145,16 +158,66 @@ void Trainer::change_ownership(const Ownership& next, const ExpertMoments* hande
   };
   ExpertMoments shared;
   const ExpertMoments* given = handed;
-  if (opts_.dist) {
-    std::vector<RegistryEntry> gained;
-    for (const auto& e : registry_->entries())
-      if (e.role == ParamRole::Expert && after[e.layer][e.expert] && !before[e.layer][e.expert])
-        gained.push_back(e);
-    shared = share_handed_moments(*opts_.dist, handed, gained, device_, check);
+  if (together) {
+    shared = share_handed_moments(*opts_.dist, handed, gained_entries(before, after), device_,
+                                  check);
     given = shared.by_name.empty() ? nullptr : &shared;
   } else if (given) {
     check(*given);
   }
+  if (opts_.dist && !together) {  // rank 0 alone: kept for the other ranks
+    if (!rank0_before_) rank0_before_ = std::make_unique<Ownership>(*ownership_);
+    if (given)
+      for (const auto& [name, m] : given->by_name) rank0_handed_.by_name[name] = m;
+  }
+  rebuild_for_ownership(next, before, after, given);
+}
+
+void Trainer::follow_rank0_ownership() {
+  SPES_CHECK(opts_.dist, "internal: follow_rank0_ownership on a node without ranks");
+  DistGroup& group = *opts_.dist;
+  const bool root = group.rank() == 0;
+  SPES_CHECK(!root || rank0_before_, "internal: follow_rank0_ownership without a change on rank 0");
+  // Rank 0's map: its node count, then the owner of each expert, layer by layer.
+  const int64_t layers = cfg_.model.n_layers, experts = moe_experts(cfg_);
+  torch::Tensor flat = torch::zeros({1 + layers * experts}, torch::kInt64);
+  if (root) {
+    flat[0] = ownership_->num_nodes();
+    for (int64_t l = 0; l < layers; ++l)
+      for (int64_t e = 0; e < experts; ++e) flat[1 + l * experts + e] = ownership_->owner(l, e);
+  }
+  flat = flat.to(device_);
+  group.broadcast(flat);
+  flat = flat.to(torch::kCPU);
+  std::vector<std::vector<int64_t>> table(layers, std::vector<int64_t>(experts));
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t e = 0; e < experts; ++e) table[l][e] = flat[1 + l * experts + e].item<int64_t>();
+  const Ownership next = Ownership::from_table(flat[0].item<int64_t>(), std::move(table),
+                                               "rank 0's ownership map");
+  // The experts gained over rank 0's whole change (from its map before the first one), with
+  // the moments rank 0 was handed for them.
+  const auto before =
+      trainable_expert_table(cfg_, root ? *rank0_before_ : *ownership_, opts_.node_id);
+  const auto after = trainable_expert_table(cfg_, next, opts_.node_id);
+  const std::vector<RegistryEntry> gained = gained_entries(before, after);
+  ExpertMoments handed;
+  for (const auto& e : gained) {
+    const auto it = rank0_handed_.by_name.find(e.name);
+    if (root && it != rank0_handed_.by_name.end()) handed.by_name.insert(*it);
+  }
+  const ExpertMoments shared = share_handed_moments(
+      group, handed.by_name.empty() ? nullptr : &handed, gained, device_,
+      [](const ExpertMoments&) {});  // rank 0 checked them when it changed
+  if (!root) rebuild_for_ownership(next, before, after, shared.by_name.empty() ? nullptr : &shared);
+  rank0_before_.reset();
+  rank0_handed_ = ExpertMoments();
+  check_ranks_hold_map(group, *ownership_, device_);
+}
+
+void Trainer::rebuild_for_ownership(const Ownership& next,
+                                    const std::vector<std::vector<bool>>& before,
+                                    const std::vector<std::vector<bool>>& after,
+                                    const ExpertMoments* given) {
   int64_t trained = 0, gained = 0, lost = 0;
   for (size_t l = 0; l < after.size(); ++l)
     for (size_t e = 0; e < after[l].size(); ++e) {

@@ -360,6 +360,7 @@ EvalResult Trainer::run() {
   progress.finish();
   if (!evaluated_last) last = evaluate(cfg_.eval_batches);
   save_checkpoint(run_layout::checkpoint(out_dir_));
+  write_unreported();
   if (opts_.observer) opts_.observer->on_finish(*this);
   if (opts_.dist) check_ranks_agree();
   return last;
@@ -367,6 +368,7 @@ EvalResult Trainer::run() {
 
 void Trainer::stop_early(int sig, ProgressDisplay& progress) {
   progress.finish();
+  write_unreported();
   if (opts_.observer) opts_.observer->on_stop(*this);
   const std::string dir = run_layout::checkpoint(out_dir_);
   save_checkpoint(dir);
@@ -375,6 +377,15 @@ void Trainer::stop_early(int sig, ProgressDisplay& progress) {
     spdlog::warn("{}stopped by {} after step {} of {}; checkpoint of step {} written to {}",
                  opts_.progress_prefix, signal_name(sig), state_.step, cfg_.total_steps(),
                  state_.step, dir);
+}
+
+void Trainer::write_unreported() {
+  if (!opts_.observer) return;
+  nlohmann::json rec = opts_.observer->unreported(*this);
+  if (!metrics_ || !rec.is_object() || rec.empty()) return;
+  rec["step"] = state_.step;
+  rec["time"] = unix_time();
+  metrics_->write(rec);
 }
 
 void Trainer::check_ranks_agree() const {

@@ -38,6 +38,10 @@ class StepObserver {
   // merged into that step's metrics line (e.g. {"sync": {...}}).
   virtual nlohmann::json after_step(Trainer&, int64_t /*step*/) { return {}; }
   virtual void on_finish(Trainer&) {}
+  // What the observer has for metrics.jsonl that no step carried (e.g. the join record of a
+  // node that joined at the run's last step, or was stopped before its first): written as one
+  // line, with the step and time, before on_finish or on_stop. Empty: nothing to write.
+  virtual nlohmann::json unreported(Trainer&) { return {}; }
   // The run stops early (SIGINT/SIGTERM, common/stop_signal.h), after its last complete step
   // and before its checkpoint is written: end what is in flight, leave.
   virtual void on_stop(Trainer&) {}
@@ -132,6 +136,16 @@ class Trainer {
   // anything changes. The registry and optimizer objects stay the same objects (their contents
   // change); the state's map (state().ownership) follows; ownership_epoch is the caller's.
   void change_ownership(const Ownership& next, const ExpertMoments* handed = nullptr);
+  // --nproc-per-node: rank 0's sync client runs alone (train/rank0_observer.h). While `alone`,
+  // change_ownership on rank 0 changes rank 0 only (no call that needs the other ranks) and
+  // keeps the change for follow_rank0_ownership().
+  void set_rank0_alone(bool alone) { rank0_alone_ = alone; }
+  // Rank 0: whether it changed its map alone since the last follow_rank0_ownership().
+  bool rank0_changed_ownership() const { return rank0_before_ != nullptr; }
+  // Every rank at the same step boundary, after rank 0 changed its map alone: the other ranks
+  // change to rank 0's map, with rank 0's handed moments of the experts they gain (exactly),
+  // then every rank checks that all hold the same map.
+  void follow_rank0_ownership();
   // The AdamW moments of the given experts this node trains now (for a graceful handoff);
   // throws for an expert it does not train.
   ExpertMoments expert_moments(const std::vector<std::pair<int64_t, int64_t>>& layer_expert) const;
@@ -170,6 +184,20 @@ class Trainer {
   };
   BoundaryDecision decide_at_boundary() const;
   void stop_early(int sig, ProgressDisplay& progress);
+  // change_ownership's parts (ownership_change.cpp): the registry entries of the experts gained
+  // from `before` to `after` ([layer][expert] trainable tables); the rebuild of every part over
+  // the new trainable set, with `given` moments for gained experts (checked before).
+  std::vector<RegistryEntry> gained_entries(const std::vector<std::vector<bool>>& before,
+                                            const std::vector<std::vector<bool>>& after) const;
+  void rebuild_for_ownership(const Ownership& next, const std::vector<std::vector<bool>>& before,
+                             const std::vector<std::vector<bool>>& after,
+                             const ExpertMoments* given);
+  // While rank 0 changes alone: the map before its first change, the moments it was handed.
+  bool rank0_alone_ = false;
+  std::unique_ptr<Ownership> rank0_before_;
+  ExpertMoments rank0_handed_;
+  // The observer's record that no step carried (StepObserver::unreported), on its own line.
+  void write_unreported();
   std::chrono::steady_clock::time_point last_checkpoint_ = std::chrono::steady_clock::now();
   int stopped_by_ = 0;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

@@ -336,10 +336,7 @@ nlohmann::json SyncNode::after_step(Trainer& t, int64_t step) {
   nlohmann::json out = nlohmann::json::object();
   step_ = step;
   record_metrics(t.last_step_record(), step);
-  if (!join_record_.is_null()) {
-    out["sync_join"] = join_record_;
-    join_record_ = nullptr;
-  }
+  if (!join_record_.is_null()) out["sync_join"] = std::exchange(join_record_, nullptr);
   if (inflight_ && (step >= inflight_->deadline() ||
                     (t.config().spes_config.timing.overlap_delay_steps == 0 && inflight_->ready())))
     round_or_stop(&out, inflight_->round(), step, [&] { return settle_round(t, step); });
@@ -546,6 +543,11 @@ void SyncNode::leave(Trainer& t, LeaveKind kind, const std::string& reason) {
   } catch (const std::exception& e) {
     spdlog::warn("node {}: leave failed: {}", client_->id().node_id, e.what());
   }
+}
+
+nlohmann::json SyncNode::unreported(Trainer&) {
+  if (join_record_.is_null()) return {};
+  return {{"event", "sync_join"}, {"sync_join", std::exchange(join_record_, nullptr)}};
 }
 
 void SyncNode::on_finish(Trainer& t) {

@@ -72,6 +72,9 @@ class SyncNode : public StepObserver {
   void on_start(Trainer& t) override;
   nlohmann::json after_step(Trainer& t, int64_t step) override;
   void on_finish(Trainer& t) override;
+  // The join record when no step carried it (a node that joined at the run's last step, or
+  // was stopped before its first): {"event": "sync_join", "sync_join": {...}}.
+  nlohmann::json unreported(Trainer& t) override;
   void on_stop(Trainer& t) override;
   // With compression: the base and error feedback as of the last published model the node
   // took (sync.safetensors) and that round and digest (extra["sync"]).
@@ -195,7 +198,7 @@ class SyncNode : public StepObserver {
   std::unique_ptr<SyncClient> client_;
   std::unique_ptr<DeltaUpload> delta_;          // compressed uploads (disabled: compression none)
   int64_t held_round_ = -1;  // the published round whose model the node holds (digest checked)
-  nlohmann::json join_record_;
+  nlohmann::json join_record_;  // until a metrics line carries it: once per join
   int64_t tokens_at_sync_ = 0;
   std::string frozen_sha_;
   int64_t ownership_epoch_ = 0;  // the epoch of the map the node trains under (its uploads say it)

@@ -319,7 +319,9 @@ RoundOutcome RoundAggregator::finish() {
   out_.change.assign(model_.tensors().size(), 0.0);
   copy_owner_uploads();
   combine_averaged_tensors();
-  merge_experts();
+  // A round without any upload (every one was refused) publishes the model unchanged: no
+  // merge either (docs/PROTOCOL.md, "Round state machine").
+  if (!out_.nodes.empty()) merge_experts();
   round_to_transfer_dtype();
   active_ = false;
   acc_.clear();

@@ -1,6 +1,7 @@
 // Ownership epoch maps: made, checked, (de)serialised (see ownership_map.h).
 #include "spes/sync/round/ownership_map.h"
 
+#include "spes/common/error.h"
 #include "spes/common/strings.h"
 
 namespace spes::sync {
@@ -49,6 +50,27 @@ nlohmann::json ownership_map_json(const OwnershipMap& m) {
           {"num_nodes", m.num_nodes},
           {"fingerprint", m.fingerprint},
           {"table", m.table}};
+}
+
+OwnershipMap ownership_map_at_round(const nlohmann::json& doc, int64_t round, int64_t layers,
+                                    int64_t experts, const std::string& origin) {
+  std::vector<OwnershipMap> epochs;
+  try {
+    SPES_CHECK(doc.is_object() && doc.value("format", "") == kOwnershipFileFormat,
+               "not an ownership file (format '{}' expected)", kOwnershipFileFormat);
+    for (const auto& e : doc.at("epochs")) epochs.push_back(ownership_map_from_json(e.at("map")));
+  } catch (const std::exception& e) {
+    fail("{}: {}; give the sync server's DIR/ownership.json", origin, e.what());
+  }
+  SPES_CHECK(!epochs.empty(), "{}: lists no ownership epoch", origin);
+  const OwnershipMap* at = &epochs.front();
+  for (size_t i = 0; i < epochs.size(); ++i) {
+    SPES_CHECK(epochs[i].epoch == static_cast<int64_t>(i), "{}: epoch {} out of order", origin,
+               epochs[i].epoch);
+    (void)ownership_of(epochs[i], epochs[i].num_nodes, layers, experts, origin);
+    if (epochs[i].from_round <= round) at = &epochs[i];
+  }
+  return *at;
 }
 
 OwnershipMap ownership_map_from_json(const nlohmann::json& j) {

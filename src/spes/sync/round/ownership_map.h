@@ -1,7 +1,8 @@
 // An ownership epoch's map (wire/protocol.h OwnershipMap) made from an Ownership, checked
 // and turned back into one (its fingerprint must match what it lists, its shape the model's),
-// and written to / read from JSON (the server's ownership.json). Leaves out: who decides a
-// new map (reassign.h, server/ownership_epochs.h) and the wire message (wire/ownership_message.h).
+// and written to / read from JSON (the server's ownership.json, and the map of one round in it,
+// for offline replays). Leaves out: who decides a new map (reassign.h, server/ownership_epochs.h)
+// and the wire message (wire/ownership_message.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,5 +22,13 @@ Ownership ownership_of(const OwnershipMap& m, int64_t num_nodes, int64_t layers,
                        int64_t experts, const std::string& origin);
 nlohmann::json ownership_map_json(const OwnershipMap& m);
 OwnershipMap ownership_map_from_json(const nlohmann::json& j);
+
+// The format of the server's ownership.json: {"format", "epochs": [{"map", "handoffs"}, ...]}.
+inline constexpr const char* kOwnershipFileFormat = "spes-ownership-v1";
+// The map of round `round` in an ownership.json document `doc`: the latest epoch that starts
+// at or before it (every map checked: shape `layers` x `experts`, fingerprint). Throws naming
+// `origin` when the document is not an ownership.json or a map is damaged.
+OwnershipMap ownership_map_at_round(const nlohmann::json& doc, int64_t round, int64_t layers,
+                                    int64_t experts, const std::string& origin);
 
 }  // namespace spes::sync

@@ -56,7 +56,8 @@ void OpenRound::fold_rest(UploadStaging& uploads) {
 void OpenRound::refold(UploadStaging& uploads) {
   // The sum starts over in node order, as if the refused upload had never arrived: the uploads
   // up to the first node still missing are folded now, the rest when the round closes (or when
-  // the missing ones arrive: a round whose only upload was refused stays open).
+  // the missing ones arrive; a round whose every upload was refused closes unchanged when no
+  // node is left to upload: may_close).
   agg_.abort();
   agg_.begin(round_, RoundClock(cfg_).step_of(round_));
   const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
@@ -67,14 +68,22 @@ void OpenRound::refold(UploadStaging& uploads) {
   fold_ready(uploads);
 }
 
-OpenRound::Close OpenRound::may_close(int64_t present, int64_t out, int64_t waiting,
-                                      int64_t num_nodes, bool deadline_check) const {
+OpenRound::Close OpenRound::may_close(int64_t present, int64_t out, int64_t refused,
+                                      int64_t waiting, int64_t num_nodes,
+                                      bool deadline_check) const {
+  const bool past_deadline = deadline_check && started_ &&
+                             seconds_since(start_) >= cfg_.spes_config.timing.round_timeout;
+  if (present == 0) {
+    // Nothing to aggregate: only a round whose uploads were all refused, with nobody left to
+    // upload, closes (unchanged); one that nobody uploaded to waits for its nodes.
+    if (refused == 0 || waiting > 0) return Close::No;
+    if (out == num_nodes) return Close::Everyone;
+    return past_deadline ? Close::Deadline : Close::No;
+  }
   const int64_t quorum = std::min(cfg_.spes_config.timing.min_nodes, present + waiting);
-  if (present == 0 || present < quorum) return Close::No;
+  if (present < quorum) return Close::No;
   if (present + out == num_nodes) return Close::Everyone;
-  if (deadline_check && started_ && seconds_since(start_) >= cfg_.spes_config.timing.round_timeout)
-    return Close::Deadline;
-  return Close::No;
+  return past_deadline ? Close::Deadline : Close::No;
 }
 
 bool OpenRound::wait_log_due(double every_s) {

@@ -5,10 +5,13 @@
 // accepted upload, for rounds.jsonl publish_s), and the rule for when
 // it closes: every node arrived (uploaded, or out: rejected, left, dead), or the deadline
 // passed with at least spes_config.min_nodes uploads (the quorum, at most the nodes still in
-// the round: uploaded, or joined, alive and not out), never with no upload at all. The
-// default quorum, 2, keeps one node alone from deciding a round while another is joined and
-// alive (a lone early uploader, docs/SECURITY.md); a one-node run, or a round whose other
-// nodes are all out, still closes with one upload.
+// the round: uploaded, or joined, alive and not out). The default quorum, 2, keeps one node
+// alone from deciding a round while another is joined and alive (a lone early uploader,
+// docs/SECURITY.md); a one-node run, or a round whose other nodes are all out, still closes
+// with one upload. A round without any usable upload closes only when uploads of it were
+// refused and no node is left to upload (every node out, or the deadline passed with none
+// waiting): it then publishes the model unchanged, so that the refused nodes catch up to it and
+// go on, instead of waiting for a round that can never fill.
 // Not thread-safe: RoundState's lock guards it. Leaves out: what publishing writes
 // (RoundState, round_store.h).
 #pragma once
@@ -46,11 +49,11 @@ class OpenRound {
   void refold(UploadStaging& uploads);
 
   enum class Close { No, Everyone, Deadline };
-  // Whether the round closes with `present` uploads, `out` nodes out and `waiting` nodes joined,
-  // alive and yet to upload, of `num_nodes`; `deadline_check`: the periodic tick, which also
-  // closes at the deadline.
-  Close may_close(int64_t present, int64_t out, int64_t waiting, int64_t num_nodes,
-                  bool deadline_check) const;
+  // Whether the round closes with `present` uploads, `out` nodes out (`refused` of them because
+  // their upload was refused) and `waiting` nodes joined, alive and yet to upload, of
+  // `num_nodes`; `deadline_check`: the periodic tick, which also closes at the deadline.
+  Close may_close(int64_t present, int64_t out, int64_t refused, int64_t waiting,
+                  int64_t num_nodes, bool deadline_check) const;
   // Aggregates the folded uploads into the model's published tensors; merging takes from no
   // expert in `no_donors` (layer, expert).
   RoundOutcome finish(std::set<std::pair<int64_t, int64_t>> no_donors) {

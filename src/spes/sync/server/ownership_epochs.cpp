@@ -12,7 +12,7 @@
 namespace spes::sync {
 
 namespace {
-constexpr const char* kFormat = "spes-ownership-v1";
+constexpr const char* kFormat = kOwnershipFileFormat;
 }
 
 OwnershipEpochs::OwnershipEpochs(std::string dir, const Ownership& initial)

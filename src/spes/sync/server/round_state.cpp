@@ -266,16 +266,17 @@ void RoundState::maybe_publish(bool deadline_check) {
   const int64_t N = static_cast<int64_t>(members_.size());
   auto decide = [&](int64_t& present) {
     present = 0;
-    int64_t out = 0, waiting = 0;  // waiting: joined and alive, not uploaded yet
+    int64_t out = 0, refused = 0, waiting = 0;  // waiting: joined and alive, not uploaded yet
     for (int64_t i = 0; i < N; ++i) {
+      const bool rejected = uploads_.state(i) == UploadStaging::State::Rejected;
       if (uploads_.arrived(i)) ++present;
-      else if (uploads_.state(i) == UploadStaging::State::Rejected || members_[i].left ||
-               members_.is_dead(i) || departures_.is_departed(i))
+      else if (rejected || members_[i].left || members_.is_dead(i) || departures_.is_departed(i))
         ++out;
       else if (members_[i].joined)
         ++waiting;
+      refused += rejected;
     }
-    return round_.may_close(present, out, waiting, N, deadline_check);
+    return round_.may_close(present, out, refused, waiting, N, deadline_check);
   };
   int64_t present = 0;
   OpenRound::Close close = decide(present);
