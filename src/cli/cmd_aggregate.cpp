@@ -56,27 +56,12 @@ void load_residual(const AggregateArgs& a, const spes::Config& cfg,
 void use_round_ownership(const AggregateArgs& a, const spes::Config& cfg,
                          spes::sync::SyncModel& model) {
   if (a.ownership.empty()) return;
-  const spes::Ownership initial = spes::Ownership::from_config(cfg);
   const int64_t round = spes::sync::RoundClock(cfg).round_at(a.step);
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(spes::file_read(a.ownership));
-  } catch (const std::exception& e) {
-    spes::fail("--ownership '{}': {}", a.ownership, e.what());
-  }
-  const auto epoch0 = spes::sync::ownership_map_at_round(doc, 0, initial.num_layers(),
-                                                         initial.num_experts(), a.ownership);
-  SPES_CHECK(epoch0.fingerprint == initial.fingerprint(), "--ownership '{}' starts from another "
-             "map ({}) than the config's ({}): it belongs to another run", a.ownership,
-             epoch0.fingerprint, initial.fingerprint());
-  const auto m = spes::sync::ownership_map_at_round(doc, round, initial.num_layers(),
-                                                    initial.num_experts(), a.ownership);
+  const auto [m, owners] = spes::sync::round_ownership_from_file(
+      a.ownership, spes::Ownership::from_config(cfg), round);
   spdlog::info("round {}: ownership epoch {} (from round {}, map {})", round, m.epoch,
                m.from_round, m.fingerprint);
-  if (m.epoch > 0)
-    model.change_ownership(spes::sync::ownership_of(m, m.num_nodes, initial.num_layers(),
-                                                    initial.num_experts(), a.ownership),
-                           m.epoch);
+  if (m.epoch > 0) model.change_ownership(owners, m.epoch);
 }
 
 spes::sync::RoundOutcome aggregate(const AggregateArgs& a, spes::sync::SyncModel& model) {

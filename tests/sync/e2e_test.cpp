@@ -496,8 +496,9 @@ TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
 
 // A scripted departure (`spes launch --depart-node 2 --at-round 2`): node 2 leaves for good
 // once round 2 is published, its experts go to the live nodes (an ownership epoch in
-// rounds.jsonl), the others run to the end on the published model, the launch succeeds and its
-// summary marks the node; the disruptions that could not end or name nothing are refused before
+// rounds.jsonl), the others run to the end on the published model, the launch succeeds, its
+// summary marks the node and its offline re-check of every kept round (under each round's
+// map) equals the published models; the disruptions that could not end or name nothing are refused before
 // anything runs.
 TEST_F(SyncEndToEnd, LaunchDepartsANodeOnPurposeAndTheOthersTakeItsExperts) {
   const std::string dir = g_dir + "/launch_depart";
@@ -510,13 +511,16 @@ TEST_F(SyncEndToEnd, LaunchDepartsANodeOnPurposeAndTheOthersTakeItsExperts) {
     return a;
   };
   std::string out;
-  const int code = run_child(with({"--depart-node", "2", "--at-round", "2", "--set",
-                                   "spes_config.reassign_after_rounds=1"}), &out);
+  const int code = run_child(with({"--depart-node", "2", "--at-round", "2", "--keep-uploads",
+                                   "--set", "spes_config.reassign_after_rounds=1"}), &out);
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, ::testing::HasSubstr("launch: node 2 departing (SIGTERM, --depart) after round 2"));
   EXPECT_THAT(out, ::testing::HasSubstr("every node held the published model after every sync: yes"));
   const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
   EXPECT_EQ(summary["server"]["rounds"], 5);
+  // The re-check of kept rounds replays the rounds after the handoff under the new map.
+  EXPECT_EQ(summary["verify"]["checked"], 5);
+  EXPECT_EQ(summary["verify"]["equal"], 5) << summary["verify"].dump();
   EXPECT_EQ(summary["nodes"][2]["disrupted"]["after_round"], 2);
   EXPECT_FALSE(summary["nodes"][0].contains("disrupted"));
   EXPECT_LT(summary["nodes"][2]["steps"].get<int64_t>(), 50);

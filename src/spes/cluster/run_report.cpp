@@ -15,7 +15,9 @@
 #include "spes/io/run_layout.h"
 #include "spes/io/safetensors.h"
 #include "spes/io/sync_record.h"
+#include "spes/model/ownership.h"
 #include "spes/sync/round/aggregate.h"
+#include "spes/sync/round/ownership_map.h"
 #include "spes/sync/round/round_clock.h"
 
 namespace spes {
@@ -153,6 +155,10 @@ nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_d
   sync::SyncModel model(cfg, init_checkpoint_weights(cfg.model));
   const bool outer = cfg.spes_config.uses_outer_step();
   const sync::RoundClock clock(cfg);
+  // After a handoff each round is replayed under its ownership epoch's map.
+  const std::string epochs_file = run_layout::ownership_epochs(server_dir);
+  const bool has_epochs = fs::exists(epochs_file);
+  int64_t epoch = 0;
   for (int64_t r = 1;; ++r) {
     const std::string rdir = run_layout::kept_round(server_dir, r);
     const std::string published = run_layout::kept_published(server_dir, r);
@@ -169,6 +175,12 @@ nlohmann::json verify_kept_rounds(const Config& cfg, const std::string& server_d
       for (auto& m : model.momentum()) m = torch::Tensor();
       const std::string mom = run_layout::kept_momentum(server_dir, r - 1);
       if (fs::exists(mom)) model.load_momentum(safetensors_load(mom), mom);
+    }
+    if (has_epochs) {
+      const auto [m, owners] =
+          sync::round_ownership_from_file(epochs_file, Ownership::from_config(cfg), r);
+      if (m.epoch != epoch) model.change_ownership(owners, m.epoch);
+      epoch = m.epoch;
     }
     const sync::RoundOutcome o = sync::aggregate_offline(model, uploads, clock.step_of(r));
     const bool same = sync::stream_equals_file(

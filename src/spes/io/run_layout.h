@@ -39,6 +39,8 @@ inline std::string sparse_residual(const std::string& dir) {
   return dir + "/residual.safetensors";
 }
 inline std::string rounds_log(const std::string& dir) { return dir + "/" + kRoundsLogName; }
+// The server's ownership epochs (sync/server/ownership_epochs).
+inline std::string ownership_epochs(const std::string& dir) { return dir + "/ownership.json"; }
 inline std::string server_info(const std::string& dir) { return dir + "/server.json"; }
 inline std::string drift_window(const std::string& dir) { return dir + "/drift_window.json"; }
 inline std::string staging(const std::string& dir) { return dir + "/staging"; }

@@ -3,6 +3,7 @@
 
 #include "spes/common/error.h"
 #include "spes/common/strings.h"
+#include "spes/io/files.h"
 
 namespace spes::sync {
 
@@ -71,6 +72,26 @@ OwnershipMap ownership_map_at_round(const nlohmann::json& doc, int64_t round, in
     if (epochs[i].from_round <= round) at = &epochs[i];
   }
   return *at;
+}
+
+std::pair<OwnershipMap, Ownership> round_ownership_from_file(const std::string& path,
+                                                             const Ownership& initial,
+                                                             int64_t round) {
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(file_read(path));
+  } catch (const std::exception& e) {
+    fail("'{}': {}", path, e.what());
+  }
+  const OwnershipMap epoch0 =
+      ownership_map_at_round(doc, 0, initial.num_layers(), initial.num_experts(), path);
+  SPES_CHECK(epoch0.fingerprint == initial.fingerprint(), "'{}' starts from another map ({}) "
+             "than the config's ({}): it belongs to another run", path, epoch0.fingerprint,
+             initial.fingerprint());
+  OwnershipMap m =
+      ownership_map_at_round(doc, round, initial.num_layers(), initial.num_experts(), path);
+  Ownership o = ownership_of(m, m.num_nodes, initial.num_layers(), initial.num_experts(), path);
+  return {std::move(m), std::move(o)};
 }
 
 OwnershipMap ownership_map_from_json(const nlohmann::json& j) {

@@ -30,5 +30,12 @@ inline constexpr const char* kOwnershipFileFormat = "spes-ownership-v1";
 // `origin` when the document is not an ownership.json or a map is damaged.
 OwnershipMap ownership_map_at_round(const nlohmann::json& doc, int64_t round, int64_t layers,
                                     int64_t experts, const std::string& origin);
+// The run's ownership.json at `path` read and checked against the run's first map `initial`
+// (epoch 0 must be it: a file of another run is refused), then the map of `round` and its
+// Ownership: what an offline replay of a round aggregates under (`spes aggregate --ownership`,
+// `spes launch`'s re-check of kept rounds).
+std::pair<OwnershipMap, Ownership> round_ownership_from_file(const std::string& path,
+                                                             const Ownership& initial,
+                                                             int64_t round);
 
 }  // namespace spes::sync

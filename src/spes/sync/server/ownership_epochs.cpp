@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "spes/common/error.h"
+#include "spes/io/run_layout.h"
 #include "spes/io/files.h"
 #include "spes/sync/round/ownership_map.h"
 
@@ -21,7 +22,7 @@ OwnershipEpochs::OwnershipEpochs(std::string dir, const Ownership& initial)
   handoffs_.push_back(nlohmann::json::array());
 }
 
-std::string OwnershipEpochs::path() const { return dir_ + "/ownership.json"; }
+std::string OwnershipEpochs::path() const { return run_layout::ownership_epochs(dir_); }
 
 void OwnershipEpochs::start() {
   epochs_.resize(1);
