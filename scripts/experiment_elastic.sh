@@ -24,6 +24,7 @@
 #   STEPS=200 SEEDS=1 OUT=/tmp/e DOC=/tmp/e/RESULTS.md bash scripts/experiment_elastic.sh  # smoke
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/experiment_run.sh
 
 STEPS=${STEPS:-1600}
 NODES=${NODES:-4}
@@ -82,17 +83,7 @@ run() {  # run ARM SEED: one run into OUT/ARM/seedSEED
   local opts
   read -r -a opts <<< "$(arm_options "$arm")"
   local cmd=("$SPES" launch --out "$dir" "${common[@]}" --set "seed=$seed" "${opts[@]}")
-  if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
-    echo "== $dir: already finished (RERUN=1 to run it again)"
-    return
-  fi
-  echo "== $dir: ${cmd[*]}"
-  mkdir -p "$dir"
-  rm -f "$dir/wall_s"
-  local start=$SECONDS
-  "${cmd[@]}" > "$dir.log" 2>&1 || { echo "$dir failed; see $dir.log" >&2; tail -n 30 "$dir.log" >&2; exit 1; }
-  echo $((SECONDS - start)) > "$dir/wall_s"
-  echo "   done in $((SECONDS - start)) s"
+  run_once "$dir" "${cmd[@]}"
 }
 
 for seed in $SEEDS; do  # seed by seed: a stopped experiment has every arm at some seeds

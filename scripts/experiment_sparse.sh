@@ -26,6 +26,7 @@
 #     OUT=/tmp/s DOC=/tmp/s/RESULTS.md bash scripts/experiment_sparse.sh   # a quick smoke run
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/experiment_run.sh
 
 STEPS=${STEPS:-1600}          # optimizer steps per node (equal tokens in every arm)
 NODES=${NODES:-4}
@@ -106,17 +107,7 @@ run() {  # run ARM SEED: one run into OUT/ARM/seedSEED
   dir=$OUT/$arm/seed$seed
   local cmd=("$SPES" launch --out "$dir" "${common[@]}" --set "seed=$seed")
   for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
-  if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
-    echo "== $dir: already finished (RERUN=1 to run it again)"
-    return
-  fi
-  echo "== $dir: ${cmd[*]}"
-  mkdir -p "$dir"
-  rm -f "$dir/wall_s"
-  local start=$SECONDS
-  "${cmd[@]}" > "$dir.log" 2>&1 || { echo "$dir failed; see $dir.log" >&2; tail -n 30 "$dir.log" >&2; exit 1; }
-  echo $((SECONDS - start)) > "$dir/wall_s"
-  echo "   done in $((SECONDS - start)) s"
+  run_once "$dir" "${cmd[@]}"
 }
 
 for seed in $SEEDS; do  # seed by seed: a stopped experiment has every arm at some seeds
