@@ -8,7 +8,8 @@
 #   fp32              compression none (the reference of every paired difference)
 #   int8              compression int8 (int8 deltas with error feedback, chunk coding auto)
 #   topk-dD           compression topk, topk_density D (one arm per value of DENSITIES),
-#                     topk_bits BITS, topk_decay DECAY
+#                     topk_bits BITS, topk_decay DECAY; topk-dD-downW when DOWN is set: the
+#                     server publishes averaged tensors at topk_down_density W (= DOWN)
 # each also with the outer step (ARM+outer: spes_config.outer_step on the shared tensors, outer
 # lr OUTER_LR, momentum OUTER_MOMENTUM) when OUTER has "on"; an entry of ARMS may name its own
 # outer settings after a colon (ARMS="fp32:off topk:on": the fp32 reference without the outer
@@ -39,6 +40,7 @@ ARMS=${ARMS:-fp32 int8 topk}  # topk: one arm per density
 DENSITIES=${DENSITIES:-0.015625 0.0625}
 BITS=${BITS:-2}
 DECAY=${DECAY:-1}
+DOWN=${DOWN:-}                # topk_down_density of the topk arms (empty: topk_density's)
 OUTER=${OUTER:-off on}        # off: no outer step; on: SPES's outer step on the shared tensors
 OUTER_LR=${OUTER_LR:-1.0}
 OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
@@ -74,7 +76,7 @@ for entry in $ARMS; do
   [[ "$entry" == *:* ]] && outers=${entry#*:}
   case "$base" in
     fp32|int8) names=("$base") ;;
-    topk) names=(); for d in $DENSITIES; do names+=("topk-d$d"); done ;;
+    topk) names=(); for d in $DENSITIES; do names+=("topk-d$d${DOWN:+-down$DOWN}"); done ;;
     *) echo "unknown arm '$base' (fp32, int8, topk)" >&2; exit 2 ;;
   esac
   for n in "${names[@]}"; do
@@ -93,8 +95,11 @@ arm_settings() {  # the settings that make an arm, on top of `common`
   case "$base" in
     fp32) ;;
     int8) echo spes_config.compression=int8 ;;
-    topk-d*) echo spes_config.compression=topk "spes_config.topk_density=${base#topk-d}" \
-               "spes_config.topk_bits=$BITS" "spes_config.topk_decay=$DECAY" ;;
+    topk-d*) local density=${base#topk-d} down=0
+             if [[ "$density" == *-down* ]]; then down=${density#*-down}; density=${density%%-down*}; fi
+             echo spes_config.compression=topk "spes_config.topk_density=$density" \
+               "spes_config.topk_bits=$BITS" "spes_config.topk_decay=$DECAY" \
+               "spes_config.topk_down_density=$down" ;;
   esac
   if [[ "$arm" == *+outer ]]; then
     echo spes_config.outer_step=true "spes_config.outer_lr=$OUTER_LR" \

@@ -78,10 +78,13 @@ TEST(TransferFormula, CompressedUploadsAndDownloadsCountTheirEncoding) {
   const int64_t n = transfer_formula(cfg, 0).trainable_numel();
   const int64_t down = transfer_formula(cfg, 0).download_bytes() / 4;  // values (fp32)
   const int64_t all = transfer_formula(cfg, 0).total_numel();
+  // Down: the averaged shared tensors, then the other owners' experts (counted apart).
+  const int64_t shared = transfer_formula(cfg, 0).shared_numel, others = down - shared;
+  auto int8_bytes = [](int64_t v) { return v + 4 * ((v + 255) / 256); };
   cfg.spes_config.transfer.compression = "int8";
   const TransferFormula q = transfer_formula(cfg, 0);
   EXPECT_EQ(q.upload_bytes(), n + 4 * ((n + 255) / 256));  // 1 byte + a scale per 256 values
-  EXPECT_EQ(q.download_bytes(), down + 4 * ((down + 255) / 256));  // the round's delta
+  EXPECT_EQ(q.download_bytes(), int8_bytes(shared) + int8_bytes(others));  // the round's delta
   EXPECT_EQ(q.download_merge_bytes(), all + 4 * ((all + 255) / 256));
   cfg.spes_config.transfer.compression = "bf16";
   EXPECT_EQ(transfer_formula(cfg, 0).upload_bytes(), 2 * n);
@@ -93,9 +96,18 @@ TEST(TransferFormula, CompressedUploadsAndDownloadsCountTheirEncoding) {
   const TransferFormula t = transfer_formula(cfg, 0);
   EXPECT_EQ(t.upload_bytes(),
             static_cast<int64_t>(sync::topk_expected_bytes(n, sync::TopkParams{0.02, 3})));
-  EXPECT_EQ(t.download_bytes(),
-            static_cast<int64_t>(sync::topk_expected_bytes(down, sync::TopkParams{0.02, 3})));
+  auto topk_bytes = [](int64_t v, double density) {
+    return static_cast<int64_t>(sync::topk_expected_bytes(v, sync::TopkParams{density, 3}));
+  };
+  EXPECT_EQ(t.download_bytes(), topk_bytes(shared, 0.02) + topk_bytes(others, 0.02));
   EXPECT_LT(t.upload_bytes() * 50, 4 * n);  // 2% of the values at about 10 bits each
+  // A denser way down: the averaged tensors (and a merge round's everything) at its density,
+  // the other owners' experts as uploaded; the upload does not change.
+  cfg.spes_config.transfer.topk_down_density = 0.08;
+  const TransferFormula w = transfer_formula(cfg, 0);
+  EXPECT_EQ(w.upload_bytes(), t.upload_bytes());
+  EXPECT_EQ(w.download_bytes(), topk_bytes(shared, 0.08) + topk_bytes(others, 0.02));
+  EXPECT_EQ(w.download_merge_bytes(), topk_bytes(all, 0.08));
 }
 
 void write_lines(const std::filesystem::path& p, const std::vector<std::string>& lines) {

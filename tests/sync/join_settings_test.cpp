@@ -76,6 +76,7 @@ TEST(JoinSettings, TopkSettingsMustMatchOnlyUnderTopk) {
   EXPECT_EQ(server.at("spes_config.topk_density"), "0.015625");
   EXPECT_EQ(server.at("spes_config.topk_bits"), "2");
   EXPECT_EQ(server.at("spes_config.topk_decay"), "1");
+  EXPECT_EQ(server.at("spes_config.topk_down_density"), "0.015625");  // 0: topk_density's
   check_join_settings(0, values({"spes_config.compression=topk"}), server);
   const struct {
     std::string set, key;
@@ -83,6 +84,7 @@ TEST(JoinSettings, TopkSettingsMustMatchOnlyUnderTopk) {
       {"spes_config.topk_density=0.02", "spes_config.topk_density=0.02"},
       {"spes_config.topk_bits=3", "spes_config.topk_bits=3"},
       {"spes_config.topk_decay=0.95", "spes_config.topk_decay=0.94999999999999996"},
+      {"spes_config.topk_down_density=0.0625", "spes_config.topk_down_density=0.0625"},
   };
   for (const auto& c : cases)
     EXPECT_THAT(error_of([&] {

@@ -346,6 +346,12 @@ TEST(TopkCodec, SettingsAreCheckedAndRobustAggregationRefused) {
   EXPECT_THAT(config_error("  topk_density: 0\n"), HasSubstr("topk_density must be in (0, 0.5]"));
   EXPECT_THAT(config_error("  topk_bits: 8\n"), HasSubstr("topk_bits must be 2, 3 or 4"));
   EXPECT_THAT(config_error("  topk_decay: 1.5\n"), HasSubstr("topk_decay must be in (0, 1]"));
+  EXPECT_DOUBLE_EQ(c.spes_config.transfer.topk_down_density, 0);
+  EXPECT_THAT(config_error("  topk_down_density: 0.01\n"),
+              HasSubstr("topk_down_density must be 0 (the same as topk_density) or in "
+                        "[topk_density=0.015625, 0.5]"));
+  EXPECT_THAT(config_error("  topk_down_density: 0.75\n"), HasSubstr("found 0.75"));
+  EXPECT_EQ(config_error("  topk_down_density: 0.0625\n"), "");
   EXPECT_THAT(config_error("  compression: topk\n  aggregation: median\n"),
               HasSubstr("spes_config.aggregation=median with compression: topk is refused"));
   EXPECT_THAT(config_error("  compression: topk\n  aggregation: trimmed_mean\n"),

@@ -74,7 +74,8 @@ struct Node {
   Node(const Config& cfg, int64_t id)
       : fake(cfg, id, 11 * (id + 1)),
         delta(Compression::Topk, topk_params(cfg.spes_config.transfer),
-              cfg.spes_config.transfer.topk_decay) {}
+              cfg.spes_config.transfer.topk_decay,
+              topk_published_params(cfg.spes_config.transfer)) {}
 };
 
 // Joins both nodes to `st` and gives them the published model as their base.
@@ -166,6 +167,60 @@ TEST(TopkRound, EveryNodeAppliesThePublishedSparseDeltaBitForBitThroughAMerge) {
   SyncModel other(cfg);
   EXPECT_FALSE(other.load_sparse_residual(run_layout::kept_residual(dir.path, 2), 1,
                                           other.weights_sha256()));
+}
+
+TEST(TopkRound, ADenserWayDownPublishesMoreOfTheAverageAndNodesStillAgreeBitForBit) {
+  // topk_down_density 0.2 against uploads at 0.05: the server's change of an averaged tensor
+  // may carry 4x the entries of an upload; nodes decode it with the run's published settings.
+  TempDir dir;
+  const Config cfg = [] {
+    Config c = topk_config();
+    c.spes_config.transfer.topk_down_density = 0.2;
+    return c;
+  }();
+  RoundState st(cfg, ServeOptions{dir.path});
+  auto nodes = joined_nodes(cfg, st);
+  const RoundPlan& plan = st.model().plan();
+  ASSERT_DOUBLE_EQ(plan.topk().density, 0.05);
+  ASSERT_DOUBLE_EQ(plan.topk_published().density, 0.2);
+  const int64_t embed = plan.index(kEmbed);
+  const torch::Tensor before = st.model().tensors()[embed].clone();
+  do_round(st, nodes, 1);  // every node on the published digest (checked inside)
+  // The averaged embedding (128 values, one chunk) moved in more places than one upload may
+  // carry (ceil(0.05 x 128) = 7), and in no more than the way down allows (ceil(0.2 x 128)).
+  const int64_t moved = (st.model().tensors()[embed] != before).sum().item<int64_t>();
+  EXPECT_GT(moved, topk_chunk_k(0.05, 128));
+  EXPECT_LE(moved, topk_chunk_k(0.2, 128));
+  do_round(st, nodes, 2);  // the merge round
+  do_round(st, nodes, 3);
+  // A node that decodes with the upload's density alone refuses the published stream.
+  for (auto& n : nodes) train(n->fake, 400 + n->fake.id.node_id);
+  for (auto& n : nodes)
+    ASSERT_TRUE(send_upload(st, n->fake.id, 4, n->delta.encode(*n->fake.reg, meta_of(n->fake, 4)))
+                    .accepted);
+  Node& a = *nodes[0];
+  a.delta.apply_rebuilt(*a.fake.reg);
+  DeltaUpload upload_only(Compression::Topk, topk_params(cfg.spes_config.transfer));
+  upload_only.set_base(*a.fake.reg, true);
+  DownloadReceiver rcv(*a.fake.reg, 4, Selection::ForNode, WireDtype::F32, &upload_only, 3);
+  const std::string bytes = stream_bytes(st, a.fake.id, 4, Selection::ForNode, 3);
+  EXPECT_THAT(error_of([&] {
+                rcv.begin(bytes.size());
+                rcv.feed(bytes.data(), bytes.size());
+              }),
+              HasSubstr("topk_density 0.05"));
+  // The way up keeps the upload's density: an upload as dense as the way down is refused.
+  TempDir up_dir;
+  RoundState up(cfg, ServeOptions{up_dir.path});
+  auto up_nodes = joined_nodes(cfg, up);
+  Node& b = *up_nodes[0];
+  DeltaUpload too_dense(Compression::Topk, topk_published_params(cfg.spes_config.transfer));
+  too_dense.set_base(*b.fake.reg, true);
+  train(b.fake, 7);
+  EXPECT_THAT(error_of([&] {
+                send_upload(up, b.fake.id, 1, too_dense.encode(*b.fake.reg, meta_of(b.fake, 1)));
+              }),
+              HasSubstr("allows at most"));
 }
 
 TEST(TopkRound, ARestartedServerTakesItsResidualBackAndPublishesTheSameModel) {

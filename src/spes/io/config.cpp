@@ -415,6 +415,11 @@ void validate_transfer(const TransferSettings& t, const std::string& o) {
              "4 (bits per sent value, sign included), found {}", o, t.topk_bits);
   SPES_CHECK(t.topk_decay > 0 && t.topk_decay <= 1, "{}: spes_config.topk_decay must be in "
              "(0, 1] (1: plain error feedback), found {}", o, t.topk_decay);
+  SPES_CHECK(t.topk_down_density == 0 ||
+                 (t.topk_down_density >= t.topk_density && t.topk_down_density <= 0.5),
+             "{}: spes_config.topk_down_density must be 0 (the same as topk_density) or in "
+             "[topk_density={}, 0.5] (the density of the change the server publishes for "
+             "averaged tensors), found {}", o, t.topk_density, t.topk_down_density);
 }
 
 void validate_elastic(const ElasticOwnership& e, const Config& c, const std::string& o) {

@@ -234,16 +234,20 @@ struct TransferSettings {
   // compression: topk (sync/wire/topk_kernels.h): per chunk of 4096 values at most
   // ceil(topk_density x 4096) entries, of topk_bits bits each (2..4), and the node's
   // error-feedback accumulator decayed by topk_decay before each round's change is added
-  // (1: plain error feedback; SparseLoCo's beta below 1).
+  // (1: plain error feedback; SparseLoCo's beta below 1). topk_down_density: the density of
+  // the change the server publishes for averaged (shared) tensors, with its own residual
+  // (0: topk_density; an owner's expert is published as uploaded, at topk_density).
   double topk_density = 1.0 / 64;
   int64_t topk_bits = 2;
   double topk_decay = 1.0;
+  double topk_down_density = 0;
   // Node: lossless zstd coding of its transfer chunks, both ways (sync/wire/chunk_coding.h):
   // auto = with compression bf16 or int8 (made for slow links), zstd = always, raw = never.
   Choice<WireCoding> wire_coding = WireCoding::Auto;
   template <class V> void visit(V& v) {
     v("transfer_dtype", dtype); v("compression", compression); v("wire_coding", wire_coding);
     v("topk_density", topk_density); v("topk_bits", topk_bits); v("topk_decay", topk_decay);
+    v("topk_down_density", topk_down_density);
   }
   // Whether a node codes its transfer chunks with zstd (wire_coding).
   bool codes_chunks() const {

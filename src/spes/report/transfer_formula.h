@@ -7,7 +7,8 @@
 // With spes_config.compression both directions carry compressed deltas (a node holding the
 // previous round downloads the round's delta), counted at the codec's size; topk at the
 // payload size its formula expects (sync/wire/topk_kernels.h, topk_expected_bytes: every chunk
-// sends its k entries, both ways: the server publishes its change top-k sparse too).
+// sends its k entries, both ways: the server publishes its change top-k sparse too, averaged
+// and merged tensors at topk_down_density, an owner's expert as uploaded).
 // The experiment report puts these next to what the runs measured.
 #pragma once
 #include <cstdint>
@@ -28,6 +29,7 @@ struct TransferFormula {
                                                 // value; int8 1 byte + a 4-byte scale per 256
   double topk_density = 1.0 / 64;  // compression topk: spes_config.topk_density, topk_bits
   int topk_bits = 2;
+  double topk_down_density = 1.0 / 64;  // ... and the published change of averaged tensors
 
   int64_t total_numel() const { return shared_numel + expert_numel; }  // P
   int64_t trainable_numel() const;
@@ -36,8 +38,9 @@ struct TransferFormula {
                                         // scales as if the values were one tensor)
   int64_t download_bytes() const;       // a round without merging (compressed: the delta)
   int64_t download_merge_bytes() const; // a merge round
-  // Bytes of `numel` values on the wire (int8: the scales as if the values were one tensor).
-  int64_t payload_bytes(int64_t numel) const;
+  // Bytes of `numel` values on the wire (int8: the scales as if the values were one tensor);
+  // `averaged`: as the server publishes an averaged (or merged) tensor (topk_down_density).
+  int64_t payload_bytes(int64_t numel, bool averaged = false) const;
 };
 
 TransferFormula transfer_formula(const Config& cfg, int64_t node);

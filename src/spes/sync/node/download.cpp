@@ -85,7 +85,7 @@ void DownloadReceiver::check_delta_header(const StreamHeader& h) {
                 origin_, e.name);
     last = r;
     const std::string why =
-        delta_entry_problem(e, r->tensor.sizes().vec(), c, delta_->topk_params());
+        delta_entry_problem(e, r->tensor.sizes().vec(), c, delta_->topk_published_params());
     if (!why.empty())
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': {}", origin_, e.name, why);
   }
@@ -97,7 +97,7 @@ void DownloadReceiver::check_delta_header(const StreamHeader& h) {
         reg_.find(e.name)->tensor.view({-1}).slice(0, first, first + out.numel()).copy_(out);
         if (last_run) names_.insert(e.name);
       },
-      origin_, delta_->topk_params());
+      origin_, delta_->topk_published_params());
 }
 
 torch::Tensor DownloadReceiver::prev_of(const StreamEntry& e) {

@@ -110,7 +110,7 @@ void SyncNode::on_start(Trainer& t) {
   heartbeat_ms_ = jr.heartbeat_interval_ms;
   const TransferSettings& transfer = t.config().spes_config.transfer;
   delta_ = std::make_unique<DeltaUpload>(transfer.compression, topk_params(transfer),
-                                         transfer.topk_decay);
+                                         transfer.topk_decay, topk_published_params(transfer));
   const bool keep = keeps_checkpoint(t, jr);
   const bool replay = !keep && replays_upload(t, jr);
   if (replay) replay_upload(t, jr);

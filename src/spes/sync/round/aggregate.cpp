@@ -104,7 +104,7 @@ SyncModel::SyncModel(const Config& cfg, std::optional<InitialWeights> initial) :
   for (const auto& p : model_->params()) tensors_.push_back(p.tensor);
   momentum_.resize(tensors_.size());
   if (plan_->compression() == Compression::Topk)
-    sparse_ = std::make_unique<SparsePublisher>(plan_->topk(), tensors_.size());
+    sparse_ = std::make_unique<SparsePublisher>(plan_->topk_published(), tensors_.size());
   // The published model is what nodes receive: values representable in the transfer dtype.
   for (const auto& t : tensors_) wire_round_(t, plan_->wire());
 }

@@ -44,7 +44,7 @@ DeltaFileWriter::DeltaFileWriter(const RoundPlan& plan, std::string path,
     entries_.push_back({t.name, delta_wire_dtype(c),
                         c == Compression::Topk
                             ? std::vector<int64_t>{static_cast<int64_t>(
-                                  topk_max_bytes(numel, plan_.topk()))}
+                                  topk_max_bytes(numel, plan_.topk_published()))}
                             : t.shape});
   }
   // The largest header: every candidate exact, digests of their fixed length.
@@ -189,7 +189,8 @@ DeltaRecord delta_record_of(const RoundPlan& plan, const StreamHeader& h,
   for (const StreamEntry& e : delta_tensor_entries(h.entries, plan.compression(), origin)) {
     const int64_t i = plan.index(e.name);
     if (i < 0 ||
-        !delta_entry_problem(e, plan.tensors()[i].shape, plan.compression(), plan.topk())
+        !delta_entry_problem(e, plan.tensors()[i].shape, plan.compression(),
+                             plan.topk_published())
              .empty() ||
         (!r.tensors.empty() && static_cast<size_t>(i) <= r.tensors.back()))
       sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not a {} delta of the model in "

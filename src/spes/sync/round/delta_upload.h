@@ -29,10 +29,14 @@ namespace spes::sync {
 class DeltaUpload {
  public:
   explicit DeltaUpload(Compression c, TopkParams topk = {}, double topk_decay = 1.0)
-      : c_(c), topk_(topk, topk_decay) {}
+      : DeltaUpload(c, topk, topk_decay, topk) {}
+  // `published`: the settings of the deltas the node downloads (topk_published_params).
+  DeltaUpload(Compression c, TopkParams topk, double topk_decay, TopkParams published)
+      : c_(c), published_(published), topk_(topk, topk_decay) {}
   bool enabled() const { return c_ != Compression::None; }
   Compression compression() const { return c_; }
   const TopkParams& topk_params() const { return topk_.params(); }
+  const TopkParams& topk_published_params() const { return published_; }
   // The node now holds the published model of `round` (digest `model_sha256`): base = its
   // trainable tensors. `reset_residual`: e = 0 (at the start and after a catch-up or any full
   // download: the residual belongs to a model the node no longer holds).
@@ -80,6 +84,7 @@ class DeltaUpload {
   Compression c_;
   std::vector<torch::Tensor> base_, residual_;  // per trainable entry, registry order
   std::vector<EncodedDelta> sent_;              // q of the last encode()
+  TopkParams published_;
   TopkFeedback topk_;                           // topk: the accumulator (residual_ unused)
   std::vector<std::string> sent_topk_;          // topk: the payloads of the last encode()
   std::unordered_map<std::string, size_t> base_index_;  // name -> index in base_

@@ -5,6 +5,7 @@
 #include "spes/model/ownership.h"
 #include "spes/sync/round/plan.h"
 #include "spes/sync/wire/protocol.h"
+#include "spes/sync/wire/topk_codec.h"
 
 namespace spes::sync {
 
@@ -21,7 +22,7 @@ std::string topk_setting(const JoinSources& s, double value) {
 }
 }  // namespace
 
-const std::array<JoinSetting, 12> kJoinSettings{{
+const std::array<JoinSetting, 13> kJoinSettings{{
     {"spes_config.mode", "spes_config.mode",
      [](const JoinSources& s) { return s.cfg.spes_config.mode.name(); }, kSameSpesConfig},
     {"spes_config.num_peers", "spes_config.num_peers",
@@ -48,6 +49,11 @@ const std::array<JoinSetting, 12> kJoinSettings{{
      kSameSpesConfig},
     {"spes_config.topk_decay", "spes_config.topk_decay",
      [](const JoinSources& s) { return topk_setting(s, s.cfg.spes_config.transfer.topk_decay); },
+     kSameSpesConfig},
+    {"spes_config.topk_down_density", "spes_config.topk_down_density",
+     [](const JoinSources& s) {
+       return topk_setting(s, topk_published_params(s.cfg.spes_config.transfer).density);
+     },
      kSameSpesConfig},
     {"spes_config.reassign_after_rounds", "spes_config.reassign_after_rounds",
      [](const JoinSources& s) {

@@ -22,7 +22,8 @@ RoundPlan::RoundPlan(const Config& cfg, const Transformer& model, const Ownershi
     : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
       wire_(wire_dtype_of(cfg.spes_config.transfer.dtype)),
       compression_(cfg.spes_config.transfer.compression),
-      topk_(topk_params(cfg.spes_config.transfer)), ownership_(ownership), epoch_(epoch) {
+      topk_(topk_params(cfg.spes_config.transfer)),
+      topk_published_(topk_published_params(cfg.spes_config.transfer)), ownership_(ownership), epoch_(epoch) {
   SPES_CHECK(mode_ != SyncMode::Centralized,
              "spes_config.mode is centralized: a sync server needs mode spes, fedavg or diloco "
              "(centralized training has nothing to synchronise)");

@@ -56,8 +56,10 @@ class RoundPlan {
   WireDtype wire() const { return wire_; }
   // spes_config.compression: how uploads carry their tensors (delta_codec.h).
   Compression compression() const { return compression_; }
-  // With compression: topk, the codec's settings (topk_density, topk_bits).
+  // With compression: topk, the codec's settings (topk_density, topk_bits) of an upload.
   const TopkParams& topk() const { return topk_; }
+  // ... and of a published delta (topk_down_density: its averaged tensors may be denser).
+  const TopkParams& topk_published() const { return topk_published_; }
   // Indices (model order) of the tensors `node` uploads each round.
   const std::vector<size_t>& upload_of(int64_t node) const { return upload_.at(node); }
   // The longest safetensors header a node's upload can need (its tensors' names, shapes and
@@ -79,7 +81,7 @@ class RoundPlan {
   SyncMode mode_;
   WireDtype wire_ = WireDtype::F32;
   Compression compression_ = Compression::None;
-  TopkParams topk_;
+  TopkParams topk_, topk_published_;
   Ownership ownership_;
   int64_t epoch_ = 0;
 };

@@ -16,6 +16,12 @@ TopkParams topk_params(const TransferSettings& t) {
   return p;
 }
 
+TopkParams topk_published_params(const TransferSettings& t) {
+  TopkParams p = topk_params(t);
+  if (t.topk_down_density > 0) p.density = t.topk_down_density;
+  return p;
+}
+
 TopkEncoded topk_encode_tensor(const torch::Tensor& d, const TopkParams& p,
                                const std::string& name, int coding) {
   const torch::Tensor f = d.detach().to(torch::kCPU, torch::kFloat32).contiguous();

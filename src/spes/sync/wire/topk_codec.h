@@ -13,8 +13,12 @@
 
 namespace spes::sync {
 
-// The codec's parameters of a run (topk_density, topk_bits).
+// The codec's parameters of a run (topk_density, topk_bits): an upload's, and an owner's
+// expert as published.
 TopkParams topk_params(const TransferSettings& t);
+// The parameters of a published delta (topk_down_density, else topk_density; topk_bits): the
+// server's change of an averaged tensor is at most this dense, and so is any published tensor.
+TopkParams topk_published_params(const TransferSettings& t);
 
 // One tensor's payload and the dense dequantised values it carries (fp32 CPU, d's shape; 0
 // where nothing was sent).
