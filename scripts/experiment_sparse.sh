@@ -8,8 +8,9 @@
 #   fp32              compression none (the reference of every paired difference)
 #   int8              compression int8 (int8 deltas with error feedback, chunk coding auto)
 #   topk-dD           compression topk, topk_density D (one arm per value of DENSITIES),
-#                     topk_bits BITS, topk_decay DECAY; topk-dD-downW when DOWN is set: the
-#                     server publishes averaged tensors at topk_down_density W (= DOWN)
+#                     topk_bits BITS, topk_decay DECAY; an entry D-downW of DENSITIES makes
+#                     topk-dD-downW: the server publishes averaged tensors at
+#                     topk_down_density W
 # each also with the outer step (ARM+outer: spes_config.outer_step on the shared tensors, outer
 # lr OUTER_LR, momentum OUTER_MOMENTUM) when OUTER has "on"; an entry of ARMS may name its own
 # outer settings after a colon (ARMS="fp32:off topk:on": the fp32 reference without the outer
@@ -40,7 +41,6 @@ ARMS=${ARMS:-fp32 int8 topk}  # topk: one arm per density
 DENSITIES=${DENSITIES:-0.015625 0.0625}
 BITS=${BITS:-2}
 DECAY=${DECAY:-1}
-DOWN=${DOWN:-}                # topk_down_density of the topk arms (empty: topk_density's)
 OUTER=${OUTER:-off on}        # off: no outer step; on: SPES's outer step on the shared tensors
 OUTER_LR=${OUTER_LR:-1.0}
 OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
@@ -76,7 +76,7 @@ for entry in $ARMS; do
   [[ "$entry" == *:* ]] && outers=${entry#*:}
   case "$base" in
     fp32|int8) names=("$base") ;;
-    topk) names=(); for d in $DENSITIES; do names+=("topk-d$d${DOWN:+-down$DOWN}"); done ;;
+    topk) names=(); for d in $DENSITIES; do names+=("topk-d$d"); done ;;
     *) echo "unknown arm '$base' (fp32, int8, topk)" >&2; exit 2 ;;
   esac
   for n in "${names[@]}"; do
