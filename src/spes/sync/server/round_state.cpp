@@ -30,6 +30,27 @@ uint64_t random_u64() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
          static_cast<uint64_t>(Clock::now().time_since_epoch().count());
 }
+
+// A restarted server knows the departures saved with the round it resumes, not a departing
+// Leave that came while the lost round was collected. A node hands its moments over only when
+// it departs (just before that Leave), and the handover is kept in DIR/handoff/ across
+// restarts: a node that handed over under the collecting round's epoch and still owns experts
+// in it counts as departed again, so the round it departed in still introduces the next epoch
+// (not reassign_after_rounds rounds later). A node that comes back joins as live again.
+void depart_nodes_that_handed_over(Departures& departures, const HandedMoments& handed,
+                                   const Ownership& collecting, int64_t epoch, int64_t round) {
+  for (int64_t node = 0; node < collecting.num_nodes(); ++node) {
+    if (departures.is_departed(node) || !std::filesystem::exists(handed.path(node, epoch)))
+      continue;
+    bool owns = false;
+    for (int64_t l = 0; l < collecting.num_layers(); ++l)
+      owns = owns || !collecting.experts_of(node, l).empty();
+    if (!owns) continue;
+    spdlog::info("sync server: node {} handed over its moments of ownership epoch {} before "
+                 "the restart ('{}'): it left for good", node, epoch, handed.path(node, epoch));
+    departures.left(node, true, round);
+  }
+}
 }  // namespace
 
 RoundState::RoundState(const Config& cfg, ServeOptions opts,
@@ -79,6 +100,9 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
                  store_.residual_path());
   if (resumed) resume_ownership();
   if (resumed) restore_drift_state();
+  if (resumed)
+    depart_nodes_that_handed_over(departures_, handed_, model_->plan().ownership(),
+                                  model_->plan().ownership_epoch(), published_.round + 1);
   uploads_.next_round(published_.round + 1);
   round_.begin(published_.round + 1);
   spdlog::info("sync server: mode {}, {} nodes, sync every {} steps, transfer {}, model {} "
