@@ -118,6 +118,7 @@ class Trainer {
   void save_checkpoint(const std::string& dir) const;
 
   const Config& config() const { return cfg_; }
+  bool autocast() const { return autocast_; }  // bf16 autocast (precision amp_bf16 resolved)
   Transformer& model() { return *model_; }
   const ParamRegistry& registry() const { return *registry_; }
   // Which experts this node trains now (epoch 0: Ownership::from_config; a resumed run: the
