@@ -75,6 +75,33 @@ TEST(MemoryEstimate, NodeTrainingKExpertsPerLayerEqualsTheNodeOfAMapWithK) {
   EXPECT_THROW(param_counts_training(cfg, -1), Error);
 }
 
+// What the server turns a node's declared memory into (issue 38 item 5): in fp32 a node of the
+// tiny run needs 4 bytes per weight, 12 (gradient + both moments) per shared value and the
+// activations of a micro-batch, and each expert per layer more adds 12 bytes per value of the
+// L experts; the conversion gives the largest k that fits.
+TEST(MemoryEstimate, DeclaredMemoryBecomesTheExpertsPerLayerItHolds) {
+  Config cfg = tiny_spes_config();
+  cfg.precision = "fp32";
+  const ModelConfig& m = cfg.model;
+  const int64_t E = m.moe_num_experts, L = m.n_layers;
+  const ParamCounts none = param_counts_training(cfg, 0);
+  const double base = 4.0 * static_cast<double>(none.total) +
+                      12.0 * static_cast<double>(none.shared) +
+                      static_cast<double>(activation_bytes(activation_shape(cfg)));
+  const double per_expert = 12.0 * static_cast<double>(L * 3 * m.ffn_hidden_size() * m.d_model);
+  EXPECT_EQ(static_cast<double>(node_memory_training(cfg, 0, Precision::Fp32).total()), base);
+  for (int64_t k = 0; k <= E; ++k) {
+    const double need = base + static_cast<double>(k) * per_expert;
+    EXPECT_EQ(experts_within_memory(cfg, need, Precision::Fp32), k);
+    EXPECT_EQ(experts_within_memory(cfg, need - 1, Precision::Fp32), k - 1);
+  }
+  EXPECT_EQ(experts_within_memory(cfg, 1e18, Precision::Fp32), E);
+  EXPECT_EQ(experts_within_memory(cfg, 0, Precision::Fp32), -1);
+  // At another precision the same bytes are judged with that precision's estimate.
+  const double amp = static_cast<double>(node_memory_training(cfg, 1, Precision::AmpBf16).total());
+  EXPECT_EQ(experts_within_memory(cfg, amp, Precision::AmpBf16), 1);
+}
+
 TEST(MemoryEstimate, ActivationsFollowTheDocumentedTerms) {
   ActivationShape s;
   s.micro_batch = 2, s.seq = 8, s.d_model = 16, s.layers = 2, s.heads = 4, s.kv_heads = 2;

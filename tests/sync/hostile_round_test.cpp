@@ -65,6 +65,28 @@ void expect_status_serialisable(const RoundState& st) {
 
 Config two_nodes(std::vector<std::string> sets = {}) { return tiny_config(std::move(sets)); }
 
+// The start of most rounds here: a server on a fresh directory with nodes 0 and 1
+// (incarnations 1 and 2) joined; `sets`: settings of the two-node config.
+struct TwoNodes {
+  TempDir dir;
+  Config cfg;
+  RoundState st;
+  FakeNode a, b;
+  explicit TwoNodes(std::vector<std::string> sets = {})
+      : cfg(two_nodes(std::move(sets))), st(cfg, ServeOptions{dir.path}), a(cfg, 0, 1),
+        b(cfg, 1, 2) {
+    st.join(a.join_info());
+    st.join(b.join_info());
+  }
+};
+
+// Node n's trainable tensors at the published values but the norm weight kNorm times `factor`.
+NamedTensors norm_scaled(const FakeNode& n, const RoundState& st, double factor) {
+  NamedTensors t = trained(n, st, 0.0);
+  tensor_named(t, kNorm).mul_(factor);
+  return t;
+}
+
 double published_norm(const RoundState& st, const std::string& name) {
   return st.model().tensors().at(st.model().plan().index(name)).norm().item<double>();
 }
@@ -91,12 +113,10 @@ TEST(PrintableText, KeepsValidUtf8AndEscapesTheRestWithinItsBound) {
 }
 
 TEST(HostileRound, InvalidUtf8NameIsRefusedAndTheServerKeepsPublishing) {
-  TempDir dir;
-  const Config cfg = two_nodes();
-  RoundState st(cfg, ServeOptions{dir.path});
-  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
+  TwoNodes f;
+  const TempDir& dir = f.dir;
+  RoundState& st = f.st;
+  FakeNode &a = f.a, &b = f.b;
   // The header writer refuses such a name, so the bytes are changed after writing (same
   // length), as a hostile node would send them.
   NamedTensors bad = trained(a, st, 0.001);
@@ -123,12 +143,9 @@ TEST(HostileRound, InvalidUtf8NameIsRefusedAndTheServerKeepsPublishing) {
 }
 
 TEST(HostileRound, OversizedHeaderIsRefusedUnparsedAndRefusalsStayShort) {
-  TempDir dir;
-  const Config cfg = two_nodes();
-  RoundState st(cfg, ServeOptions{dir.path});
-  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
+  TwoNodes f;
+  RoundState& st = f.st;
+  FakeNode &a = f.a, &b = f.b;
   NamedTensors bad = trained(a, st, 0.001);
   bad[0].first = std::string(2 << 20, 'x');  // a 2 MiB tensor name
   const std::string why = error_of([&] { send_upload(st, a.id, 1, upload_of(a, 1, bad)); });
@@ -178,27 +195,20 @@ TEST(HostileRound, PoisonedSmallTensorIsRefusedAsAnOutlierAmongTheNodes) {
 }
 
 TEST(HostileRound, LargeUpdateOfOneTensorIsRefusedByThePerTensorBound) {
-  TempDir dir;
-  const Config cfg = two_nodes({"spes_config.outlier_factor=0"});
-  RoundState st(cfg, ServeOptions{dir.path});
-  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
-  NamedTensors poison = trained(a, st, 0.0);
-  tensor_named(poison, kNorm).mul_(12.0);  // 11x its norm, on 8 of the node's values
+  TwoNodes f({"spes_config.outlier_factor=0"});
+  RoundState& st = f.st;
+  FakeNode& a = f.a;
+  const NamedTensors poison = norm_scaled(a, st, 12.0);  // 11x its norm, on 8 of its values
   const std::string why = error_of([&] { send_upload(st, a.id, 1, upload_of(a, 1, poison)); });
   EXPECT_THAT(why, HasSubstr("max_tensor_update_ratio"));
   EXPECT_THAT(why, HasSubstr(kNorm));
 }
 
 TEST(HostileRound, SlowDriftIsBoundedOverTheWindow) {
-  TempDir dir;
-  const Config cfg = two_nodes({"spes_config.outlier_factor=0", "spes_config.max_drift_ratio=0.7",
-                                "spes_config.drift_window_rounds=3"});
-  RoundState st(cfg, ServeOptions{dir.path});
-  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
+  TwoNodes f({"spes_config.outlier_factor=0", "spes_config.max_drift_ratio=0.7",
+              "spes_config.drift_window_rounds=3"});
+  RoundState& st = f.st;
+  FakeNode &a = f.a, &b = f.b;
   // Both move the norm tensor by 0.3 of its starting norm every round: 0.3 per round is far
   // inside the per-tensor bound, but three rounds add up to 0.9 > 0.7 of the window's start.
   std::string why;
@@ -227,20 +237,17 @@ TEST(HostileRound, ARoundWhoseEveryUploadIsRefusedPublishesTheModelUnchanged) {
   // Both nodes' round-2 uploads are refused (the per-tensor bound): nobody is left to upload,
   // so round 2 closes with no node's values and no merge (every round is a merge point here),
   // the previous model unchanged; the refused nodes take it and round 3 goes on as usual.
-  TempDir dir;
-  const Config cfg = two_nodes({"spes_config.outlier_factor=0", "spes_config.merge_interval=10",
-                                "spes_config.merge_alpha_start=0.5"});
-  RoundState st(cfg, ServeOptions{dir.path});
-  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
+  TwoNodes f({"spes_config.outlier_factor=0", "spes_config.merge_interval=10",
+              "spes_config.merge_alpha_start=0.5"});
+  const TempDir& dir = f.dir;
+  RoundState& st = f.st;
+  FakeNode &a = f.a, &b = f.b;
   for (auto* n : {&a, &b}) send_upload(st, n->id, 1, upload_of(*n, 1, trained(*n, st, 0.001)));
   ASSERT_EQ(st.published_round(), 1);
   ASSERT_TRUE(st.round_history().back()["merged"].get<bool>());
   const std::string sha1 = st.model().weights_sha256();
   for (auto* n : {&a, &b}) {
-    NamedTensors poison = trained(*n, st, 0.0);
-    tensor_named(poison, kNorm).mul_(12.0);
+    const NamedTensors poison = norm_scaled(*n, st, 12.0);
     EXPECT_THAT(error_of([&] { send_upload(st, n->id, 2, upload_of(*n, 2, poison)); }),
                 HasSubstr("max_tensor_update_ratio"));
   }
@@ -266,20 +273,16 @@ TEST(HostileRound, ARoundWhoseEveryUploadIsRefusedPublishesTheModelUnchanged) {
 TEST(HostileRound, ARoundWithRefusedUploadsAndANodeNeverJoinedClosesAtItsDeadline) {
   // Four nodes, nodes 2 and 3 never joined: the refused round closes unchanged at its deadline
   // (no node is waiting), not before; a round nobody uploaded to never closes by itself.
-  TempDir dir;
-  const Config cfg = two_nodes({"spes_config.num_peers=4", "spes_config.outlier_factor=0",
-                                "spes_config.round_timeout=0.05"});
-  RoundState st(cfg, ServeOptions{dir.path});
-  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
+  TwoNodes f({"spes_config.num_peers=4", "spes_config.outlier_factor=0",
+              "spes_config.round_timeout=0.05"});
+  RoundState& st = f.st;
+  FakeNode &a = f.a, &b = f.b;
   const std::string sha0 = st.model().weights_sha256();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   st.tick();
   EXPECT_EQ(st.published_round(), 0) << "a round nobody uploaded to closed";
   for (auto* n : {&a, &b}) {
-    NamedTensors poison = trained(*n, st, 0.0);
-    tensor_named(poison, kNorm).mul_(12.0);
+    const NamedTensors poison = norm_scaled(*n, st, 12.0);
     EXPECT_NE(error_of([&] { send_upload(st, n->id, 1, upload_of(*n, 1, poison)); }), "");
   }
   EXPECT_EQ(st.published_round(), 0);  // nodes 2 and 3 are not out: the deadline decides
@@ -343,12 +346,10 @@ TEST(HostileRound, TheDriftWindowSurvivesAServerRestart) {
 }
 
 TEST(HostileRound, TokenCountsMustBePossible) {
-  TempDir dir;
-  const Config cfg = two_nodes({"spes_config.weighting=tokens"});
-  RoundState st(cfg, ServeOptions{dir.path});
-  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
+  TwoNodes f({"spes_config.weighting=tokens"});
+  const Config& cfg = f.cfg;
+  RoundState& st = f.st;
+  FakeNode &a = f.a, &b = f.b;
   const std::string sha0 = st.model().weights_sha256();
   const std::string zero =
       error_of([&] { send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001), 0)); });

@@ -10,10 +10,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <thread>
 
 #include "spes/common/strings.h"
 #include "spes/io/files.h"
+#include "spes/model/memory_estimate.h"
 #include "spes/sync/round/ownership_map.h"
 #include "spes/sync/round/reassign.h"
 #include "sync/sync_test_util.h"
@@ -96,6 +99,29 @@ TEST(ShareRule, AnExpertNoLiveNodeCanTakeStaysFrozenWithItsOwner) {
   r = reassign_experts(two, {{1, "gone"}}, {{0, 1, 3}});
   EXPECT_EQ(r.table, (std::vector<std::vector<int64_t>>{{0, 0, 0, 1}, {0, 0, 1, 0}}));
   EXPECT_EQ(r.frozen.size(), 2u);
+}
+
+// Issue 38 item 5: the experts per layer a node's declared memory holds cap it like a declared
+// capacity; the smaller of the two counts (max_experts).
+TEST(ShareRule, ADeclaredMemoryCapsANodeAndTheSmallerCapCounts) {
+  const Ownership cur = one_layer(4, {0, 0, 1, 1, 2, 2, 3, 3});
+  const std::map<int64_t, std::string> gone = {{3, "killed"}};
+  // Node 2's memory holds the 2 experts it owns: it is full, as with capacity 2.
+  const std::vector<std::vector<int64_t>> full = {{0, 0, 1, 1, 2, 2, 0, 1}};
+  EXPECT_EQ(reassign_experts(cur, gone, {{0, 100, 0}, {1, 100, 0}, {2, 200, 0, 2}}).table, full);
+  EXPECT_EQ(reassign_experts(cur, gone, {{0, 100, 0}, {1, 100, 0}, {2, 200, 8, 2}}).table, full);
+  EXPECT_EQ(reassign_experts(cur, gone, {{0, 100, 0}, {1, 100, 0}, {2, 200, 2, 8}}).table, full);
+  // Room for 3: it takes one, as its rate would give it both.
+  EXPECT_EQ(reassign_experts(cur, gone, {{0, 100, 0}, {1, 100, 0}, {2, 200, 0, 3}}).table,
+            (std::vector<std::vector<int64_t>>{{0, 0, 1, 1, 2, 2, 2, 0}}));
+  // Memory for no expert at all (0): nothing more, not "no cap".
+  const Reassignment r =
+      reassign_experts(one_layer(2, {0, 1, 1, 1}), {{1, "gone"}}, {{0, 1, 0, 0}});
+  EXPECT_EQ(r.frozen.size(), 3u);
+  EXPECT_EQ((LiveNode{0, 1, 0, -1}).max_experts(), -1);
+  EXPECT_EQ((LiveNode{0, 1, 3, -1}).max_experts(), 3);
+  EXPECT_EQ((LiveNode{0, 1, 0, 0}).max_experts(), 0);
+  EXPECT_EQ((LiveNode{0, 1, 3, 5}).max_experts(), 3);
 }
 
 TEST(OwnershipEpochs, AMapIsCheckedAgainstItsFingerprint) {
@@ -326,4 +352,66 @@ TEST(OwnershipEpochs, JoinsWithAnUnknownEpochOrAnAbsurdCapacityAreRefused) {
   EXPECT_THAT(error_of([&] { st.join(j); }), HasSubstr("expert_capacity 1000"));
   j.expert_capacity = 2;
   EXPECT_EQ(st.join(j).ownership.epoch, 0);
+}
+
+// Issue 38 item 5: a node declares the memory it can train in; the server turns it into
+// experts per layer with the closed-form estimate (model/memory_estimate.h). Node 0 declares
+// exactly what training its 2 experts per layer needs: when node 1 departs, node 0 can take
+// none of its experts (they stay frozen, the map stays epoch 0); declaring room for 3 on a
+// new join, it takes one at the next boundary and the other stays frozen.
+TEST(OwnershipEpochs, ANodeTakesNoMoreExpertsThanItsDeclaredMemoryHolds) {
+  TempDir dir;
+  const Config cfg = elastic_config();
+  RoundState st(cfg, ServeOptions{dir.path});
+  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
+  auto declaring = [&](int64_t experts) {
+    JoinInfo j = a.join_info();
+    j.memory_capacity_gib =
+        static_cast<double>(node_memory_training(cfg, experts, Precision::Fp32).total()) /
+        1073741824.0;
+    j.precision = "fp32";
+    return j;
+  };
+  st.join(declaring(2));
+  st.join(b.join_info());
+  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+  st.leave(b.id, 10, "for good", LeaveKind::Departing);
+  ASSERT_EQ(st.published_round(), 1);
+  EXPECT_EQ(st.ownership_at(2).epoch, 0);
+  EXPECT_EQ(st.status().frozen_experts.size(), 2u);
+  st.join(declaring(3));
+  send_upload(st, a.id, 2, upload_of(a, 2, trained(a, st, 0.001)));
+  ASSERT_EQ(st.published_round(), 2);
+  const OwnershipMap m = st.ownership_at(3);
+  EXPECT_EQ(m.epoch, 1);
+  EXPECT_EQ(m.table, (std::vector<std::vector<int64_t>>{{0, 0, 0, 1}}));
+  EXPECT_EQ(st.status().frozen_experts.size(), 1u);
+}
+
+// A declaration the server cannot believe is refused at Join with the reason, and the node is
+// not joined: not a number, negative, infinite, above spes_config.max_memory_capacity_gib, or
+// an unknown precision. 0 (not declared) and a plausible figure are accepted.
+TEST(OwnershipEpochs, AMemoryDeclarationTheServerCannotBelieveIsRefusedAtJoin) {
+  TempDir dir;
+  const Config cfg = elastic_config(3, {"spes_config.max_memory_capacity_gib=1024"});
+  RoundState st(cfg, ServeOptions{dir.path});
+  FakeNode a(cfg, 0, 1);
+  auto refusal = [&](double gib, const std::string& precision) {
+    JoinInfo j = a.join_info();
+    j.memory_capacity_gib = gib;
+    j.precision = precision;
+    EXPECT_EQ(code_of([&] { st.join(j); }), SyncErrc::InvalidArgument) << gib << precision;
+    return error_of([&] { st.join(j); });
+  };
+  EXPECT_THAT(refusal(std::nan(""), ""), HasSubstr("not a number >= 0"));
+  EXPECT_THAT(refusal(-1, ""), HasSubstr("not a number >= 0"));
+  EXPECT_THAT(refusal(std::numeric_limits<double>::infinity(), ""), HasSubstr("not a number"));
+  EXPECT_THAT(refusal(4096, ""), HasSubstr("max_memory_capacity_gib 1024"));
+  EXPECT_THAT(refusal(8, "fp64"), HasSubstr("precision 'fp64'"));
+  EXPECT_EQ(st.status().nodes[0].state, "not_joined");
+  JoinInfo j = a.join_info();
+  j.memory_capacity_gib = 8;
+  j.precision = "amp_bf16";
+  EXPECT_EQ(st.join(j).ownership.epoch, 0);
+  EXPECT_EQ(st.status().nodes[0].state, "training");
 }

@@ -15,6 +15,7 @@
 #include "spes/io/format_version.h"
 #include "spes/model/losses.h"
 #include "spes/train/checkpoint.h"
+#include "train/train_test_util.h"
 
 using namespace spes;
 using ::testing::HasSubstr;
@@ -22,16 +23,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The trainer tests' tiny MoE config (train_test_util.h; its data is never read here).
 Config tiny_config() {
-  Config c;
-  c.model.d_model = 16;
-  c.model.n_layers = 2;
-  c.model.n_heads = 2;
-  c.model.mlp_hidden_size = 24;
-  c.model.moe_num_experts = 4;
-  c.model.moe_top_k = 2;
-  c.model.vocab_size = 32;
-  c.model.max_sequence_length = 8;
+  Config c = spes::test::tiny_train_config("unused.bin", 1);
   c.run_name = "ckpt-test";
   return c;
 }

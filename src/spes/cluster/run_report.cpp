@@ -32,88 +32,113 @@ double mean(const std::vector<double>& v) {
 }
 }  // namespace
 
-nlohmann::json cluster_report(const std::string& dir, int64_t nodes,
-                              const NodeDisruption& stopped) {
-  nlohmann::json rep;
-  const auto rounds = read_jsonl(run_layout::rounds_log(run_layout::cluster_server(dir)));
-  std::map<int64_t, std::string> server_sha;
+namespace {
+// What the nodes reported: round -> node -> the digest it held after loading that round, and
+// the digests the nodes started from (their first joins).
+struct NodeDigests {
+  std::map<int64_t, std::map<int64_t, std::string>> by_round;
+  std::set<std::string> at_join;
+};
+
+// The server's figures from rounds.jsonl; `published` gets each round's digest.
+nlohmann::json server_figures(const std::vector<nlohmann::json>& rounds,
+                              std::map<int64_t, std::string>* published) {
   std::vector<double> round_s, download_s, bytes_in, bytes_out;
   double server_rss = 0;
   for (const auto& r : rounds) {
-    server_sha[r.at("round").get<int64_t>()] = r.at("model_sha256").get<std::string>();
+    (*published)[r.at("round").get<int64_t>()] = r.at("model_sha256").get<std::string>();
     round_s.push_back(r.value("seconds", 0.0));
     download_s.push_back(r.value("download_s", 0.0));
     bytes_in.push_back(r.value("bytes_in", 0.0));
     bytes_out.push_back(r.value("bytes_out", 0.0));
     server_rss = std::max(server_rss, r.value("peak_rss_mb", 0.0));
   }
-  rep["server"] = {{"rounds", rounds.size()},
-                   {"round_seconds_mean", mean(round_s)},
-                   {"round_seconds_max", round_s.empty() ? 0.0
-                                                         : *std::max_element(round_s.begin(),
-                                                                             round_s.end())},
-                   {"download_seconds_mean", mean(download_s)},
-                   {"bytes_in_per_round", mean(bytes_in)},
-                   {"bytes_out_per_round", mean(bytes_out)},
-                   {"peak_rss_mb", server_rss}};
-  // round -> node -> digest the node reported after loading it
-  std::map<int64_t, std::map<int64_t, std::string>> node_sha;
-  std::set<std::string> join_sha;
-  rep["nodes"] = nlohmann::json::array();
-  for (int64_t i = 0; i < nodes; ++i) {
-    const auto lines = read_jsonl(run_layout::metrics(run_layout::cluster_node(dir, i)));
-    nlohmann::json n = {{"node", i}};
-    double rss = 0;
-    std::vector<double> up, down, sync_s;
-    for (const auto& l : lines) {
-      if (l.contains("val_loss")) n["final_val_loss"] = l["val_loss"];
-      if (l.contains("step")) n["steps"] = l["step"];
-      rss = std::max(rss, l.value("peak_rss_mb", 0.0));
-      // The first join is the run's start (every node on one model); a node continued after a
-      // stop joins again from its own checkpoint, and may first finish the round it stopped in.
-      if (l.contains("sync_join") && !n.contains("join")) {
-        join_sha.insert(l["sync_join"].value("model_sha256", ""));
-        n["join"] = l["sync_join"];
-      }
-      std::vector<const nlohmann::json*> syncs;
-      if (l.contains("sync_join") && l["sync_join"].contains("pending_round"))
-        syncs.push_back(&l["sync_join"]["pending_round"]);
-      if (l.contains("sync")) syncs.push_back(&l["sync"]);
-      for (const nlohmann::json* sp : syncs) {
-        const auto& s = *sp;
-        node_sha[s.at("round").get<int64_t>()][i] = s.value("model_sha256", "");
-        up.push_back(sync_record_bytes_up(s));
-        down.push_back(sync_record_bytes_down(s));
-        sync_s.push_back(s.value("blocked_s", s.value("seconds", 0.0)));
-      }
+  return {{"rounds", rounds.size()},
+          {"round_seconds_mean", mean(round_s)},
+          {"round_seconds_max",
+           round_s.empty() ? 0.0 : *std::max_element(round_s.begin(), round_s.end())},
+          {"download_seconds_mean", mean(download_s)},
+          {"bytes_in_per_round", mean(bytes_in)},
+          {"bytes_out_per_round", mean(bytes_out)},
+          {"peak_rss_mb", server_rss}};
+}
+
+// Node i's figures from its metrics.jsonl; `digests` gets what it reported.
+nlohmann::json node_figures(const std::string& dir, int64_t i, const NodeDisruption& stopped,
+                            NodeDigests* digests) {
+  const auto lines = read_jsonl(run_layout::metrics(run_layout::cluster_node(dir, i)));
+  nlohmann::json n = {{"node", i}};
+  double rss = 0;
+  std::vector<double> up, down, sync_s;
+  for (const auto& l : lines) {
+    if (l.contains("val_loss")) n["final_val_loss"] = l["val_loss"];
+    if (l.contains("step")) n["steps"] = l["step"];
+    rss = std::max(rss, l.value("peak_rss_mb", 0.0));
+    // The first join is the run's start (every node on one model); a node continued after a
+    // stop joins again from its own checkpoint, and may first finish the round it stopped in.
+    if (l.contains("sync_join") && !n.contains("join")) {
+      digests->at_join.insert(l["sync_join"].value("model_sha256", ""));
+      n["join"] = l["sync_join"];
     }
-    n["peak_rss_mb"] = rss;
-    n["syncs"] = up.size();
-    n["bytes_up_per_round"] = mean(up);
-    n["bytes_down_per_round"] = mean(down);
-    n["sync_seconds_mean"] = mean(sync_s);
-    if (stopped.active() && stopped.node == i)
-      n["disrupted"] = {{"what", stopped.describe()}, {"after_round", stopped.at_round}};
-    rep["nodes"].push_back(n);
+    std::vector<const nlohmann::json*> syncs;
+    if (l.contains("sync_join") && l["sync_join"].contains("pending_round"))
+      syncs.push_back(&l["sync_join"]["pending_round"]);
+    if (l.contains("sync")) syncs.push_back(&l["sync"]);
+    for (const nlohmann::json* sp : syncs) {
+      const auto& s = *sp;
+      digests->by_round[s.at("round").get<int64_t>()][i] = s.value("model_sha256", "");
+      up.push_back(sync_record_bytes_up(s));
+      down.push_back(sync_record_bytes_down(s));
+      sync_s.push_back(s.value("blocked_s", s.value("seconds", 0.0)));
+    }
   }
-  // Every node must report, after every round the server published, exactly its digest.
-  bool consistent = !server_sha.empty() && join_sha.size() == 1;
+  n["peak_rss_mb"] = rss;
+  n["syncs"] = up.size();
+  n["bytes_up_per_round"] = mean(up);
+  n["bytes_down_per_round"] = mean(down);
+  n["sync_seconds_mean"] = mean(sync_s);
+  if (stopped.active() && stopped.node == i)
+    n["disrupted"] = {{"what", stopped.describe()}, {"after_round", stopped.at_round}};
+  return n;
+}
+
+// Per published round, whether every node in the run then reported exactly its digest (the
+// disrupted node: the rounds before the one it was stopped after; that one if it got to it).
+// `consistent`: every round agreed, no node synced a round never logged, all joined one model.
+nlohmann::json round_agreement(const std::map<int64_t, std::string>& published,
+                               NodeDigests& digests, int64_t nodes,
+                               const NodeDisruption& stopped, bool* consistent) {
+  *consistent = !published.empty() && digests.at_join.size() == 1;
   nlohmann::json per_round = nlohmann::json::array();
-  for (const auto& [round, sha] : server_sha) {
-    // Every node in the run at this round reports it (the disrupted node: the rounds before
-    // the one it was stopped after; that one if it got to it).
+  for (const auto& [round, sha] : published) {
+    std::map<int64_t, std::string>& reported = digests.by_round[round];
     int64_t expected = nodes;
-    if (stopped.active() && round >= stopped.at_round && !node_sha[round].count(stopped.node))
+    if (stopped.active() && round >= stopped.at_round && !reported.count(stopped.node))
       --expected;
-    bool ok = static_cast<int64_t>(node_sha[round].size()) == expected;
-    for (const auto& [node, s] : node_sha[round]) ok = ok && s == sha;
+    bool ok = static_cast<int64_t>(reported.size()) == expected;
+    for (const auto& [node, s] : reported) ok = ok && s == sha;
     per_round.push_back({{"round", round}, {"model_sha256", sha}, {"nodes_agree", ok}});
-    consistent = consistent && ok;
+    *consistent = *consistent && ok;
   }
-  for (const auto& [round, m] : node_sha)
-    if (!server_sha.count(round)) consistent = false;  // a node synced a round never logged
-  rep["rounds"] = per_round;
-  rep["join_same_model"] = join_sha.size() == 1;
+  for (const auto& [round, m] : digests.by_round)
+    if (!published.count(round)) *consistent = false;  // a node synced a round never logged
+  return per_round;
+}
+}  // namespace
+
+nlohmann::json cluster_report(const std::string& dir, int64_t nodes,
+                              const NodeDisruption& stopped) {
+  nlohmann::json rep;
+  std::map<int64_t, std::string> published;
+  rep["server"] = server_figures(
+      read_jsonl(run_layout::rounds_log(run_layout::cluster_server(dir))), &published);
+  NodeDigests digests;
+  rep["nodes"] = nlohmann::json::array();
+  for (int64_t i = 0; i < nodes; ++i)
+    rep["nodes"].push_back(node_figures(dir, i, stopped, &digests));
+  bool consistent = false;
+  rep["rounds"] = round_agreement(published, digests, nodes, stopped, &consistent);
+  rep["join_same_model"] = digests.at_join.size() == 1;
   rep["all_nodes_same_model_after_every_sync"] = consistent;
   return rep;
 }

@@ -430,6 +430,15 @@ void validate_elastic(const ElasticOwnership& e, const Config& c, const std::str
   SPES_CHECK(e.expert_capacity >= 0 && e.expert_capacity <= std::max<int64_t>(E, 0),
              "{}: spes_config.expert_capacity must be in [0, moe_num_experts={}] (experts per "
              "layer this node can train; 0: no cap), found {}", o, E, e.expert_capacity);
+  SPES_CHECK(std::isfinite(e.max_memory_capacity_gib) && e.max_memory_capacity_gib > 0,
+             "{}: spes_config.max_memory_capacity_gib must be a positive number (the largest "
+             "memory, GiB, the server believes a node declares), found {}", o,
+             e.max_memory_capacity_gib);
+  SPES_CHECK(std::isfinite(e.memory_capacity_gib) && e.memory_capacity_gib >= 0 &&
+                 e.memory_capacity_gib <= e.max_memory_capacity_gib,
+             "{}: spes_config.memory_capacity_gib must be in [0, max_memory_capacity_gib={}] "
+             "(the memory this node can train in, GiB; 0: not declared), found {}", o,
+             e.max_memory_capacity_gib, e.memory_capacity_gib);
 }
 
 void validate_timing(const RoundTiming& t, const SpesConfig& s, const std::string& o) {

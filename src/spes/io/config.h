@@ -322,12 +322,19 @@ struct DashboardSettings {
 // node that misses reassign_after_rounds consecutive rounds (or leaves "departing") is
 // declared departed and its experts go to live nodes at the next round boundary (0: never, the
 // map stays the config's for the whole run); expert_capacity (node side, sent on Join) caps
-// how many experts per layer the node takes (0: no cap declared).
+// how many experts per layer the node takes (0: no cap declared); memory_capacity_gib (node
+// side, sent on Join) is the memory the node can train in, GiB (0: not declared), which the
+// server turns into experts per layer with model/memory_estimate (the smaller cap counts);
+// max_memory_capacity_gib (server side) is the largest declaration the server believes.
 struct ElasticOwnership {
   int64_t reassign_after_rounds = 3;
   int64_t expert_capacity = 0;
+  double memory_capacity_gib = 0;
+  double max_memory_capacity_gib = 16384;
   template <class V> void visit(V& v) {
     v("reassign_after_rounds", reassign_after_rounds); v("expert_capacity", expert_capacity);
+    v("memory_capacity_gib", memory_capacity_gib);
+    v("max_memory_capacity_gib", max_memory_capacity_gib);
   }
 };
 

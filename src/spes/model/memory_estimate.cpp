@@ -98,4 +98,13 @@ NodeMemory node_memory_training(const Config& cfg, int64_t experts_per_layer,
   return node_memory(at, param_counts_training(at, experts_per_layer));
 }
 
+int64_t experts_within_memory(const Config& cfg, double bytes, Precision precision) {
+  const int64_t E = cfg.model.is_moe() ? cfg.model.moe_num_experts : 0;
+  int64_t k = -1;
+  while (k < E &&
+         static_cast<double>(node_memory_training(cfg, k + 1, precision).total()) <= bytes)
+    ++k;
+  return k;
+}
+
 }  // namespace spes

@@ -103,5 +103,10 @@ NodeMemory node_memory(const Config& cfg, const ParamCounts& counts);
 // fp32, as in node_memory.
 NodeMemory node_memory_training(const Config& cfg, int64_t experts_per_layer,
                                 Precision precision);
+// The most experts per layer a node of the run `cfg` can train at `precision` within `bytes`:
+// the largest k in [0, moe_num_experts] whose node_memory_training(cfg, k, precision).total()
+// is at most `bytes` (it grows with k); -1 when not even k = 0 (the shared weights) fits. 0
+// for a dense model that fits.
+int64_t experts_within_memory(const Config& cfg, double bytes, Precision precision);
 
 }  // namespace spes

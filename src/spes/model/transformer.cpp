@@ -28,83 +28,112 @@ Transformer::Transformer(const ModelConfig& cfg, torch::Device device, ModelRunt
   // Before the first tensor is allocated in this machine's memory (a model on the meta device
   // allocates nothing; one on a GPU is not checked here).
   if (device.is_cpu()) check_model_fits_memory(cfg, "model");
-  const auto& tr = runtime_.trainable_experts;
-  SPES_CHECK(tr.empty() || (static_cast<int64_t>(tr.size()) == cfg.n_layers &&
-                            static_cast<int64_t>(tr[0].size()) == cfg.moe_num_experts),
-             "internal: the trainable-expert table is {} x {}, the model has {} x {} experts",
-             tr.size(), tr.empty() ? 0 : tr[0].size(), cfg.n_layers, cfg.moe_num_experts);
-  SPES_CHECK(runtime_.grouped() || runtime_.frozen_dtype == torch::kFloat32,
-             "internal: frozen experts in another dtype need the grouped expert layout");
-  const int64_t D = cfg.d_model, V = cfg.embedding_rows(), F = cfg.ffn_hidden_size();
-  const int64_t kv_dim = cfg.kv_heads() * cfg.head_dim();
-  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  auto mat = [&](int64_t r, int64_t c) { return torch::zeros({r, c}, opts); };
-  auto ones = [&](int64_t n) { return torch::ones({n}, opts); };
-
-  embed_ = mat(V, D);
+  check_runtime();
+  // Every weight in model order (the registry's, the checkpoints' and the digest's).
+  embed_ = zero_weight({cfg.embedding_rows(), cfg.d_model});
   add_param("model.embed_tokens.weight", embed_);
   blocks_.resize(cfg.n_layers);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    BlockWeights& b = blocks_[l];
-    const std::string p = fmt::format("model.layers.{}.", l);
-    b.q = mat(D, D);
-    b.k = mat(kv_dim, D);
-    b.v = mat(kv_dim, D);
-    b.o = mat(D, D);
-    add_param(p + "self_attn.q_proj.weight", b.q);
-    add_param(p + "self_attn.k_proj.weight", b.k);
-    add_param(p + "self_attn.v_proj.weight", b.v);
-    add_param(p + "self_attn.o_proj.weight", b.o);
-    if (cfg.qk_norm != QkNorm::None) {
-      const bool per_head = cfg.qk_norm == QkNorm::PerHead;
-      b.q_norm = ones(per_head ? cfg.head_dim() : D);
-      b.k_norm = ones(per_head ? cfg.head_dim() : kv_dim);
-      add_param(p + "self_attn.q_norm.weight", b.q_norm);
-      add_param(p + "self_attn.k_norm.weight", b.k_norm);
-    }
-    b.attn_norm = ones(D);
-    b.mlp_norm = ones(D);
-    add_param(p + "input_layernorm.weight", b.attn_norm);
-    add_param(p + "post_attention_layernorm.weight", b.mlp_norm);
-    if (cfg.is_moe()) {
-      b.router = mat(cfg.moe_num_experts, D);
-      add_param(p + "mlp.gate.weight", b.router);
-      b.experts.resize(cfg.moe_num_experts);
-      if (runtime_.grouped()) {
-        std::vector<bool> trainable = tr.empty()
-                                          ? std::vector<bool>(cfg.moe_num_experts, true)
-                                          : std::vector<bool>(tr[l].begin(), tr[l].end());
-        b.stack = expert_stack_create(b.experts, trainable, D, F, runtime_.grouped_dtype,
-                                      runtime_.frozen_dtype, device);
-      }
-      for (int64_t e = 0; e < cfg.moe_num_experts; ++e) {
-        ExpertWeights& x = b.experts[e];
-        if (!runtime_.grouped()) {
-          x.w1 = mat(F, D);
-          x.v1 = mat(F, D);
-          x.w2 = mat(D, F);
-        }
-        add_param(expert_param_name(l, e, "gate_proj"), x.w1, ParamRole::Expert, l, e);
-        add_param(expert_param_name(l, e, "up_proj"), x.v1, ParamRole::Expert, l, e);
-        add_param(expert_param_name(l, e, "down_proj"), x.w2, ParamRole::Expert, l, e);
-      }
-    } else {
-      b.experts.resize(1);
-      ExpertWeights& x = b.experts[0];
-      x.w1 = mat(F, D);
-      x.v1 = mat(F, D);
-      x.w2 = mat(D, F);
-      add_param(p + "mlp.gate_proj.weight", x.w1);
-      add_param(p + "mlp.up_proj.weight", x.v1);
-      add_param(p + "mlp.down_proj.weight", x.w2);
-    }
+    add_attention(l);
+    add_layer_norms(l);
+    if (cfg.is_moe())
+      add_moe(l);
+    else
+      add_dense_mlp(l);
   }
-  final_norm_ = ones(D);
+  final_norm_ = one_weight(cfg.d_model);
   add_param("model.norm.weight", final_norm_);
-  lm_head_ = mat(V, D);
+  lm_head_ = zero_weight({cfg.embedding_rows(), cfg.d_model});
   add_param("lm_head.weight", lm_head_);
   std::tie(rope_cos_, rope_sin_) =
       rope_tables(cfg.max_sequence_length, cfg.head_dim(), cfg.rope_theta, device);
+}
+
+void Transformer::check_runtime() const {
+  const auto& tr = runtime_.trainable_experts;
+  SPES_CHECK(tr.empty() || (static_cast<int64_t>(tr.size()) == cfg_.n_layers &&
+                            static_cast<int64_t>(tr[0].size()) == cfg_.moe_num_experts),
+             "internal: the trainable-expert table is {} x {}, the model has {} x {} experts",
+             tr.size(), tr.empty() ? 0 : tr[0].size(), cfg_.n_layers, cfg_.moe_num_experts);
+  SPES_CHECK(runtime_.grouped() || runtime_.frozen_dtype == torch::kFloat32,
+             "internal: frozen experts in another dtype need the grouped expert layout");
+}
+
+torch::Tensor Transformer::zero_weight(at::IntArrayRef shape) const {
+  return torch::zeros(shape, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+}
+
+void Transformer::add_zero_weight(torch::Tensor& slot, at::IntArrayRef shape,
+                                  const std::string& name) {
+  slot = zero_weight(shape);
+  add_param(name, slot);
+}
+
+torch::Tensor Transformer::one_weight(int64_t n) const {
+  return torch::ones({n}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+}
+
+void Transformer::add_attention(int64_t l) {
+  BlockWeights& b = blocks_[l];
+  const std::string p = fmt::format("model.layers.{}.", l);
+  const int64_t D = cfg_.d_model, kv_dim = cfg_.kv_heads() * cfg_.head_dim();
+  add_zero_weight(b.q, {D, D}, p + "self_attn.q_proj.weight");
+  add_zero_weight(b.k, {kv_dim, D}, p + "self_attn.k_proj.weight");
+  add_zero_weight(b.v, {kv_dim, D}, p + "self_attn.v_proj.weight");
+  add_zero_weight(b.o, {D, D}, p + "self_attn.o_proj.weight");
+  if (cfg_.qk_norm != QkNorm::None) {
+    const bool per_head = cfg_.qk_norm == QkNorm::PerHead;
+    b.q_norm = one_weight(per_head ? cfg_.head_dim() : D);
+    b.k_norm = one_weight(per_head ? cfg_.head_dim() : kv_dim);
+    add_param(p + "self_attn.q_norm.weight", b.q_norm);
+    add_param(p + "self_attn.k_norm.weight", b.k_norm);
+  }
+}
+
+void Transformer::add_layer_norms(int64_t l) {
+  BlockWeights& b = blocks_[l];
+  const std::string p = fmt::format("model.layers.{}.", l);
+  b.attn_norm = one_weight(cfg_.d_model);
+  b.mlp_norm = one_weight(cfg_.d_model);
+  add_param(p + "input_layernorm.weight", b.attn_norm);
+  add_param(p + "post_attention_layernorm.weight", b.mlp_norm);
+}
+
+void Transformer::add_moe(int64_t l) {
+  BlockWeights& b = blocks_[l];
+  const int64_t D = cfg_.d_model, F = cfg_.ffn_hidden_size(), E = cfg_.moe_num_experts;
+  b.router = zero_weight({E, D});
+  add_param(fmt::format("model.layers.{}.mlp.gate.weight", l), b.router);
+  b.experts.resize(E);
+  if (runtime_.grouped()) {  // the experts are views of the layer's stacked storage
+    const auto& tr = runtime_.trainable_experts;
+    std::vector<bool> trainable = tr.empty() ? std::vector<bool>(E, true)
+                                             : std::vector<bool>(tr[l].begin(), tr[l].end());
+    b.stack = expert_stack_create(b.experts, trainable, D, F, runtime_.grouped_dtype,
+                                  runtime_.frozen_dtype, device_);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights& x = b.experts[e];
+    if (!runtime_.grouped()) {
+      x.w1 = zero_weight({F, D});
+      x.v1 = zero_weight({F, D});
+      x.w2 = zero_weight({D, F});
+    }
+    add_param(expert_param_name(l, e, "gate_proj"), x.w1, ParamRole::Expert, l, e);
+    add_param(expert_param_name(l, e, "up_proj"), x.v1, ParamRole::Expert, l, e);
+    add_param(expert_param_name(l, e, "down_proj"), x.w2, ParamRole::Expert, l, e);
+  }
+}
+
+void Transformer::add_dense_mlp(int64_t l) {
+  BlockWeights& b = blocks_[l];
+  const std::string p = fmt::format("model.layers.{}.", l);
+  const int64_t D = cfg_.d_model, F = cfg_.ffn_hidden_size();
+  b.experts.resize(1);
+  ExpertWeights& x = b.experts[0];
+  add_zero_weight(x.w1, {F, D}, p + "mlp.gate_proj.weight");
+  add_zero_weight(x.v1, {F, D}, p + "mlp.up_proj.weight");
+  add_zero_weight(x.w2, {D, F}, p + "mlp.down_proj.weight");
 }
 
 void Transformer::init_weights(uint64_t seed, const InitialWeights* initial) {

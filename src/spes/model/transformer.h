@@ -121,6 +121,17 @@ class Transformer {
                                     RouterStats* stats) const;
   void add_param(const std::string& name, torch::Tensor t, ParamRole role = ParamRole::Shared,
                  int64_t layer = -1, int64_t expert = -1);
+  // The constructor's steps: the runtime checked against the config; fp32 weights on the
+  // model's device (zeros, ones; add_zero_weight also registers it); per block the attention's weights, its two layer norms, and
+  // the MoE layer (router, experts: own tensors or views of the grouped stack) or dense MLP.
+  void check_runtime() const;
+  torch::Tensor zero_weight(at::IntArrayRef shape) const;
+  torch::Tensor one_weight(int64_t n) const;
+  void add_zero_weight(torch::Tensor& slot, at::IntArrayRef shape, const std::string& name);
+  void add_attention(int64_t l);
+  void add_layer_norms(int64_t l);
+  void add_moe(int64_t l);
+  void add_dense_mlp(int64_t l);
 
   ModelConfig cfg_;
   torch::Device device_;

@@ -61,6 +61,7 @@ class AdamWMoments {
   MomentDtype dtype() const { return dtype_; }
   // fp32 only: the moment tensors (param's shape), updated in place by optimizer.cpp.
   torch::Tensor& exp_avg() { return m_; }
+  const torch::Tensor& exp_avg() const { return m_; }
   torch::Tensor& exp_avg_sq() { return v_; }
 
   struct Hyper {

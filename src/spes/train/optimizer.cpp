@@ -113,6 +113,39 @@ torch::Tensor with_extra(const torch::Tensor& norm, const torch::Tensor& extra) 
   return torch::cat({norm, extra.detach().reshape({-1}).to(norm.device(), torch::kFloat64)});
 }
 
+// A device step's gradient clipping, computed where the gradients are (no host sync): the
+// global norm, the factor gradients are multiplied by, torch's found_inf flag ([1]), its 0-d
+// boolean (true: the step is skipped) and the fused kernel's grad_scale (it divides by it).
+struct DeviceClip {
+  torch::Tensor norm, clip, found_inf, skip, grad_scale;
+};
+
+DeviceClip device_clip(const std::vector<torch::Tensor>& grads, double max_grad_norm,
+                       torch::Device dev) {
+  DeviceClip c;
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  c.norm = grads.empty()
+               ? torch::zeros({}, f32)
+               : at::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2)
+                     .to(torch::kFloat32);
+  c.clip = max_grad_norm > 0
+               ? torch::where(c.norm > max_grad_norm, max_grad_norm / (c.norm + 1e-6),
+                              torch::ones({}, f32))
+               : torch::ones({}, f32);
+  c.found_inf = c.norm.isfinite().logical_not().to(torch::kFloat32).view({1});
+  // 0-d: true when the step is skipped. (Not found_inf.view({}): `{}` there picks the
+  // view-as-dtype overload and reinterprets the float's 4 bytes as uint8.)
+  c.skip = c.found_inf.squeeze(0) > 0;
+  c.grad_scale = (1.0 / c.clip).view({1});
+  return c;
+}
+
+// torch's fused kernel's lists for one learning rate: parameters, gradients, both moments and
+// the fp32 step counts.
+struct FusedLists {
+  std::vector<torch::Tensor> p, g, m, v, s;
+};
+
 }  // namespace
 
 double AdamW::lr_scale_at(size_t i, int64_t step) const {
@@ -274,12 +307,7 @@ torch::Tensor AdamW::step_queued(double lr, double max_grad_norm, const torch::T
 torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::Tensor& extra) {
   torch::NoGradGuard ng;
   const torch::Device dev = params_[0].tensor.device();
-  if (device_steps_.size() != params_.size()) {  // first step, or moments loaded since
-    device_steps_.clear();
-    for (size_t i = 0; i < params_.size(); ++i)
-      device_steps_.push_back(torch::full({}, static_cast<float>(tensor_steps_[i]),
-                                          torch::TensorOptions().device(dev)));
-  }
+  ensure_device_steps(dev);
   std::vector<size_t> idx;
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -288,74 +316,84 @@ torch::Tensor AdamW::step_device(double lr, double max_grad_norm, const torch::T
     grads.push_back(params_[i].tensor.grad());
   }
   presence_.clear();
-  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
-  torch::Tensor norm = grads.empty()
-                           ? torch::zeros({}, f32)
-                           : at::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2)
-                                 .to(torch::kFloat32);
-  torch::Tensor clip = max_grad_norm > 0
-                           ? torch::where(norm > max_grad_norm, max_grad_norm / (norm + 1e-6),
-                                          torch::ones({}, f32))
-                           : torch::ones({}, f32);
-  torch::Tensor found_inf = norm.isfinite().logical_not().to(torch::kFloat32).view({1});
-  // 0-d: true when the step is skipped. (Not found_inf.view({}): `{}` there picks the
-  // view-as-dtype overload and reinterprets the float's 4 bytes as uint8.)
-  const torch::Tensor skip = found_inf.squeeze(0) > 0;
-  torch::Tensor grad_scale = (1.0 / clip).view({1});  // the kernel divides gradients by it
+  const DeviceClip c = device_clip(grads, max_grad_norm, dev);
   ++step_;
   // torch's fused kernel: same dtype and strides; one call per learning rate (tensors in a
-  // re-warm-up after a change of experts have their own).
-  struct FusedLists { std::vector<torch::Tensor> p, g, m, v, s; };
+  // re-warm-up after a change of experts have their own). Low-precision moments and anything
+  // the kernel cannot take are updated tensor by tensor.
   std::map<double, FusedLists> fused;
   for (size_t j = 0; j < idx.size(); ++j) {
     const size_t i = idx[j];
     ++tensor_steps_[i];
     const double lr_i = lr * lr_scale_at(i, step_);
-    const torch::Tensor& p = params_[i].tensor;
     const torch::Tensor& g = grads[j];
-    if (moments_[i].dtype() != MomentDtype::Fp32) {  // ATen operations over chunks
-      const double t = static_cast<double>(tensor_steps_[i]);
-      moments_[i].update(p, g, clip, {lr_i, cfg_.weight_decay, cfg_.betas[0], cfg_.betas[1],
-                                      cfg_.eps, 1.0 - std::pow(cfg_.betas[0], t),
-                                      1.0 - std::pow(cfg_.betas[1], t), rounding_seed(step_, i)},
-                         skip);
-      device_steps_[i].add_(1);
-      continue;
-    }
-    torch::Tensor& exp_avg = moments_[i].exp_avg();
-    torch::Tensor& exp_avg_sq = moments_[i].exp_avg_sq();
-    if (p.is_non_overlapping_and_dense() && g.strides() == p.strides() &&
-        exp_avg.strides() == p.strides() && g.scalar_type() == p.scalar_type()) {
+    if (moments_[i].dtype() != MomentDtype::Fp32) {
+      update_low_precision(i, g, lr_i, c.clip, c.skip);
+    } else if (fusable(i, g)) {
       FusedLists& f = fused[lr_i];
-      f.p.push_back(p);
+      f.p.push_back(params_[i].tensor);
       f.g.push_back(g);
-      f.m.push_back(exp_avg);
-      f.v.push_back(exp_avg_sq);
+      f.m.push_back(moments_[i].exp_avg());
+      f.v.push_back(moments_[i].exp_avg_sq());
       f.s.push_back(device_steps_[i]);
-      continue;
+    } else {
+      update_unfused(i, g, lr_i, c.clip, c.skip);
     }
-    // Anything else (a gradient assigned from outside): the same update in tensor ops, skipped
-    // on a non-finite norm as the fused kernel does.
-    const double t = static_cast<double>(tensor_steps_[i]);
-    const double b1 = cfg_.betas[0], b2 = cfg_.betas[1];
-    torch::Tensor gc = g * clip;
-    torch::Tensor m = exp_avg * b1 + gc * (1.0 - b1);
-    torch::Tensor v = exp_avg_sq * b2 + gc * gc * (1.0 - b2);
-    torch::Tensor denom = (v.sqrt() / std::sqrt(1.0 - std::pow(b2, t))).add_(cfg_.eps);
-    torch::Tensor np = p * (1.0 - lr_i * cfg_.weight_decay) -
-                       m / denom * (lr_i / (1.0 - std::pow(b1, t)));
-    exp_avg.copy_(torch::where(skip, exp_avg, m));
-    exp_avg_sq.copy_(torch::where(skip, exp_avg_sq, v));
-    device_steps_[i].add_(1);
-    params_[i].tensor.copy_(torch::where(skip, p, np));
   }
   for (auto& [lr_f, f] : fused) {
     at::_foreach_add_(f.s, 1);
     at::_fused_adamw_(f.p, f.g, f.m, f.v, {}, f.s, lr_f, cfg_.betas[0], cfg_.betas[1],
                       cfg_.weight_decay, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                      grad_scale, found_inf);
+                      c.grad_scale, c.found_inf);
   }
-  return with_extra(norm.view({1}).to(torch::kFloat64), extra);
+  return with_extra(c.norm.view({1}).to(torch::kFloat64), extra);
+}
+
+void AdamW::ensure_device_steps(torch::Device dev) {
+  if (device_steps_.size() == params_.size()) return;  // else: first step, or moments loaded since
+  device_steps_.clear();
+  for (size_t i = 0; i < params_.size(); ++i)
+    device_steps_.push_back(torch::full({}, static_cast<float>(tensor_steps_[i]),
+                                        torch::TensorOptions().device(dev)));
+}
+
+bool AdamW::fusable(size_t i, const torch::Tensor& g) const {
+  const torch::Tensor& p = params_[i].tensor;
+  return p.is_non_overlapping_and_dense() && g.strides() == p.strides() &&
+         moments_[i].exp_avg().strides() == p.strides() && g.scalar_type() == p.scalar_type();
+}
+
+void AdamW::update_low_precision(size_t i, const torch::Tensor& g, double lr_i,
+                                 const torch::Tensor& clip, const torch::Tensor& skip) {
+  // ATen operations over chunks (train/adamw_moments.h).
+  const double t = static_cast<double>(tensor_steps_[i]);
+  moments_[i].update(params_[i].tensor, g, clip,
+                     {lr_i, cfg_.weight_decay, cfg_.betas[0], cfg_.betas[1], cfg_.eps,
+                      1.0 - std::pow(cfg_.betas[0], t), 1.0 - std::pow(cfg_.betas[1], t),
+                      rounding_seed(step_, i)},
+                     skip);
+  device_steps_[i].add_(1);
+}
+
+void AdamW::update_unfused(size_t i, const torch::Tensor& g, double lr_i,
+                           const torch::Tensor& clip, const torch::Tensor& skip) {
+  // A gradient assigned from outside: the fused kernel's update in tensor ops, skipped on a
+  // non-finite norm as the kernel does.
+  const torch::Tensor& p = params_[i].tensor;
+  torch::Tensor& exp_avg = moments_[i].exp_avg();
+  torch::Tensor& exp_avg_sq = moments_[i].exp_avg_sq();
+  const double t = static_cast<double>(tensor_steps_[i]);
+  const double b1 = cfg_.betas[0], b2 = cfg_.betas[1];
+  torch::Tensor gc = g * clip;
+  torch::Tensor m = exp_avg * b1 + gc * (1.0 - b1);
+  torch::Tensor v = exp_avg_sq * b2 + gc * gc * (1.0 - b2);
+  torch::Tensor denom = (v.sqrt() / std::sqrt(1.0 - std::pow(b2, t))).add_(cfg_.eps);
+  torch::Tensor np = p * (1.0 - lr_i * cfg_.weight_decay) -
+                     m / denom * (lr_i / (1.0 - std::pow(b1, t)));
+  exp_avg.copy_(torch::where(skip, exp_avg, m));
+  exp_avg_sq.copy_(torch::where(skip, exp_avg_sq, v));
+  device_steps_[i].add_(1);
+  params_[i].tensor.copy_(torch::where(skip, p, np));
 }
 
 void AdamW::zero_grad() {

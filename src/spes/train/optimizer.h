@@ -128,6 +128,16 @@ class AdamW {
   double lr_scale_at(size_t i, int64_t step) const;  // lr_scale in optimizer step `step`
   void mark_zeroed(size_t i);
   torch::Tensor step_device(double lr, double max_grad_norm, const torch::Tensor& extra);
+  // step_device's parts: the fp32 step counts on `dev` (built once, and after moments were
+  // loaded); whether tensor i and its gradient suit torch's fused kernel; the update of one
+  // tensor with low-precision moments, and of an fp32 one the kernel cannot take (clip: the
+  // factor of the gradient; skip: 0-d, true when the step is skipped).
+  void ensure_device_steps(torch::Device dev);
+  bool fusable(size_t i, const torch::Tensor& g) const;
+  void update_low_precision(size_t i, const torch::Tensor& g, double lr_i,
+                            const torch::Tensor& clip, const torch::Tensor& skip);
+  void update_unfused(size_t i, const torch::Tensor& g, double lr_i, const torch::Tensor& clip,
+                      const torch::Tensor& skip);
 };
 
 }  // namespace spes

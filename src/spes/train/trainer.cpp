@@ -45,6 +45,17 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
     : cfg_(cfg), out_dir_(out_dir), opts_(std::move(opts)),
       device_(opts_.dist ? opts_.dist->device() : select_device(cfg)),
       autocast_(use_bf16_autocast(cfg, device_)) {
+  check_settings();
+  fs::create_directories(out_dir_);
+  open_data();
+  const std::string resume = checkpoint_to_resume();
+  build_model(resume, std::move(initial));
+  build_optimizer();
+  restore_state(resume);
+  open_logs(resume);
+}
+
+void Trainer::check_settings() const {
   configure_threads(cfg_);
   // Which BLAS and kernels serve the CPU's matrix products (a generic OpenBLAS core runs them
   // at a fraction of the machine's rate; common/cpu_blas.h).
@@ -60,7 +71,9 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
              "`spes prepare` and set data.paths to the output directory");
   // Before anything is written or allocated (the model built below checks it too).
   if (device_.is_cpu()) check_model_fits_memory(cfg_.model, "model");
-  fs::create_directories(out_dir_);
+}
+
+void Trainer::open_data() {
   const int64_t seq = cfg_.model.max_sequence_length;
   const int64_t nodes = data_nodes(cfg_);
   train_loader_ = std::make_unique<BatchLoader>(cfg_.data, seq, cfg_.seed, opts_.node_id, nodes,
@@ -71,14 +84,20 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
              "model.vocab_size to at least {}", vocab_hint, cfg_.model.vocab_size, vocab_hint);
   if (cfg_.data.validation_fraction > 0 || !cfg_.data.validation_paths.empty())
     val_loader_ = std::make_unique<BatchLoader>(cfg_.data, seq, cfg_.seed, 0, 1, Split::Validation);
+}
 
-  // A resumed run continues with the checkpoint's map (issue 38: it may differ from the
-  // config's after experts changed hands), so the model is laid out for it from the start.
+std::string Trainer::checkpoint_to_resume() const {
   std::string resume = opts_.resume_from;
   const std::string checkpoint_dir = run_layout::checkpoint(out_dir_);
   if (is_rank0()) checkpoint_tidy(checkpoint_dir);
   if (resume == "auto")
     resume = fs::exists(run_layout::checkpoint_state(checkpoint_dir)) ? checkpoint_dir : "";
+  return resume;
+}
+
+void Trainer::build_model(const std::string& resume, std::optional<InitialWeights> initial) {
+  // A resumed run continues with the checkpoint's map (issue 38: it may differ from the
+  // config's after experts changed hands), so the model is laid out for it from the start.
   auto recorded = resume.empty() ? std::nullopt
                                  : checkpoint_ownership(resume, cfg_.model.n_layers,
                                                         cfg_.model.is_moe()
@@ -100,6 +119,9 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
   model_->init_weights(static_cast<uint64_t>(cfg_.seed), initial ? &*initial : nullptr);
   initial.reset();  // the model holds its own copy
   registry_ = std::make_unique<ParamRegistry>(*model_, cfg_, *ownership_, opts_.node_id);
+}
+
+void Trainer::build_optimizer() {
   optimizer_ = std::make_unique<AdamW>(registry_->trainable(), cfg_.optimizer);
   optimizer_->set_rewarmup_steps(rewarmup_steps_for(cfg_));
   // One gradient buffer per trainable tensor for the whole run: peak memory is weights +
@@ -112,7 +134,9 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
       opts_.dist ? 1 : MicroBatchWorkers::workers_for(cfg_.grad_accum_steps(), device_));
   if (opts_.dist)
     reducer_ = std::make_unique<GradientAllReduce>(*opts_.dist, *model_, *optimizer_);
+}
 
+void Trainer::restore_state(const std::string& resume) {
   if (!resume.empty()) {
     state_ = checkpoint_load(resume, *registry_, optimizer_.get());
     train_loader_->restore(state_.loader);
@@ -123,14 +147,16 @@ Trainer::Trainer(const Config& cfg, const std::string& out_dir, TrainerOptions o
     for (const auto& e : registry_->entries()) all.push_back(e.tensor);
     broadcast_from_rank0(*opts_.dist, all);
   }
-  if (is_rank0()) {
-    metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_));
-    tensorboard_ = std::make_unique<TensorBoardWriter>(out_dir_);
-    // A restart keeps the history and says where it continues from.
-    if (metrics_->had_lines())
-      metrics_->write({{"event", "restart"}, {"from_step", state_.step},
-                       {"checkpoint", resume}, {"time", unix_time()}});
-  }
+}
+
+void Trainer::open_logs(const std::string& resume) {
+  if (!is_rank0()) return;
+  metrics_ = std::make_unique<MetricsLog>(run_layout::metrics(out_dir_));
+  tensorboard_ = std::make_unique<TensorBoardWriter>(out_dir_);
+  // A restart keeps the history and says where it continues from.
+  if (metrics_->had_lines())
+    metrics_->write({{"event", "restart"}, {"from_step", state_.step},
+                     {"checkpoint", resume}, {"time", unix_time()}});
 }
 
 Trainer::~Trainer() = default;

@@ -118,6 +118,7 @@ class Trainer {
   void save_checkpoint(const std::string& dir) const;
 
   const Config& config() const { return cfg_; }
+  bool autocast() const { return autocast_; }  // bf16 autocast (precision amp_bf16 resolved)
   Transformer& model() { return *model_; }
   const ParamRegistry& registry() const { return *registry_; }
   // Which experts this node trains now (epoch 0: Ownership::from_config; a resumed run: the
@@ -174,6 +175,18 @@ class Trainer {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // metrics.jsonl's figures as scalars
   TrainState state_;
+  // The constructor's steps, in order: the settings checked (threads, batch split over ranks,
+  // data paths, the model against this machine's memory), the loaders opened, the checkpoint
+  // to resume chosen ("" for none), the model built for its map (the checkpoint's or the
+  // config's) with the registry, the optimizer and the micro-batch workers (and all-reduce),
+  // the checkpoint's state loaded (and rank 0's weights broadcast), the logs opened (rank 0).
+  void check_settings() const;
+  void open_data();
+  std::string checkpoint_to_resume() const;
+  void build_model(const std::string& resume, std::optional<InitialWeights> initial);
+  void build_optimizer();
+  void restore_state(const std::string& resume);
+  void open_logs(const std::string& resume);
   // Data-parallel ranks: every rank's final weights hash equal rank 0's (or this throws).
   void check_ranks_agree() const;
   // At a step boundary: whether to stop (a signal) and whether a checkpoint is due by the

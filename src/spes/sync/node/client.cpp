@@ -152,6 +152,8 @@ JoinResult SyncClient::join(const JoinInfo& info) {
   req.set_ownership_epoch(info.ownership_epoch);
   req.set_held_ownership_fingerprint(info.ownership_fingerprint);
   req.set_expert_capacity(info.expert_capacity);
+  req.set_memory_capacity_gib(info.memory_capacity_gib);
+  req.set_precision(info.precision);
   pb::JoinReply rep;
   grpc::ClientContext ctx;
   prepare(ctx, info.node, 60);

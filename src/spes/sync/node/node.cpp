@@ -78,6 +78,7 @@ JoinResult SyncNode::join_once() {
   JoinInfo info = node_join_info(t.config(), t.registry(), client_->id(), step_.load());
   info.ownership_epoch = ownership_epoch_;
   info.ownership_fingerprint = t.ownership().fingerprint();
+  info.precision = t.autocast() ? "amp_bf16" : "fp32";  // what its memory estimate depends on
   return client_->join(info);
 }
 

@@ -257,6 +257,7 @@ JoinInfo node_join_info(const Config& cfg, const ParamRegistry& registry, const 
   j.settings = join_setting_values({cfg, fingerprint});
   j.step = step;
   j.expert_capacity = cfg.spes_config.elastic.expert_capacity;
+  j.memory_capacity_gib = cfg.spes_config.elastic.memory_capacity_gib;
   return j;
 }
 

@@ -6,6 +6,11 @@
 
 namespace spes::sync {
 
+int64_t LiveNode::max_experts() const {
+  if (memory_experts < 0) return capacity > 0 ? capacity : -1;
+  return capacity > 0 ? std::min(capacity, memory_experts) : memory_experts;
+}
+
 namespace {
 // Unknown rates (<= 0, NaN) replaced by the median of the known ones (1 when none is known).
 std::vector<double> effective_rates(const std::vector<LiveNode>& live) {
@@ -50,7 +55,8 @@ void reassign_layer(int64_t layer, std::vector<int64_t>& row,
     int best = -1;
     double best_deficit = 0;
     for (size_t i = 0; i < live.size(); ++i) {
-      if (live[i].capacity > 0 && load[i] >= live[i].capacity) continue;
+      const int64_t cap = live[i].max_experts();
+      if (cap >= 0 && load[i] >= cap) continue;
       const double deficit = static_cast<double>(total) * rate[i] / total_rate -
                              static_cast<double>(load[i]);
       if (best < 0 || deficit > best_deficit) {  // ties: the lower node (live is ascending)

@@ -21,7 +21,11 @@ namespace spes::sync {
 struct LiveNode {
   int64_t node = 0;
   double rate = 0;         // delivered tokens/s over recent rounds (<= 0 or NaN: unknown)
-  int64_t capacity = 0;    // experts per layer it can train (0: no cap)
+  int64_t capacity = 0;    // experts per layer it declared it can train (0: no cap)
+  // Experts per layer its declared memory holds (the server's estimate; -1: not declared).
+  int64_t memory_experts = -1;
+  // The most experts per layer it may own: the smaller of the two (-1: no cap).
+  int64_t max_experts() const;
 };
 
 struct Handoff {

@@ -13,9 +13,10 @@ namespace spes::sync {
 Departures::Departures(size_t num_nodes, int64_t reassign_after_rounds)
     : limit_(reassign_after_rounds), nodes_(num_nodes), opened_at_(Clock::now()) {}
 
-void Departures::joined(int64_t node, int64_t capacity) {
+void Departures::joined(int64_t node, int64_t capacity, int64_t memory_experts) {
   Node& n = nodes_.at(static_cast<size_t>(node));
   n.capacity = capacity;
+  n.memory_experts = memory_experts;
   n.misses = 0;
   n.finished = false;
   if (departed_.erase(node))
@@ -89,7 +90,8 @@ double Departures::rate(int64_t node) const {
 std::vector<LiveNode> Departures::live_nodes(const std::vector<int64_t>& live) const {
   std::vector<LiveNode> out;
   for (int64_t node : live)
-    out.push_back({node, rate(node), nodes_.at(static_cast<size_t>(node)).capacity});
+    out.push_back({node, rate(node), nodes_.at(static_cast<size_t>(node)).capacity,
+                   nodes_.at(static_cast<size_t>(node)).memory_experts});
   return out;
 }
 

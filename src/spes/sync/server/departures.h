@@ -26,7 +26,9 @@ class Departures {
   static constexpr size_t kRateRounds = 8;
   Departures(size_t num_nodes, int64_t reassign_after_rounds);
 
-  void joined(int64_t node, int64_t capacity);
+  // `capacity`: the experts per layer it declared (0: no cap); `memory_experts`: those its
+  // declared memory holds (-1: not declared).
+  void joined(int64_t node, int64_t capacity, int64_t memory_experts = -1);
   void left(int64_t node, bool departing, int64_t round);
   // Node's upload for the collecting round arrived (its time, for the node's rate).
   void upload_arrived(int64_t node, Clock::time_point at);
@@ -50,6 +52,7 @@ class Departures {
     int64_t misses = 0;
     bool finished = false;
     int64_t capacity = 0;
+    int64_t memory_experts = -1;
     bool arrived = false;
     Clock::time_point arrived_at;
     std::deque<std::pair<double, double>> recent;  // (tokens, seconds) of its last uploads

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -14,6 +15,7 @@
 
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
+#include "spes/model/memory_estimate.h"
 #include "spes/sync/round/moments_handoff.h"
 #include "spes/sync/round/ownership_map.h"
 #include "spes/sync/round/reassign.h"
@@ -29,6 +31,65 @@ uint64_t random_u64() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
          static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+}
+
+// The experts per layer the memory a joining node declares holds (-1: none declared), by the
+// closed-form estimate of a node of this run at the node's precision (model/memory_estimate).
+// Refused (InvalidArgument): a declaration that is not a finite number >= 0, one above
+// spes_config.max_memory_capacity_gib, a precision that is not fp32 or amp_bf16.
+int64_t memory_experts_of(const Config& cfg, const JoinInfo& info) {
+  const double gib = info.memory_capacity_gib;
+  const double cap = cfg.spes_config.elastic.max_memory_capacity_gib;
+  const int64_t id = info.node.node_id;
+  if (!std::isfinite(gib) || gib < 0)
+    sync_fail(SyncErrc::InvalidArgument, "node {} declares spes_config.memory_capacity_gib {}: "
+              "not a number >= 0 (the GiB it can train in; 0: not declared); set what the "
+              "machine has", id, gib);
+  if (gib > cap)
+    sync_fail(SyncErrc::InvalidArgument, "node {} declares spes_config.memory_capacity_gib {}, "
+              "more than this server believes (spes_config.max_memory_capacity_gib {}); set "
+              "what the machine has, or raise the server's cap", id, gib, cap);
+  if (gib == 0) return -1;
+  Precision precision = cfg.precision.value();
+  if (!info.precision.empty()) {
+    if (info.precision != "fp32" && info.precision != "amp_bf16")
+      sync_fail(SyncErrc::InvalidArgument, "node {} declares precision '{}'; expected fp32 or "
+                "amp_bf16", id, printable(info.precision, 40));
+    precision = info.precision == "fp32" ? Precision::Fp32 : Precision::AmpBf16;
+  }
+  const int64_t k = experts_within_memory(cfg, gib * 1073741824.0, precision);
+  if (k < 0)
+    spdlog::warn("node {} declares {} GiB, less than a node of this run needs without any "
+                 "expert ({:.3f} GiB at {}): it takes no more experts", id, gib,
+                 static_cast<double>(node_memory_training(cfg, 0, precision).total()) /
+                     1073741824.0,
+                 info.precision.empty() ? "the run's precision" : info.precision);
+  else
+    spdlog::info("node {} declares {} GiB: by the memory estimate at {} it can train {} "
+                 "experts per layer", id, gib,
+                 info.precision.empty() ? "the run's precision" : info.precision, k);
+  return std::max<int64_t>(k, 0);
+}
+
+// A restarted server knows the departures saved with the round it resumes, not a departing
+// Leave that came while the lost round was collected. A node hands its moments over only when
+// it departs (just before that Leave), and the handover is kept in DIR/handoff/ across
+// restarts: a node that handed over under the collecting round's epoch and still owns experts
+// in it counts as departed again, so the round it departed in still introduces the next epoch
+// (not reassign_after_rounds rounds later). A node that comes back joins as live again.
+void depart_nodes_that_handed_over(Departures& departures, const HandedMoments& handed,
+                                   const Ownership& collecting, int64_t epoch, int64_t round) {
+  for (int64_t node = 0; node < collecting.num_nodes(); ++node) {
+    if (departures.is_departed(node) || !std::filesystem::exists(handed.path(node, epoch)))
+      continue;
+    bool owns = false;
+    for (int64_t l = 0; l < collecting.num_layers(); ++l)
+      owns = owns || !collecting.experts_of(node, l).empty();
+    if (!owns) continue;
+    spdlog::info("sync server: node {} handed over its moments of ownership epoch {} before "
+                 "the restart ('{}'): it left for good", node, epoch, handed.path(node, epoch));
+    departures.left(node, true, round);
+  }
 }
 }  // namespace
 
@@ -79,6 +140,9 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
                  store_.residual_path());
   if (resumed) resume_ownership();
   if (resumed) restore_drift_state();
+  if (resumed)
+    depart_nodes_that_handed_over(departures_, handed_, model_->plan().ownership(),
+                                  model_->plan().ownership_epoch(), published_.round + 1);
   uploads_.next_round(published_.round + 1);
   round_.begin(published_.round + 1);
   spdlog::info("sync server: mode {}, {} nodes, sync every {} steps, transfer {}, model {} "
@@ -170,8 +234,9 @@ JoinResult RoundState::join(const JoinInfo& info) {
   const int64_t id = info.node.node_id;
   members_.check_id(info.node);
   check_join_ownership(info);
+  const int64_t memory_experts = memory_experts_of(cfg_, info);  // checked before it counts
   if (members_.join(info)) uploads_.drop_kept(id, "the node restarted");
-  departures_.joined(id, info.expert_capacity);
+  departures_.joined(id, info.expert_capacity, memory_experts);
   spdlog::info("node {} joined (incarnation {:x}, step {}) at round {}", id,
                info.node.incarnation, info.step, published_.round);
   JoinResult r;
@@ -777,7 +842,7 @@ void RoundState::decide_ownership(int64_t round, nlohmann::json& line) {
     line["frozen_experts"] = frozen;
     if (r.frozen != frozen_logged_)
       spdlog::warn("round {}: {} experts of departed nodes have no live node that can take them "
-                   "(every live node is at its declared capacity, or none is live): they stay "
+                   "(every live node is at its declared capacity or memory, or none is live): they stay "
                    "frozen at their last published value ([layer, expert]: {})", round,
                    r.frozen.size(), frozen.dump());
   }

@@ -34,6 +34,8 @@ void call_join(RoundState& st, const NodeId& credentials, const pb::JoinRequest&
   j.ownership_epoch = req.ownership_epoch();
   j.ownership_fingerprint = req.held_ownership_fingerprint();
   j.expert_capacity = req.expert_capacity();
+  j.memory_capacity_gib = req.memory_capacity_gib();
+  j.precision = req.precision();
   const JoinResult r = st.join(j);
   rep->set_server_incarnation(r.server_incarnation);
   rep->set_published_round(r.published_round);

@@ -91,6 +91,10 @@ struct JoinInfo {
   int64_t ownership_epoch = 0;
   std::string ownership_fingerprint;
   int64_t expert_capacity = 0;
+  // The memory the node can train in (GiB; 0: not declared) and the precision it trains at
+  // ("fp32", "amp_bf16"; "": the run's): the server turns them into experts per layer.
+  double memory_capacity_gib = 0;
+  std::string precision;
 };
 
 struct JoinResult {
