@@ -319,11 +319,16 @@ struct DashboardSettings {
 // declared departed and its experts go to live nodes at the next round boundary (0: never, the
 // map stays the config's for the whole run); expert_capacity (node side, sent on Join) caps
 // how many experts per layer the node takes (0: no cap declared).
+// max_nodes (issue 38 item 6): node ids admitted in all, num_peers being the initial nodes;
+// ids in [num_peers, max_nodes) may arrive mid-run (`spes node --join-new`); 0: num_peers (no
+// arrivals). A must-match Join setting (with data.split_across_nodes the slices are over it).
 struct ElasticOwnership {
   int64_t reassign_after_rounds = 3;
   int64_t expert_capacity = 0;
+  int64_t max_nodes = 0;
   template <class V> void visit(V& v) {
     v("reassign_after_rounds", reassign_after_rounds); v("expert_capacity", expert_capacity);
+    v("max_nodes", max_nodes);
   }
 };
 
@@ -357,6 +362,8 @@ struct SpesConfig {
     transport.visit(v); timing.visit(v); transfer.visit(v); merging.visit(v); outer.visit(v);
     bounds.visit(v); dashboard.visit(v); elastic.visit(v);
   }
+  // Node ids the run admits: [0, num_peers) start it, [num_peers, node_slots()) may arrive.
+  int64_t node_slots() const { return elastic.max_nodes > 0 ? elastic.max_nodes : num_peers; }
   // Whether the server applies the outer step (and keeps its momentum).
   bool uses_outer_step() const {
     return mode == SyncMode::Diloco || (mode == SyncMode::Spes && outer.on_shared);
