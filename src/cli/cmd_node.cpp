@@ -33,15 +33,20 @@ struct NodeArgs {
   double connect_timeout = 120;
   std::vector<std::string> sets;
   int64_t nproc = 1;
-  bool insecure = false, depart = false;
+  bool insecure = false, depart = false, join_new = false;
   std::string tls_dir;
 };
 
 void run_node(const NodeArgs& a) {
   spes::Config cfg = spes::config_load(a.config, a.sets);
   const int64_t id = a.node_id >= 0 ? a.node_id : cfg.spes_config.peer_id;
-  SPES_CHECK(id < cfg.spes_config.num_peers, "--node-id {} is outside [0, num_peers={})", id,
-             cfg.spes_config.num_peers);
+  const int64_t slots = cfg.spes_config.node_slots();
+  SPES_CHECK(id < slots, "--node-id {} is outside [0, {}) (spes_config.num_peers={}, max_nodes={}: "
+             "the node ids this run admits; raise spes_config.max_nodes, on the server too, to "
+             "admit more)", id, slots, cfg.spes_config.num_peers, cfg.spes_config.elastic.max_nodes);
+  SPES_CHECK(id < cfg.spes_config.num_peers || a.join_new, "--node-id {} is not one of the "
+             "initial nodes [0, num_peers={}): a node that arrives mid-run is started with "
+             "--join-new", id, cfg.spes_config.num_peers);
   if (!a.tls_dir.empty()) spes::cli::node_tls_from_dir(cfg.spes_config.transport, a.tls_dir, id);
   const std::string out = a.out.empty() ? "runs/node" + std::to_string(id) : a.out;
   // One writer per run directory (the ranks of --nproc-per-node write under their parent's).
@@ -99,8 +104,8 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
                                    [](CLI::App& sub) {
   auto a = std::make_shared<NodeArgs>();
   sub.add_option("--config", a->config, "YAML config (the same as the server's)");
-  sub.add_option("--node-id", a->node_id, "This node's id in [0, num_peers) "
-                 "(default: spes_config.peer_id)")
+  sub.add_option("--node-id", a->node_id, "This node's id in [0, num_peers), or in "
+                 "[num_peers, max_nodes) with --join-new (default: spes_config.peer_id)")
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--server", a->server, "host:port of `spes serve` "
                  "(default: spes_config.server_addr)");
@@ -125,6 +130,12 @@ spes::cli::SubcommandRegistrar register_node("node", "Run one SPES node against 
                "with the experts to live nodes at the next round (spes_config."
                "reassign_after_rounds > 0), so training them goes on where it stopped; without "
                "it a stopped node is expected back");
+  sub.add_flag("--join-new", a->join_new, "This node arrives in a running run (issue 38): its "
+               "--node-id may be one of [num_peers, spes_config.max_nodes), or a departed id "
+               "coming back; it takes the published model, trains the shared tensors, and from "
+               "the next round boundary the experts the server takes for it from the most loaded "
+               "nodes (with their AdamW moments). Restarted with the same --out it resumes from "
+               "its checkpoint like any node");
   sub.callback([a] { run_node(*a); });
 });
 

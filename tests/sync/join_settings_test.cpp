@@ -48,6 +48,7 @@ TEST(JoinSettings, ConfigsThatDifferAreRefusedNamingTheRow) {
     std::string set, key;
   } cases[] = {
       {"spes_config.num_peers=4", "spes_config.num_peers="},
+      {"spes_config.max_nodes=3", "spes_config.max_nodes=3"},
       {"spes_config.sync_steps=5", "spes_config.sync_steps=5"},
       {"spes_config.transfer_dtype=bf16", "spes_config.transfer_dtype=bf16"},
       {"spes_config.compression=int8", "spes_config.compression=int8"},

@@ -2,9 +2,12 @@
 // server/handed_moments.h): the server's checks of a handover (shapes, dtypes, finite values,
 // experts the sender owns under the collecting round's epoch, whole experts, metadata), each
 // refusal naming the problem and keeping nothing; an accepted handover kept on disk, handed to
-// the expert's next owner exactly, kept by a restarted server, and removed when the run ends.
+// the expert's next owner exactly, kept by a restarted server, and removed when the run ends;
+// the moments of experts a live node lost to an arrival (protocol 10).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "spes/io/files.h"
 #include "spes/model/transformer.h"
@@ -39,7 +42,9 @@ ExpertMoments moments_of(const Transformer& model,
   return m;
 }
 
-Metadata meta_of(int64_t node, int64_t epoch) { return moments_metadata({node, epoch, 40}); }
+Metadata meta_of(int64_t node, int64_t epoch, bool lost = false) {
+  return moments_metadata({node, epoch, 40, lost});
+}
 
 // check_moments_handoff's refusal of `ts` from node 1 under `plan`.
 std::string refusal(const RoundPlan& plan, const NamedTensors& ts, const Metadata& md) {
@@ -54,8 +59,9 @@ NamedTensors with(NamedTensors ts, const std::string& name, const torch::Tensor&
 
 // Streams a handover into `st` in chunks of 100 bytes; returns {experts, epoch}.
 std::pair<int64_t, int64_t> hand_over(RoundState& st, const NodeId& id, const ExpertMoments& m,
-                                      int64_t epoch) {
-  const std::string bytes = safetensors_serialize(moments_tensors(m), meta_of(id.node_id, epoch));
+                                      int64_t epoch, bool lost = false) {
+  const std::string bytes =
+      safetensors_serialize(moments_tensors(m), meta_of(id.node_id, epoch, lost));
   auto in = st.begin_hand_over(id, bytes.size());
   for (size_t off = 0; off < bytes.size(); off += 100) {
     const std::string piece = bytes.substr(off, 100);
@@ -195,4 +201,40 @@ TEST(MomentsHandoff, KeptOnDiskHandedToTheNextOwnerExactlyAndRemovedWhenTheRunEn
   ASSERT_TRUE(st.all_left());
   st.close();
   EXPECT_FALSE(fs::exists(dir.path + "/handoff"));
+}
+
+// Protocol 10: node 2 arrives and takes expert 2 from node 0 (sync_test_util.h
+// arrival_round_2); node 0, live, hands over that expert's moments as "lost" right after
+// applying epoch 1. Refused, nothing kept: an expert it never owned, one it still owns, another
+// epoch than the one before the collecting round's, the arrival handing over what it gained, a
+// "lost" handover at epoch 0. The arrival's fetch, started before node 0 handed them over,
+// waits for them and gets them exactly.
+TEST(MomentsHandoff, ExpertsLostToAnArrivalComeFromTheirLiveOwnerAndNothingElseIsKept) {
+  TempDir dir;
+  const Config cfg = arrival_config();
+  FakeNode a(cfg, 0, 1), b(cfg, 1, 2), c(cfg, 2, 3);
+  RoundState st(cfg, ServeOptions{dir.path});
+  arrival_round_1(st, a, b);
+  EXPECT_THAT(error_of([&] { hand_over(st, a.id, moments_of(*a.model, {{0, 2}}, 1), 0, true); }),
+              HasSubstr("the run's first"));
+  arrival_round_2(st, a, b, c);
+  ASSERT_EQ(st.ownership_at(3).table, (std::vector<std::vector<int64_t>>{{0, 0, 2, 1}}));
+  const ExpertMoments lost = moments_of(*a.model, {{0, 2}}, 5);
+  NamedTensors fetched;
+  std::thread fetch([&] { fetched = st.handed_moments(c.id, 1); });
+  EXPECT_THAT(error_of([&] { hand_over(st, a.id, moments_of(*a.model, {{0, 3}}, 6), 0, true); }),
+              HasSubstr("was owned by node 1 in ownership epoch 0, not by node 0"));
+  EXPECT_THAT(error_of([&] { hand_over(st, a.id, moments_of(*a.model, {{0, 1}, {0, 2}}, 6), 0, true); }),
+              HasSubstr("node 0 still owns expert 1 of layer 0"));
+  EXPECT_THAT(error_of([&] { hand_over(st, a.id, lost, 1, true); }),
+              HasSubstr("owned under ownership epoch 0"));
+  EXPECT_THAT(error_of([&] { hand_over(st, c.id, moments_of(*c.model, {{0, 2}}, 6), 0, true); }),
+              HasSubstr("was owned by node 0 in ownership epoch 0, not by node 2"));
+  EXPECT_FALSE(fs::exists(dir.path + "/handoff/moments-node0-epoch0.safetensors"));
+  EXPECT_FALSE(fs::exists(dir.path + "/handoff/moments-node2-epoch0.safetensors"));
+  EXPECT_EQ(hand_over(st, a.id, lost, 0, true), (std::pair<int64_t, int64_t>{1, 0}));
+  fetch.join();
+  const ExpertMoments got = moments_from_tensors(fetched, "fetched");
+  ASSERT_EQ(got.by_name.size(), 3u);
+  EXPECT_EQ(moments_sha256(got), moments_sha256(lost));
 }

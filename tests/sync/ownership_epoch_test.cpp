@@ -43,21 +43,6 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(file_read(path));
 }
 
-// Node 0's upload of `round` under ownership epoch `epoch`'s map `o`: its trainable tensors
-// (shared + the experts `o` gives it) at the published value + delta.
-SafetensorsStreamWriter upload_under(const FakeNode& n, const RoundState& st, const Ownership& o,
-                                     int64_t epoch, int64_t round, double delta) {
-  const ParamRegistry reg(*n.model, n.cfg, o, n.id.node_id);
-  NamedTensors t;
-  for (const auto& e : reg.entries())
-    if (e.trainable)
-      t.emplace_back(e.name,
-                     st.model().tensors().at(st.model().plan().index(e.name)).clone() + delta);
-  UploadMeta meta{n.id.node_id, round, round * 10, 80, n.id.incarnation, reg.fingerprint()};
-  meta.ownership_epoch = epoch;
-  return SafetensorsStreamWriter(std::move(t), torch::kFloat32, upload_metadata(meta));
-}
-
 }  // namespace
 
 TEST(ShareRule, ExpertsGoToTheLiveNodeFurthestBelowItsShareOfTheLayer) {
@@ -211,6 +196,9 @@ TEST(OwnershipEpochs, ADepartingNodesExpertsGoToALiveNodeAndARestartKeepsTheMap)
     // Its upload of the experts it no longer owns is refused, naming the owner and epoch.
     const std::string stale = error_of([&] { send_upload(st, b2.id, 2, upload_of(b2, 2, trained(b2, st, 0.5))); });
     EXPECT_THAT(stale, HasSubstr("expert owned by node 0 in ownership epoch 1"));
+    // It stops (had it stayed, it would take an expert at the next boundary as an arrival:
+    // arrival_test.cpp).
+    st.leave(b2.id, 20, "finished");
     // Node 0 under the new map: its upload of all four experts is the published value.
     const auto up = upload_under(a, st, next, 1, 2, 0.003);
     const NamedTensors sent = [&] {

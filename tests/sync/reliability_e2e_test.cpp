@@ -1139,3 +1139,102 @@ TEST_F(SyncReliability, ServerKilledAtARandomPointOfTheRoundIntroducingAnEpochKe
   server_killed_in_the_round_introducing_an_epoch(g_dir + "/crash_epoch_random",
                                                   ServerCrash::AtARandomPoint);
 }
+
+// Issue 38 item 6 (docs/PROTOCOL.md, "Arrivals"): 4 nodes of 2 experts each (spes_config.
+// max_nodes 5); node 4 is started with --join-new once round 3 is published. It takes the
+// published model, trains the shared tensors, and from the next boundary owns at least one
+// expert (handoffs "arrival" in rounds.jsonl and ownership.json, from nodes that keep one);
+// each expert's AdamW moments come from its live previous owner bit for bit (the donor's
+// digest of what it handed over equals the arrival's digest of what AdamW holds right after
+// the change, expert by expert, and they are not zero); every node ends every round on the
+// published digest; node 4, killed after the handoff and restarted with the same command,
+// resumes with its epoch-1 trainable set; the run completes.
+TEST_F(SyncReliability, AnArrivingNodeTakesExpertsWithTheirMomentsFromTheirLiveOwners) {
+  const std::string dir = g_dir + "/arrival";
+  const std::string cfg = write_config(dir, 4, "  round_timeout: 3\n  min_nodes: 1\n"
+                                               "  reassign_after_rounds: 8\n  max_nodes: 5\n");
+  std::string text = read_or_empty(cfg);
+  text.replace(text.find("max_duration: 25"), 16, "max_duration: 50");  // 10 rounds
+  file_write_atomic(cfg, text);
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  ASSERT_FALSE(address.empty()) << srv->log();
+  std::vector<std::unique_ptr<Proc>> n;
+  for (int i = 0; i < 4; ++i)
+    n.push_back(start_node(cfg, i, address, dir + "/node" + std::to_string(i)));
+  std::vector<Proc*> all = {srv.get(), n[0].get(), n[1].get(), n[2].get(), n[3].get()};
+  ASSERT_TRUE(pump_until(all, [&] { return n[0]->saw("round 3 (step 15)"); }, 180))
+      << all_logs(all);
+  const std::vector<std::string> arrive = {"--join-new"};
+  n.push_back(start_node(cfg, 4, address, dir + "/node4", {}, arrive));
+  all.push_back(n[4].get());
+  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("ownership epoch 1 (map"); }, 180))
+      << all_logs(all);
+  const auto epochs = nlohmann::json::parse(read_or_empty(dir + "/server/ownership.json"));
+  ASSERT_EQ(epochs["epochs"].size(), 2u) << epochs.dump();
+  const auto& handoffs = epochs["epochs"][1]["handoffs"];
+  const int64_t from_round = epochs["epochs"][1]["map"]["from_round"].get<int64_t>();
+  ASSERT_GE(handoffs.size(), 1u) << epochs.dump();
+  std::map<int64_t, int64_t> owned;
+  for (int64_t owner : epochs["epochs"][1]["map"]["table"][0].get<std::vector<int64_t>>())
+    ++owned[owner];
+  for (int i = 0; i < 5; ++i) EXPECT_GE(owned[i], 1) << "node " << i << ": " << epochs.dump();
+  for (const auto& h : handoffs) {
+    EXPECT_EQ(h["to"], 4);
+    EXPECT_EQ(h["why"], "arrival");
+  }
+  // Node 4 is killed once it trained a round with its experts, and restarted.
+  const std::string after = "round " + std::to_string(from_round + 1) + " (step ";
+  ASSERT_TRUE(pump_until(all, [&] { return n[4]->saw(after); }, 180)) << all_logs(all);
+  n[4]->kill9();
+  auto back = start_node(cfg, 4, address, dir + "/node4", {}, arrive);
+  all.push_back(back.get());
+  ASSERT_TRUE(pump_until(all, [&] {
+    for (int i = 0; i < 4; ++i)
+      if (!n[i]->exited) return false;
+    return back->exited && srv->exited;
+  }, 300)) << all_logs(all);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(n[i]->code, 0) << all_logs(all);
+  ASSERT_EQ(back->code, 0) << all_logs(all);
+  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  EXPECT_FALSE(fs::exists(dir + "/server/handoff")) << srv->log();
+
+  // rounds.jsonl: the round before from_round introduces epoch 1 with the arrival's handoffs.
+  bool introduced = false;
+  for (const auto& r : read_jsonl(dir + "/server/rounds.jsonl"))
+    if (r.contains("handoffs")) {
+      EXPECT_EQ(r["round"], from_round - 1) << r.dump();
+      EXPECT_EQ(r["handoffs"], handoffs) << r.dump();
+      introduced = true;
+    }
+  EXPECT_TRUE(introduced);
+  // The moments: each donor's digest of what it handed over, expert by expert, is what node 4
+  // holds right after the change.
+  nlohmann::json gained;
+  for (const auto& s : syncs_of(dir + "/node4"))
+    if (s.contains("ownership") && gained.is_null()) gained = s["ownership"];
+  ASSERT_TRUE(gained.contains("handed_moments")) << gained.dump();
+  EXPECT_EQ(gained["epoch"], 1);
+  EXPECT_EQ(gained["handed_moments"]["experts"], handoffs.size()) << gained.dump();
+  EXPECT_GT(gained["handed_moments"]["exp_avg_sq_sum"].get<double>(), 0.0);
+  for (const auto& h : handoffs) {
+    nlohmann::json gave;
+    for (const auto& s : syncs_of(dir + "/node" + std::to_string(h["from"].get<int64_t>())))
+      if (s.contains("ownership")) gave = s["ownership"];
+    ASSERT_TRUE(gave.contains("handed_over")) << h.dump() << " " << gave.dump();
+    const std::string key = std::to_string(h["layer"].get<int64_t>()) + ":" +
+                            std::to_string(h["expert"].get<int64_t>());
+    EXPECT_EQ(gave["handed_over"]["by_expert"][key], gained["handed_moments"]["by_expert"][key])
+        << "expert " << key << " from node " << h["from"];
+  }
+  expect_nodes_on_published_digests(dir, 5, 10);
+  // The restarted arrival joined twice: first under epoch 0 with the shared tensors only, then
+  // under epoch 1 with the experts it took; its final checkpoint holds the epoch-1 map.
+  const auto joins = joins_of(dir + "/node4");
+  ASSERT_EQ(joins.size(), 2u) << read_or_empty(dir + "/node4/metrics.jsonl");
+  EXPECT_EQ(joins[0]["ownership_epoch"], 0) << joins[0].dump();
+  EXPECT_EQ(joins[1]["ownership_epoch"], 1) << joins[1].dump();
+  EXPECT_GT(joins[1]["trainable_numel"].get<int64_t>(), joins[0]["trainable_numel"].get<int64_t>());
+  const auto state = nlohmann::json::parse(read_or_empty(dir + "/node4/checkpoint/state.json"));
+  EXPECT_EQ(state["ownership"]["table"], epochs["epochs"][1]["map"]["table"]) << state.dump();
+}

@@ -130,6 +130,22 @@ inline SafetensorsStreamWriter upload_of(const FakeNode& n, int64_t round, Named
                                                   n.id.incarnation, n.reg->fingerprint()}));
 }
 
+// Node n's upload of `round` under ownership epoch `epoch`'s map `o`: its trainable tensors
+// (shared + the experts `o` gives it) at the published value + delta.
+inline SafetensorsStreamWriter upload_under(const FakeNode& n, const RoundState& st,
+                                            const Ownership& o, int64_t epoch, int64_t round,
+                                            double delta) {
+  const ParamRegistry reg(*n.model, n.cfg, o, n.id.node_id);
+  NamedTensors t;
+  for (const auto& e : reg.entries())
+    if (e.trainable)
+      t.emplace_back(e.name,
+                     st.model().tensors().at(st.model().plan().index(e.name)).clone() + delta);
+  UploadMeta meta{n.id.node_id, round, round * 10, 80, n.id.incarnation, reg.fingerprint()};
+  meta.ownership_epoch = epoch;
+  return SafetensorsStreamWriter(std::move(t), torch::kFloat32, upload_metadata(meta));
+}
+
 // Makes writes past `bytes` fail (EFBIG) in this process, as a full disk would.
 struct FileSizeLimit {
   rlimit old{};
@@ -159,6 +175,31 @@ inline UploadResult send_upload(RoundState& st, const NodeId& id, int64_t round,
     s->chunk(off, data, sha);
   }
   return s->finish();
+}
+
+// Issue 38 item 6: two initial nodes (node 0 owns experts 0-2, node 1 expert 3 of one layer)
+// and node id 2 admitted to arrive mid-run (spes_config.max_nodes=3).
+inline Config arrival_config(std::vector<std::string> more = {}) {
+  more.insert(more.end(), {"spes_config.max_nodes=3", "spes_config.expert_owners=[[0,0,0,1]]"});
+  return tiny_config(more);
+}
+// Round 1 with nodes 0 and 1 alone (the vacant id 2 holds nothing up).
+inline void arrival_round_1(RoundState& st, const FakeNode& a, const FakeNode& b) {
+  st.join(a.join_info());
+  st.join(b.join_info());
+  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+  send_upload(st, b.id, 1, upload_of(b, 1, trained(b, st, 0.001)));
+}
+// Node 2 arrives (declaring room for one expert per layer) and round 2 takes the three uploads:
+// at its close node 2 takes expert 2 from node 0 (the only node with two to give), ownership
+// epoch 1 from round 3.
+inline void arrival_round_2(RoundState& st, const FakeNode& a, const FakeNode& b,
+                            const FakeNode& c) {
+  JoinInfo j = c.join_info();
+  j.expert_capacity = 1;
+  st.join(j);
+  for (const FakeNode* n : {&a, &b, &c})
+    send_upload(st, n->id, 2, upload_of(*n, 2, trained(*n, st, 0.002)));
 }
 
 // The message of what f() throws ("" when it throws nothing).

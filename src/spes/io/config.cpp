@@ -399,8 +399,13 @@ void validate_topology(const SpesConfig& s, const std::string& o) {
   SPES_CHECK(s.rewarmup_steps >= -1, "{}: spes_config.rewarmup_steps must be -1 (the "
              "scheduler's t_warmup), 0 (no re-warm-up) or a number of steps, found {}", o,
              s.rewarmup_steps);
-  SPES_CHECK(s.peer_id >= 0 && s.peer_id < s.num_peers,
-             "{}: spes_config.peer_id must be in [0, num_peers={}), found {}", o, s.num_peers,
+  SPES_CHECK(s.elastic.max_nodes == 0 ||
+                 (s.elastic.max_nodes >= s.num_peers && s.elastic.max_nodes <= 1024),
+             "{}: spes_config.max_nodes must be 0 (= num_peers: no arrivals) or in [num_peers={}, "
+             "1024] (node ids the run admits; ids from num_peers on arrive with `spes node "
+             "--join-new`), found {}", o, s.num_peers, s.elastic.max_nodes);
+  SPES_CHECK(s.peer_id >= 0 && s.peer_id < s.node_slots(),
+             "{}: spes_config.peer_id must be in [0, max_nodes={}), found {}", o, s.node_slots(),
              s.peer_id);
 }
 

@@ -326,15 +326,20 @@ struct DashboardSettings {
 // side, sent on Join) is the memory the node can train in, GiB (0: not declared), which the
 // server turns into experts per layer with model/memory_estimate (the smaller cap counts);
 // max_memory_capacity_gib (server side) is the largest declaration the server believes.
+// max_nodes (issue 38 item 6): node ids admitted in all, num_peers being the initial nodes;
+// ids in [num_peers, max_nodes) may arrive mid-run (`spes node --join-new`); 0: num_peers (no
+// arrivals). A must-match Join setting (with data.split_across_nodes the slices are over it).
 struct ElasticOwnership {
   int64_t reassign_after_rounds = 3;
   int64_t expert_capacity = 0;
   double memory_capacity_gib = 0;
   double max_memory_capacity_gib = 16384;
+  int64_t max_nodes = 0;
   template <class V> void visit(V& v) {
     v("reassign_after_rounds", reassign_after_rounds); v("expert_capacity", expert_capacity);
     v("memory_capacity_gib", memory_capacity_gib);
     v("max_memory_capacity_gib", max_memory_capacity_gib);
+    v("max_nodes", max_nodes);
   }
 };
 
@@ -368,6 +373,8 @@ struct SpesConfig {
     transport.visit(v); timing.visit(v); transfer.visit(v); merging.visit(v); outer.visit(v);
     bounds.visit(v); dashboard.visit(v); elastic.visit(v);
   }
+  // Node ids the run admits: [0, num_peers) start it, [num_peers, node_slots()) may arrive.
+  int64_t node_slots() const { return elastic.max_nodes > 0 ? elastic.max_nodes : num_peers; }
   // Whether the server applies the outer step (and keeps its momentum).
   bool uses_outer_step() const {
     return mode == SyncMode::Diloco || (mode == SyncMode::Spes && outer.on_shared);

@@ -26,7 +26,8 @@ namespace fs = std::filesystem;
 
 namespace {
 int64_t data_nodes(const Config& cfg) {
-  return cfg.spes_config.mode == SyncMode::Centralized ? 1 : cfg.spes_config.num_peers;
+  // With data.split_across_nodes, one slice per node id the run admits (arrivals included).
+  return cfg.spes_config.mode == SyncMode::Centralized ? 1 : cfg.spes_config.node_slots();
 }
 
 // The figures of a step's metrics.jsonl line that go to TensorBoard, and their tags.

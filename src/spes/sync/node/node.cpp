@@ -411,7 +411,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
     frozen_sha_ = x.record["frozen_sha256_after"].get<std::string>();
     t.state().sync_round = round;
     x.record["frozen_sha256_before"] = frozen_before;
-    const nlohmann::json changed = apply_ownership(t, x.ownership);
+    const nlohmann::json changed = apply_ownership(t, x.ownership, nullptr, /*boundary=*/true);
     if (!changed.is_null()) x.record["ownership"] = changed;
   }
   x.record["overlap"] = false;
@@ -456,7 +456,8 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
     SPES_CHECK(frozen_weights_sha256(t.registry()) == frozen_sha_, "node {}: its frozen tensors "
                "differ from round {}'s after applying it", t.registry().node_id(), round);
     // A new map: lost experts take the round's value from the copy, before it is released.
-    const nlohmann::json changed = apply_ownership(t, x.ownership, &inflight_->published());
+    const nlohmann::json changed =
+        apply_ownership(t, x.ownership, &inflight_->published(), /*boundary=*/true);
     inflight_buffers_ = inflight_->release();
     inflight_.reset();
     t.state().sync_round = round;
@@ -475,11 +476,12 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
 }
 
 nlohmann::json SyncNode::apply_ownership(Trainer& t, const OwnershipMap& m,
-                                         const ParamRegistry* published) {
+                                         const ParamRegistry* published, bool boundary) {
   if (m.empty()) return nullptr;  // a server that sends none (never: protocol 8)
   const Ownership& cur = t.ownership();
   const int64_t node = client_->id().node_id;
-  const Ownership next = ownership_of(m, cur.num_nodes(), cur.num_layers(), cur.num_experts(),
+  const Ownership next = ownership_of(m, t.config().spes_config.node_slots(), cur.num_layers(),
+                                      cur.num_experts(),
                                       fmt::format("node {}: the server's map", node));
   if (next.fingerprint() == cur.fingerprint()) {
     ownership_epoch_ = t.state().ownership_epoch = m.epoch;
@@ -488,6 +490,8 @@ nlohmann::json SyncNode::apply_ownership(Trainer& t, const OwnershipMap& m,
   std::set<std::string> before;
   for (const auto& e : t.registry().entries())
     if (e.trainable) before.insert(e.name);
+  const nlohmann::json handed_over =
+      boundary ? hand_over_lost_moments(t, next, m.epoch) : nlohmann::json();
   const ExpertMoments handed = fetch_handed_moments(t, next, m.epoch);
   t.change_ownership(next, handed.by_name.empty() ? nullptr : &handed);
   ownership_epoch_ = t.state().ownership_epoch = m.epoch;
@@ -516,6 +520,7 @@ nlohmann::json SyncNode::apply_ownership(Trainer& t, const OwnershipMap& m,
                         {"lost_tensors", lost}, {"residuals_dropped", dropped.size()},
                         {"trainable_numel", reg.trainable_numel()}};
   if (!handed.by_name.empty()) rec["handed_moments"] = handed_record(t, handed);
+  if (!handed_over.is_null()) rec["handed_over"] = handed_over;
   return rec;
 }
 

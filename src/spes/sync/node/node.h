@@ -183,13 +183,21 @@ class SyncNode : public StepObserver {
   // Gaining experts under map `next` (epoch `epoch`): the moments handed over for them (empty:
   // none, or the fetch failed, logged).
   ExpertMoments fetch_handed_moments(const Trainer& t, const Ownership& next, int64_t epoch);
+  // Protocol 10: losing experts under map `next` (epoch `epoch`, the one after the node's) at a
+  // round boundary: their AdamW moments go to the server as a "lost" handover, for the arrival
+  // that takes them (a failure or a refusal is logged: that arrival starts them at zero).
+  // Returns the sync record's "handed_over" entry (moments_record; null: nothing lost).
+  nlohmann::json hand_over_lost_moments(const Trainer& t, const Ownership& next, int64_t epoch);
   // At a round boundary (or on join / catch-up): the trainer changes to map `m` (checked
   // against its fingerprint) when it differs from the one it trains under; a lost expert takes
   // its value from `published` (the round's model; null: the registry holds it already), the
   // compressed-upload base and residuals follow the new set, the frozen digest is taken again.
+  // At a round boundary (`boundary`; not at a join) the moments of experts lost go to the
+  // server first (hand_over_lost_moments).
   // Returns the sync record's "ownership" entry (null when nothing changed).
   nlohmann::json apply_ownership(Trainer& t, const OwnershipMap& m,
-                                 const ParamRegistry* published = nullptr);
+                                 const ParamRegistry* published = nullptr,
+                                 bool boundary = false);
   // Keeps the step's loss and throughput (the trainer's metrics record) for the next heartbeat.
   void record_metrics(const nlohmann::json& record, int64_t step);
 
@@ -219,6 +227,9 @@ class SyncNode : public StepObserver {
 // {"experts", "tensors", "sha256"}, the digest (round/moments_handoff.h moments_sha256) of the
 // moments AdamW holds for those tensors now: equal to the departed owner's, bit for bit.
 nlohmann::json handed_record(const Trainer& t, const ExpertMoments& handed);
+// {experts, tensors, sha256 (moments_sha256), by_expert {"layer:expert": moments_sha256 of that
+// expert}, exp_avg_sq_sum} of moments `m` (names of t's registry).
+nlohmann::json moments_record(const Trainer& t, const ExpertMoments& m);
 
 // SHA-256 over the names and fp32 bytes of the registry's frozen (non-trainable) tensors.
 std::string frozen_weights_sha256(const ParamRegistry& registry);

@@ -1,9 +1,10 @@
 // A node's side of the moments handover (protocol 9, docs/PROTOCOL.md "Handing over the
-// moments"): a node departing for good sends the AdamW moments of the experts it owns; a node
-// whose map gains experts fetches the moments handed over for them before it changes its
-// trainable set.
+// moments"): a node departing for good sends the AdamW moments of the experts it owns, a live
+// node that loses experts to an arrival sends theirs (protocol 10); a node whose map gains
+// experts fetches the moments handed over for them before it changes its trainable set.
 #include <spdlog/spdlog.h>
 
+#include <map>
 #include <set>
 
 #include "spes/model/registry.h"
@@ -46,6 +47,38 @@ void SyncNode::hand_over_moments(Trainer& t) {
   }
 }
 
+nlohmann::json SyncNode::hand_over_lost_moments(const Trainer& t, const Ownership& next,
+                                                int64_t epoch) {
+  const int64_t node = client_->id().node_id;
+  const auto after = trainable_expert_table(t.config(), next, node);
+  const auto lost = experts_of(trainable_expert_table(t.config(), t.ownership(), node), &after);
+  if (lost.empty()) return nullptr;
+  if (epoch != ownership_epoch_ + 1) {
+    spdlog::warn("node {}: it loses {} experts going from ownership epoch {} to {} (it missed "
+                 "an epoch): their moments are not handed over", node, lost.size(),
+                 ownership_epoch_, epoch);
+    return nullptr;
+  }
+  try {
+    const ExpertMoments m = t.expert_moments(lost);
+    const SafetensorsStreamWriter payload = SafetensorsStreamWriter::as_stored(
+        moments_tensors(m),
+        moments_metadata({node, ownership_epoch_, t.state().step, /*lost=*/true}));
+    const int64_t kept = call("hand over moments", 60, [&] { return client_->hand_over(payload); });
+    spdlog::info("node {}: handed over the AdamW moments of the {} experts it loses in "
+                 "ownership epoch {} ({} bytes, step {})", node, kept, epoch,
+                 payload.total_bytes(), t.state().step);
+    return moments_record(t, m);
+  } catch (const NodeStopped&) {
+    throw;
+  } catch (const std::exception& e) {
+    spdlog::warn("node {}: the AdamW moments of the {} experts it loses in ownership epoch {} "
+                 "were not handed over ({}); their new owners start them at zero", node,
+                 lost.size(), epoch, e.what());
+    return {{"error", e.what()}};
+  }
+}
+
 ExpertMoments SyncNode::fetch_handed_moments(const Trainer& t, const Ownership& next,
                                              int64_t epoch) {
   const int64_t node = client_->id().node_id;
@@ -85,15 +118,30 @@ ExpertMoments SyncNode::fetch_handed_moments(const Trainer& t, const Ownership& 
   }
 }
 
+nlohmann::json moments_record(const Trainer& t, const ExpertMoments& m) {
+  // Per expert "layer:expert": the digest of its three projections' moments (an expert may
+  // come from one node and go to another, so the sides compare expert by expert).
+  std::map<std::string, ExpertMoments> by_expert;
+  double second = 0;
+  for (const auto& [name, e] : m.by_name) {
+    const RegistryEntry* r = t.registry().find(name);
+    if (!r) continue;
+    by_expert[fmt::format("{}:{}", r->layer, r->expert)].by_name[name] = e;
+    second += e.exp_avg_sq.to(torch::kCPU, torch::kDouble).sum().item<double>();
+  }
+  nlohmann::json digests = nlohmann::json::object();
+  for (const auto& [key, one] : by_expert) digests[key] = moments_sha256(one);
+  return {{"experts", by_expert.size()}, {"tensors", m.by_name.size()},
+          {"sha256", moments_sha256(m)}, {"by_expert", digests}, {"exp_avg_sq_sum", second}};
+}
+
 nlohmann::json handed_record(const Trainer& t, const ExpertMoments& handed) {
   std::set<std::pair<int64_t, int64_t>> experts;
   for (const auto& [name, m] : handed.by_name) {
     const RegistryEntry* r = t.registry().find(name);
     if (r) experts.insert({r->layer, r->expert});
   }
-  const ExpertMoments now = t.expert_moments({experts.begin(), experts.end()});
-  return {{"experts", experts.size()}, {"tensors", now.by_name.size()},
-          {"sha256", moments_sha256(now)}};
+  return moments_record(t, t.expert_moments({experts.begin(), experts.end()}));
 }
 
 }  // namespace spes::sync

@@ -71,7 +71,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
                                             : RoundClock(cfg).step_of(round);
     t.state().sync_round = round;
     held_round_ = round;
-    const nlohmann::json changed = apply_ownership(t, cur.ownership);
+    const nlohmann::json changed = apply_ownership(t, cur.ownership, nullptr, /*boundary=*/true);
     mark_synced(t, /*reset_residual=*/true, sha);
     spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
                  round, from, t.state().step, human_bytes(static_cast<double>(down)),

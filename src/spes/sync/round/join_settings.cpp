@@ -22,7 +22,7 @@ std::string topk_setting(const JoinSources& s, double value) {
 }
 }  // namespace
 
-const std::array<JoinSetting, 13> kJoinSettings{{
+const std::array<JoinSetting, 14> kJoinSettings{{
     {"spes_config.mode", "spes_config.mode",
      [](const JoinSources& s) { return s.cfg.spes_config.mode.name(); }, kSameSpesConfig},
     {"spes_config.num_peers", "spes_config.num_peers",
@@ -60,6 +60,10 @@ const std::array<JoinSetting, 13> kJoinSettings{{
        return std::to_string(s.cfg.spes_config.elastic.reassign_after_rounds);
      },
      kSameSpesConfig},
+    {"spes_config.max_nodes", "spes_config.max_nodes (node ids the run admits)",
+     [](const JoinSources& s) { return std::to_string(s.cfg.spes_config.node_slots()); },
+     "the server and every node, arrivals included, must use the same spes_config.max_nodes "
+     "(0 or absent: num_peers)"},
     {"ownership", "expert ownership map",
      [](const JoinSources& s) { return Ownership::from_config(s.cfg).fingerprint(); },
      "both must build it from the same spes_config.expert_owners / num_peers / "

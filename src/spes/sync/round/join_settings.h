@@ -31,7 +31,7 @@ struct JoinSetting {
 };
 
 // Every setting a node must share with the server (compared as text, exactly).
-extern const std::array<JoinSetting, 13> kJoinSettings;
+extern const std::array<JoinSetting, 14> kJoinSettings;
 
 // key -> value of every row, as this side sees them.
 using JoinSettingValues = std::map<std::string, std::string>;

@@ -63,6 +63,19 @@ void check_metadata(const RoundPlan& plan, const Metadata& md, int64_t node,
   // has not downloaded): an older epoch is fine for the experts it still owns (checked per
   // tensor), an epoch the server has not decided is not.
   const int64_t epoch = metadata_int(md, "ownership_epoch", origin);
+  const auto kind = md.find("handover");
+  if (kind != md.end() && kind->second != "departing" && kind->second != kHandoverLost)
+    sync_fail(SyncErrc::InvalidArgument, "{}: metadata handover '{}' is neither 'departing' nor "
+              "'{}'", origin, printable(kind->second, 40), kHandoverLost);
+  if (moments_lost(md)) {
+    if (epoch != plan.ownership_epoch() - 1)
+      sync_fail(SyncErrc::InvalidArgument, "{}: moments of experts lost to an arrival must be "
+                "those owned under ownership epoch {} (the one before the round being "
+                "collected, epoch {}), not epoch {}", origin, plan.ownership_epoch() - 1,
+                plan.ownership_epoch(), epoch);
+    metadata_int(md, "step", origin);
+    return;
+  }
   if (epoch > plan.ownership_epoch())
     sync_fail(SyncErrc::InvalidArgument, "{}: the moments were owned under ownership epoch {} "
               "but the round being collected uses epoch {}: only the experts a node owns now "
@@ -71,6 +84,11 @@ void check_metadata(const RoundPlan& plan, const Metadata& md, int64_t node,
 }
 
 }  // namespace
+
+bool moments_lost(const Metadata& md) {
+  const auto kind = md.find("handover");
+  return kind != md.end() && kind->second == kHandoverLost;
+}
 
 NamedTensors moments_tensors(const ExpertMoments& m) {
   NamedTensors out;
@@ -88,7 +106,8 @@ Metadata moments_metadata(const MomentsMeta& meta) {
   return {{"format", kMomentsFormat},
           {"node_id", std::to_string(meta.node)},
           {"ownership_epoch", std::to_string(meta.ownership_epoch)},
-          {"step", std::to_string(meta.step)}};
+          {"step", std::to_string(meta.step)},
+          {"handover", meta.lost ? kHandoverLost : "departing"}};
 }
 
 ExpertMoments moments_from_tensors(const NamedTensors& ts, const std::string& origin) {
@@ -119,7 +138,12 @@ ExpertMoments moments_from_tensors(const NamedTensors& ts, const std::string& or
 std::vector<std::pair<int64_t, int64_t>> check_moments_handoff(const RoundPlan& plan,
                                                                const NamedTensors& ts,
                                                                const Metadata& md, int64_t node,
-                                                               const std::string& origin) {
+                                                               const std::string& origin,
+                                                               const Ownership* previous) {
+  const bool lost = moments_lost(md);
+  if (lost && !previous)
+    sync_fail(SyncErrc::InvalidArgument, "{}: ownership epoch {} is the run's first: no node "
+              "has lost experts yet", origin, plan.ownership_epoch());
   check_metadata(plan, md, node, origin);
   const ExpertMoments m = moments_from_tensors(ts, origin);
   if (m.by_name.empty())
@@ -136,7 +160,18 @@ std::vector<std::pair<int64_t, int64_t>> check_moments_handoff(const RoundPlan& 
                 "move with them", origin, name);
     bool trains = false;
     for (int64_t u : p.uploaders) trains = trains || u == node;
-    if (!trains)
+    if (lost) {
+      const int64_t before = previous->owner(p.layer, p.expert);
+      if (before != node)
+        sync_fail(SyncErrc::InvalidArgument, "{}: expert {} of layer {} ('{}') was owned by node "
+                  "{} in ownership epoch {}, not by node {}: a node hands over only experts it "
+                  "lost", origin, p.expert, p.layer, name, before, plan.ownership_epoch() - 1,
+                  node);
+      if (trains)
+        sync_fail(SyncErrc::InvalidArgument, "{}: node {} still owns expert {} of layer {} "
+                  "('{}') in ownership epoch {}: only experts it lost are handed over", origin,
+                  node, p.expert, p.layer, name, plan.ownership_epoch());
+    } else if (!trains)
       sync_fail(SyncErrc::InvalidArgument, "{}: expert {} of layer {} ('{}') is owned by node {} "
                 "in ownership epoch {}, not by node {}: a node hands over only its own experts",
                 origin, p.expert, p.layer, name, p.owner, plan.ownership_epoch(), node);
@@ -158,11 +193,11 @@ std::vector<std::pair<int64_t, int64_t>> check_moments_handoff(const RoundPlan& 
   return {experts.begin(), experts.end()};
 }
 
-uint64_t max_moments_bytes(const RoundPlan& plan, int64_t node) {
+uint64_t max_moments_bytes(const RoundPlan& plan, int64_t node, const Ownership* previous) {
   uint64_t bytes = 64 << 10;  // header: metadata and slack
   for (const PlanTensor& p : plan.tensors()) {
     if (p.role != ParamRole::Expert) continue;
-    bool trains = false;
+    bool trains = previous && previous->owner(p.layer, p.expert) == node;
     for (int64_t u : p.uploaders) trains = trains || u == node;
     if (!trains) continue;
     uint64_t numel = 1;

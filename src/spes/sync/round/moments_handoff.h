@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "spes/io/safetensors.h"
+#include "spes/model/ownership.h"
 #include "spes/sync/round/plan.h"
 #include "spes/train/optimizer.h"
 
@@ -23,9 +24,17 @@ namespace spes::sync {
 
 inline constexpr const char* kMomentsFormat = "spes-moments-v1";
 
+// handover: "departing" (default: a node leaving for good hands over the experts it owns) or
+// "lost" (protocol 10: a live node hands over the experts it lost to an arrival in epoch
+// ownership_epoch + 1, right after applying that map).
+inline constexpr const char* kHandoverLost = "lost";
 struct MomentsMeta {
   int64_t node = -1, ownership_epoch = -1, step = -1;
+  bool lost = false;
 };
+// Whether a handover's metadata says "lost" (anything else than absent/"departing"/"lost" is
+// refused by check_moments_handoff).
+bool moments_lost(const Metadata& md);
 
 // The stream's tensors (names in ascending order) and metadata.
 NamedTensors moments_tensors(const ExpertMoments& m);
@@ -41,13 +50,21 @@ ExpertMoments moments_from_tensors(const NamedTensors& ts, const std::string& or
 // dtype and shape, finite values, exp_avg_sq >= 0, step >= 0, rewarm_from >= -1; nothing else.
 // Throws SyncError(InvalidArgument) naming the first problem; returns the experts handed
 // ([layer, expert], ascending).
+// A "lost" handover is checked against `previous`, the map of the epoch before the plan's
+// (null at epoch 0: refused): its ownership_epoch must be the plan's - 1, and every expert one
+// that `node` owned in `previous` and does not own under the plan's map (refused: an expert it
+// never owned, one it still owns, another epoch).
 std::vector<std::pair<int64_t, int64_t>> check_moments_handoff(const RoundPlan& plan,
                                                                const NamedTensors& ts,
                                                                const Metadata& md, int64_t node,
-                                                               const std::string& origin);
+                                                               const std::string& origin,
+                                                               const Ownership* previous = nullptr);
 // The largest handover `node` can send under the plan's map: its experts' moments (8 bytes
 // per value, 16 per scalar pair) and a header bound.
-uint64_t max_moments_bytes(const RoundPlan& plan, int64_t node);
+// With `previous` (the map of the epoch before the plan's), the experts `node` owned there
+// count too (a "lost" handover).
+uint64_t max_moments_bytes(const RoundPlan& plan, int64_t node,
+                           const Ownership* previous = nullptr);
 
 // SHA-256 over, for each tensor in name order, its name, step, rewarm_from and the hex
 // SHA-256 of the fp32 bytes of exp_avg and of exp_avg_sq: equal digests, equal moments.

@@ -21,9 +21,11 @@ Ownership ownership_of(const OwnershipMap& m, int64_t num_nodes, int64_t layers,
                        int64_t experts, const std::string& origin) {
   if (m.epoch < 0)
     sync_fail(SyncErrc::InvalidArgument, "{}: ownership epoch {} is negative", origin, m.epoch);
-  if (m.num_nodes != num_nodes)
+  // Epoch 0 is for num_peers nodes; a later one may count the arrivals' ids (max_nodes).
+  if (m.num_nodes < 1 || m.num_nodes > num_nodes)
     sync_fail(SyncErrc::InvalidArgument, "{}: the ownership map of epoch {} is for {} nodes, "
-              "the run has {}", origin, m.epoch, m.num_nodes, num_nodes);
+              "the run admits at most {} (spes_config.max_nodes)", origin, m.epoch, m.num_nodes,
+              num_nodes);
   if (static_cast<int64_t>(m.table.size()) != layers)
     sync_fail(SyncErrc::InvalidArgument, "{}: the ownership map of epoch {} lists {} layers, "
               "the model has {}", origin, m.epoch, m.table.size(), layers);
@@ -32,12 +34,12 @@ Ownership ownership_of(const OwnershipMap& m, int64_t num_nodes, int64_t layers,
       sync_fail(SyncErrc::InvalidArgument, "{}: the ownership map of epoch {} lists {} experts "
                 "in layer {}, the model has {}", origin, m.epoch, m.table[l].size(), l, experts);
     for (size_t e = 0; e < m.table[l].size(); ++e)
-      if (m.table[l][e] < 0 || m.table[l][e] >= num_nodes)
+      if (m.table[l][e] < 0 || m.table[l][e] >= m.num_nodes)
         sync_fail(SyncErrc::InvalidArgument, "{}: the ownership map of epoch {} gives expert "
                   "{} of layer {} to node {}, outside [0, {})", origin, m.epoch, e, l,
-                  m.table[l][e], num_nodes);
+                  m.table[l][e], m.num_nodes);
   }
-  Ownership o(num_nodes, m.table);
+  Ownership o(m.num_nodes, m.table);
   if (o.fingerprint() != m.fingerprint)
     sync_fail(SyncErrc::InvalidArgument, "{}: the ownership map of epoch {} has fingerprint {} "
               "but what it lists hashes to {}: the map was damaged on the way; it is not "

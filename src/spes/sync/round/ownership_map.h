@@ -16,7 +16,8 @@ namespace spes::sync {
 
 OwnershipMap ownership_map(const Ownership& o, int64_t epoch, int64_t from_round);
 // The Ownership `m` lists, after checking it: `layers` x `experts` entries, owners in
-// [0, num_nodes), num_nodes == `num_nodes`, and the fingerprint of what it lists equal to
+// [0, m.num_nodes), m.num_nodes in [1, `num_nodes`] (the run's node ids, SpesConfig::node_slots:
+// epoch 0 is for num_peers nodes, a later epoch may give experts to arrivals), and the fingerprint of what it lists equal to
 // m.fingerprint. Throws SyncError(InvalidArgument) naming `origin` and what differs.
 Ownership ownership_of(const OwnershipMap& m, int64_t num_nodes, int64_t layers,
                        int64_t experts, const std::string& origin);

@@ -19,7 +19,7 @@ RoundPlan::RoundPlan(const Config& cfg, const Transformer& model)
 
 RoundPlan::RoundPlan(const Config& cfg, const Transformer& model, const Ownership& ownership,
                      int64_t epoch)
-    : num_nodes_(cfg.spes_config.num_peers), mode_(cfg.spes_config.mode),
+    : num_nodes_(cfg.spes_config.node_slots()), mode_(cfg.spes_config.mode),
       wire_(wire_dtype_of(cfg.spes_config.transfer.dtype)),
       compression_(cfg.spes_config.transfer.compression),
       topk_(topk_params(cfg.spes_config.transfer)),
@@ -153,7 +153,7 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
     sync_fail(SyncErrc::InvalidArgument, "{}: upload says node {} but was sent by node {}",
               origin, m.node, expect_node);
   if (m.node >= plan.num_nodes())
-    sync_fail(SyncErrc::InvalidArgument, "{}: node {} is outside [0, num_peers={})", origin,
+    sync_fail(SyncErrc::InvalidArgument, "{}: node {} is outside [0, max_nodes={})", origin,
               m.node, plan.num_nodes());
   const Compression comp = plan.compression();
   const std::string comp_md = md.count("compression") ? md.at("compression") : "none";

@@ -45,4 +45,18 @@ struct Reassignment {
 Reassignment reassign_experts(const Ownership& current, const std::map<int64_t, std::string>& departed,
                               const std::vector<LiveNode>& live);
 
+// Arrivals (issue 38 item 6): `arrivals` (live nodes that own no expert yet: new ids, or
+// departed ids that came back) take experts from the most loaded live nodes. Per layer,
+// separately: share_i = (experts the live nodes own) x rate_i / sum of the live nodes' rates
+// (an arrival's rate is unknown: the median of the others, as in reassign_experts); while an
+// arrival owns none, or is at least half an expert below its share, the arrival furthest below
+// its share (ties: lower id; at its capacity: skipped) takes the highest-numbered expert of the
+// non-arriving live node furthest above its share that owns at least two (ties: lower id): a
+// donor always keeps one. Handoffs say why = "arrival". Applied to `table` (the map after the
+// departures' handoffs); experts of nodes that are not live never move.
+Reassignment give_to_arrivals(std::vector<std::vector<int64_t>> table,
+                              const std::vector<int64_t>& arrivals,
+                              const std::vector<LiveNode>& live);
+inline constexpr const char* kArrivalWhy = "arrival";
+
 }  // namespace spes::sync

@@ -28,7 +28,7 @@ std::string metadata(const grpc::ServerContext& ctx, const char* key) {
 }  // namespace
 
 CallAuth::CallAuth(const Config& cfg, CallAuthOptions opts)
-    : num_peers_(cfg.spes_config.num_peers), opts_(std::move(opts)) {
+    : num_peers_(cfg.spes_config.node_slots()), opts_(std::move(opts)) {
   if (!cfg.spes_config.transport.auth_tokens_file.empty())
     tokens_ = load_node_tokens(cfg.spes_config.transport.auth_tokens_file, num_peers_);
 }
@@ -52,8 +52,8 @@ NodeId CallAuth::check(const std::string& id_text, const std::string& token,
     sync_fail(SyncErrc::PermissionDenied, "the call has no valid '{}' metadata (a node of this "
               "protocol version sends its id and token as call metadata)", kNodeIdMetadata);
   if (id < 0 || id >= num_peers_)
-    sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, num_peers={})", id,
-              num_peers_);
+    sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, max_nodes={}) (spes_config."
+              "max_nodes, or num_peers when no node may arrive)", id, num_peers_);
   if (!tokens_.empty() && !token_equal(token, tokens_[id]))
     sync_fail(SyncErrc::PermissionDenied, "node {}: wrong or missing token (set the node's "
               "token from spes_config.auth_tokens_file with --token-file or SPES_NODE_TOKEN)", id);

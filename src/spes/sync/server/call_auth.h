@@ -47,7 +47,7 @@ class CallAuth {
   bool read_needs_token() const { return !opts_.loopback_only || !opts_.read_token.empty(); }
 
  private:
-  int64_t num_peers_;
+  int64_t num_peers_;  // node ids admitted: SpesConfig::node_slots()
   std::vector<std::string> tokens_;  // per node; empty: no node tokens (loopback only)
   CallAuthOptions opts_;
 };

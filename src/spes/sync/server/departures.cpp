@@ -19,9 +19,12 @@ void Departures::joined(int64_t node, int64_t capacity, int64_t memory_experts) 
   n.memory_experts = memory_experts;
   n.misses = 0;
   n.finished = false;
-  if (departed_.erase(node))
+  if (departed_.erase(node)) {
+    returned_.insert(node);
     spdlog::info("node {} joined again after it was declared departed: it is live again and "
-                 "trains what the current ownership map gives it", node);
+                 "trains what the current ownership map gives it (an arrival when that is "
+                 "nothing)", node);
+  }
 }
 
 void Departures::left(int64_t node, bool departing, int64_t round) {
@@ -43,7 +46,8 @@ void Departures::upload_arrived(int64_t node, Clock::time_point at) {
 
 std::vector<int64_t> Departures::round_published(int64_t round, const std::vector<int64_t>& nodes,
                                                  const std::vector<int64_t>& tokens,
-                                                 Clock::time_point at) {
+                                                 Clock::time_point at,
+                                                 const std::vector<bool>& takes_part) {
   std::vector<int64_t> declared;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     Node& n = nodes_[i];
@@ -60,7 +64,7 @@ std::vector<int64_t> Departures::round_published(int64_t round, const std::vecto
                               std::max(s, 1e-3));
         while (n.recent.size() > kRateRounds) n.recent.pop_front();
       }
-    } else if (!n.finished) {
+    } else if (!n.finished && takes_part.at(i)) {
       ++n.misses;
       const int64_t node = static_cast<int64_t>(i);
       if (limit_ > 0 && n.misses >= limit_ && !departed_.count(node)) {
@@ -104,7 +108,7 @@ nlohmann::json Departures::to_json() const {
   }
   nlohmann::json departed = nlohmann::json::object();
   for (const auto& [node, why] : departed_) departed[std::to_string(node)] = why;
-  return {{"nodes", nodes}, {"departed", departed}};
+  return {{"nodes", nodes}, {"departed", departed}, {"returned", returned_}};
 }
 
 bool Departures::restore(const nlohmann::json& j) {
@@ -124,8 +128,11 @@ bool Departures::restore(const nlohmann::json& j) {
       if (node < 0 || node >= static_cast<int64_t>(nodes.size())) return false;
       departed[node] = v.get<std::string>();
     }
+    std::set<int64_t> returned;  // absent in the state of an older server
+    if (j.contains("returned")) returned = j.at("returned").get<std::set<int64_t>>();
     nodes_ = std::move(nodes);
     departed_ = std::move(departed);
+    returned_ = std::move(returned);
     return true;
   } catch (const std::exception&) {
     return false;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,13 +34,18 @@ class Departures {
   // Node's upload for the collecting round arrived (its time, for the node's rate).
   void upload_arrived(int64_t node, Clock::time_point at);
   // Round `round` was published at `at` with the uploads of `nodes` (tokens each): counts the
-  // misses of the others and declares those past the limit departed (logged). Returns the
-  // nodes declared departed by this round.
+  // misses of the others that take part (`takes_part`, per node id: not a vacant arrival id)
+  // and declares those past the limit departed (logged). Returns the nodes declared departed
+  // by this round.
   std::vector<int64_t> round_published(int64_t round, const std::vector<int64_t>& nodes,
-                                       const std::vector<int64_t>& tokens, Clock::time_point at);
+                                       const std::vector<int64_t>& tokens, Clock::time_point at,
+                                       const std::vector<bool>& takes_part);
   // Departed nodes -> why.
   const std::map<int64_t, std::string>& departed() const { return departed_; }
   bool is_departed(int64_t node) const { return departed_.count(node) > 0; }
+  // A node that joined again after it was declared departed (issue 38 item 6: it joins as a new
+  // node would; the share rule treats it as an arrival while it owns no expert).
+  bool returned(int64_t node) const { return returned_.count(node) > 0; }
   // `live` nodes with their rates and capacities for the share rule.
   std::vector<LiveNode> live_nodes(const std::vector<int64_t>& live) const;
   double rate(int64_t node) const;
@@ -60,6 +66,7 @@ class Departures {
   int64_t limit_;
   std::vector<Node> nodes_;
   std::map<int64_t, std::string> departed_;
+  std::set<int64_t> returned_;
   bool opened_ = false;
   Clock::time_point opened_at_;  // the previous publication (or the server's start)
 };

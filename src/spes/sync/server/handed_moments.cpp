@@ -83,7 +83,9 @@ std::string HandedMoments::staging_path(int64_t node) {
 
 std::vector<std::pair<int64_t, int64_t>> HandedMoments::check(const std::string& staged,
                                                               const RoundPlan& plan,
-                                                              int64_t node) const {
+                                                              int64_t node,
+                                                              const Ownership* previous,
+                                                              bool* lost) const {
   const std::string origin = fmt::format("moments handover of node {}", node);
   Metadata md;
   NamedTensors ts;
@@ -93,7 +95,9 @@ std::vector<std::pair<int64_t, int64_t>> HandedMoments::check(const std::string&
     sync_fail(SyncErrc::InvalidArgument, "{}: not a safetensors stream: {}", origin,
               printable(e.what()));
   }
-  return check_moments_handoff(plan, ts, md, node, origin);
+  auto experts = check_moments_handoff(plan, ts, md, node, origin, previous);
+  if (lost) *lost = moments_lost(md);
+  return experts;
 }
 
 void HandedMoments::keep(MomentsIntake& staged, int64_t node, int64_t epoch) {

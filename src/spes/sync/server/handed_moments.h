@@ -57,8 +57,11 @@ class HandedMoments {
   std::string staging_path(int64_t node);
   // Loads and checks a staged handover against `plan` (check_moments_handoff). Returns the
   // experts it holds; throws SyncError (the staged file stays for its intake to remove).
+  // `previous`: the map of the epoch before the plan's (a "lost" handover's check), or null.
+  // `lost` (when given) says whether the handover was of the "lost" kind.
   std::vector<std::pair<int64_t, int64_t>> check(const std::string& staged, const RoundPlan& plan,
-                                                 int64_t node) const;
+                                                 int64_t node, const Ownership* previous = nullptr,
+                                                 bool* lost = nullptr) const;
   // Moves a checked handover into place (replacing an earlier one of the same node and epoch).
   void keep(MomentsIntake& staged, int64_t node, int64_t epoch);
   // The moments handed to `node` by epoch `epoch`'s handoffs ([{layer, expert, from, to}]):

@@ -18,11 +18,11 @@ using Clock = std::chrono::steady_clock;
 Membership::Membership(const Config& cfg, const SyncModel& model)
     : cfg_(cfg),
       server_settings_(join_setting_values({cfg, model.model_fingerprint()})),
-      members_(cfg.spes_config.num_peers) {}
+      members_(cfg.spes_config.node_slots()) {}
 
 void Membership::check_id(const NodeId& node) const {
   if (node.node_id < 0 || node.node_id >= static_cast<int64_t>(members_.size()))
-    sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, num_peers={})",
+    sync_fail(SyncErrc::PermissionDenied, "node id {} is outside [0, max_nodes={}) (spes_config.max_nodes, or num_peers; an arriving node needs an id in [num_peers, max_nodes))",
               node.node_id, members_.size());
 }
 

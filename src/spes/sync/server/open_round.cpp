@@ -34,7 +34,7 @@ double OpenRound::seconds_after_last_upload(std::chrono::steady_clock::time_poin
 }
 
 void OpenRound::fold_ready(UploadStaging& uploads) {
-  const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
+  const int64_t n = cfg_.spes_config.node_slots();
   while (next_fold_ < n && uploads.state(next_fold_) == UploadStaging::State::Ready) {
     fold_upload_file(agg_, model_.plan(), uploads.staged_file(next_fold_), next_fold_,
                      /*values_checked=*/true);
@@ -44,7 +44,7 @@ void OpenRound::fold_ready(UploadStaging& uploads) {
 }
 
 void OpenRound::fold_rest(UploadStaging& uploads) {
-  const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
+  const int64_t n = cfg_.spes_config.node_slots();
   for (int64_t i = next_fold_; i < n; ++i) {
     if (uploads.state(i) != UploadStaging::State::Ready) continue;
     fold_upload_file(agg_, model_.plan(), uploads.staged_file(i), i, /*values_checked=*/true);
@@ -60,7 +60,7 @@ void OpenRound::refold(UploadStaging& uploads) {
   // node is left to upload: may_close).
   agg_.abort();
   agg_.begin(round_, RoundClock(cfg_).step_of(round_));
-  const int64_t n = static_cast<int64_t>(cfg_.spes_config.num_peers);
+  const int64_t n = cfg_.spes_config.node_slots();
   for (int64_t i = 0; i < n; ++i) uploads.mark_ready(static_cast<size_t>(i));
   next_fold_ = 0;
   while (next_fold_ < n && uploads.state(next_fold_) == UploadStaging::State::Rejected)

@@ -16,8 +16,8 @@ namespace {
 constexpr const char* kFormat = kOwnershipFileFormat;
 }
 
-OwnershipEpochs::OwnershipEpochs(std::string dir, const Ownership& initial)
-    : dir_(std::move(dir)) {
+OwnershipEpochs::OwnershipEpochs(std::string dir, const Ownership& initial, int64_t max_nodes)
+    : dir_(std::move(dir)), max_nodes_(max_nodes) {
   epochs_.push_back(ownership_map(initial, 0, 1));
   handoffs_.push_back(nlohmann::json::array());
 }
@@ -53,7 +53,7 @@ void OwnershipEpochs::resume(int64_t published_round) {
       if (m.from_round > published_round + 1) continue;
       SPES_CHECK(static_cast<int64_t>(loaded.size()) == m.epoch, "epoch {} out of order", m.epoch);
       // The map must be what it says it is (its owners in range, its fingerprint).
-      (void)ownership_of(m, initial.num_nodes, static_cast<int64_t>(initial.table.size()),
+      (void)ownership_of(m, max_nodes_, static_cast<int64_t>(initial.table.size()),
                          initial.table.empty() ? 0 : static_cast<int64_t>(initial.table[0].size()),
                          path());
       handoffs.push_back(e.value("handoffs", nlohmann::json::array()));

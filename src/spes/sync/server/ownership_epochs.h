@@ -20,8 +20,11 @@ namespace spes::sync {
 
 class OwnershipEpochs {
  public:
-  // Epoch 0: `initial` (the config's map). Nothing is read or written yet.
-  OwnershipEpochs(std::string dir, const Ownership& initial);
+  // Epoch 0: `initial` (the config's map); later maps are for at most `max_nodes` nodes
+  // (SpesConfig::node_slots). Nothing is read or written yet.
+  OwnershipEpochs(std::string dir, const Ownership& initial, int64_t max_nodes);
+  // The map of epoch `epoch` (one of this run's: 0 .. latest().epoch).
+  const OwnershipMap& epoch(int64_t epoch) const { return epochs_.at(static_cast<size_t>(epoch)); }
   // A fresh run: ownership.json holds epoch 0 only (an earlier run's file is replaced).
   void start();
   // A restarted server at published round `published_round`: the epochs from ownership.json
@@ -44,6 +47,7 @@ class OwnershipEpochs {
  private:
   void save() const;
   std::string dir_;
+  int64_t max_nodes_;
   std::vector<OwnershipMap> epochs_;          // ascending epoch, from_round
   std::vector<nlohmann::json> handoffs_;      // per epoch: what moved (epoch 0: [])
 };

@@ -10,11 +10,13 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include <fmt/ranges.h>
 
 #include "spes/common/strings.h"
 #include "spes/common/timing.h"
+#include "spes/io/files.h"
 #include "spes/model/memory_estimate.h"
 #include "spes/sync/round/moments_handoff.h"
 #include "spes/sync/round/ownership_map.h"
@@ -26,6 +28,8 @@ namespace spes::sync {
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kPublishRetryS = 5.0;  // a failed save of a closed round is retried this often
+// How long a FetchMoments of an arrival waits for the live previous owners' handovers.
+constexpr double kLostMomentsWaitS = 30.0;
 
 uint64_t random_u64() {
   std::random_device rd;
@@ -101,8 +105,8 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
       model_(std::make_unique<SyncModel>(cfg_, std::move(initial))),
       members_(cfg_, *model_),
       store_(cfg_, opts_.out_dir, opts_.keep_uploads, *model_, incarnation_),
-      epochs_(opts_.out_dir, model_->plan().ownership()),
-      departures_(static_cast<size_t>(cfg_.spes_config.num_peers),
+      epochs_(opts_.out_dir, model_->plan().ownership(), cfg_.spes_config.node_slots()),
+      departures_(static_cast<size_t>(cfg_.spes_config.node_slots()),
                   cfg_.spes_config.elastic.reassign_after_rounds),
       handed_(opts_.out_dir),
       bounds_(cfg_, model_->plan(), model_->tensors()),
@@ -221,6 +225,7 @@ bool RoundState::all_left_locked() const {
   // A node declared departed (gone for good, its experts handed on) counts as left, unless it
   // came back and is training.
   for (size_t i = 0; i < members_.size(); ++i) {
+    if (!takes_part(i)) continue;
     const Member& m = members_[i];
     const bool departed = departures_.is_departed(static_cast<int64_t>(i)) &&
                           (!m.joined || m.left || members_.is_dead(i));
@@ -287,6 +292,7 @@ std::unique_ptr<UploadSession> RoundState::begin_upload(const NodeId& node, int6
 }
 
 std::string RoundState::node_state(size_t i) const {
+  if (!takes_part(i)) return "vacant";  // an arrival id that has not joined
   const Member& n = members_[i];
   if (departures_.is_departed(static_cast<int64_t>(i)) &&
       (n.left || !n.joined || members_.is_dead(i)))
@@ -307,7 +313,7 @@ std::string RoundState::node_state(size_t i) const {
 nlohmann::json RoundState::missing_nodes() const {
   nlohmann::json out = nlohmann::json::array();
   for (size_t i = 0; i < members_.size(); ++i) {
-    if (uploads_.arrived(i)) continue;
+    if (uploads_.arrived(i) || !takes_part(i)) continue;
     const Member& n = members_[i];
     std::string why = "timeout";
     if (uploads_.state(i) == UploadStaging::State::Rejected) why = "rejected: " +
@@ -328,11 +334,15 @@ void RoundState::maybe_publish(bool deadline_check) {
     if (deadline_check && seconds_since(closing_->last_try) >= kPublishRetryS) publish();
     return;
   }
-  const int64_t N = static_cast<int64_t>(members_.size());
+  // The nodes that take part: an arrival id that never joined (and owns nothing) holds no
+  // round up.
+  int64_t N = 0;
+  for (size_t i = 0; i < members_.size(); ++i) N += takes_part(i) ? 1 : 0;
   auto decide = [&](int64_t& present) {
     present = 0;
     int64_t out = 0, refused = 0, waiting = 0;  // waiting: joined and alive, not uploaded yet
-    for (int64_t i = 0; i < N; ++i) {
+    for (int64_t i = 0; i < static_cast<int64_t>(members_.size()); ++i) {
+      if (!takes_part(static_cast<size_t>(i))) continue;
       const bool rejected = uploads_.state(i) == UploadStaging::State::Rejected;
       if (uploads_.arrived(i)) ++present;
       else if (rejected || members_[i].left || members_.is_dead(i) || departures_.is_departed(i))
@@ -413,7 +423,9 @@ void RoundState::close_round() {
   closing_->update_medians = std::move(update_medians);
   closing_->closed_at = Clock::now();
   closing_->line = round_line(o, aggregate_s, missing, std::move(node_states));
-  departures_.round_published(o.round, o.nodes, o.tokens, closing_->closed_at);
+  std::vector<bool> taking_part(members_.size());
+  for (size_t i = 0; i < members_.size(); ++i) taking_part[i] = takes_part(i);
+  departures_.round_published(o.round, o.nodes, o.tokens, closing_->closed_at, taking_part);
   decide_ownership(o.round, closing_->line);
   if (compressed) closing_->line["delta_write_s"] = seconds_since(t_delta);
 }
@@ -585,7 +597,7 @@ RoundStatus RoundState::wait_round(const NodeId& node, int64_t round, uint32_t m
   r.ownership = collecting_map();
   if (!r.published && round == published_.round + 1)
     for (size_t i = 0; i < members_.size(); ++i)
-      if (!uploads_.arrived(i)) r.waiting_for.push_back(static_cast<int64_t>(i));
+      if (!uploads_.arrived(i) && takes_part(i)) r.waiting_for.push_back(static_cast<int64_t>(i));
   return r;
 }
 
@@ -651,9 +663,11 @@ std::unique_ptr<MomentsIntake> RoundState::begin_hand_over(const NodeId& node,
   if (model_->plan().mode() != SyncMode::Spes)
     sync_fail(SyncErrc::FailedPrecondition, "node {}: moments are handed over with experts, in "
               "mode spes only", node.node_id);
-  return std::make_unique<MomentsIntake>(handed_.staging_path(node.node_id), total_bytes,
-                                         max_moments_bytes(model_->plan(), node.node_id),
-                                         node.node_id);
+  const std::optional<Ownership> previous = previous_ownership();
+  return std::make_unique<MomentsIntake>(
+      handed_.staging_path(node.node_id), total_bytes,
+      max_moments_bytes(model_->plan(), node.node_id, previous ? &*previous : nullptr),
+      node.node_id);
 }
 
 std::pair<int64_t, int64_t> RoundState::finish_hand_over(const NodeId& node,
@@ -661,19 +675,28 @@ std::pair<int64_t, int64_t> RoundState::finish_hand_over(const NodeId& node,
   std::unique_lock<std::mutex> lk(mu_);
   members_.check(node);
   const RoundPlan plan = model_->plan();  // a copy: the checks run without the lock
+  const std::optional<Ownership> previous = previous_ownership();
+  const nlohmann::json handoffs = epochs_.handoffs(plan.ownership_epoch());
   lk.unlock();
-  const auto experts = handed_.check(intake.path(), plan, node.node_id);
+  bool lost = false;
+  const auto experts =
+      handed_.check(intake.path(), plan, node.node_id, previous ? &*previous : nullptr, &lost);
+  if (lost) check_lost_to_arrivals(node.node_id, experts, handoffs);
   lk.lock();
   members_.check(node);
   if (model_->plan().ownership_epoch() != plan.ownership_epoch())
     sync_fail(SyncErrc::InvalidArgument, "node {}: ownership epoch {} began while its moments "
               "of epoch {} arrived: they are not kept", node.node_id,
               model_->plan().ownership_epoch(), plan.ownership_epoch());
-  handed_.keep(intake, node.node_id, plan.ownership_epoch());
-  spdlog::info("node {} handed over the AdamW moments of {} experts (ownership epoch {}, {} "
+  // A lost handover holds the moments of the epoch before (the file its experts' new owners
+  // look up: the previous owner's newest below the epoch that moved them).
+  const int64_t epoch = plan.ownership_epoch() - (lost ? 1 : 0);
+  handed_.keep(intake, node.node_id, epoch);
+  cv_.notify_all();  // a new owner's FetchMoments may wait for them
+  spdlog::info("node {} handed over the AdamW moments of {} experts ({}ownership epoch {}, {} "
                "bytes): their next owners continue from them", node.node_id, experts.size(),
-               plan.ownership_epoch(), intake.bytes());
-  return {static_cast<int64_t>(experts.size()), plan.ownership_epoch()};
+               lost ? "lost to an arrival, " : "", epoch, intake.bytes());
+  return {static_cast<int64_t>(experts.size()), epoch};
 }
 
 NamedTensors RoundState::handed_moments(const NodeId& node, int64_t epoch) {
@@ -684,8 +707,60 @@ NamedTensors RoundState::handed_moments(const NodeId& node, int64_t epoch) {
               "this run's epochs with handoffs are 1..{}", node.node_id, epoch,
               epochs_.latest().epoch);
   const nlohmann::json handoffs = epochs_.handoffs(epoch);
+  wait_for_lost_moments(lk, node.node_id, epoch, handoffs);
   lk.unlock();
   return handed_.for_node(node.node_id, epoch, handoffs);
+}
+
+std::optional<Ownership> RoundState::previous_ownership() const {
+  const int64_t e = model_->plan().ownership_epoch();
+  if (e <= 0) return std::nullopt;
+  const OwnershipMap& m = epochs_.epoch(e - 1);
+  return Ownership(m.num_nodes, m.table);
+}
+
+void RoundState::check_lost_to_arrivals(int64_t node,
+                                        const std::vector<std::pair<int64_t, int64_t>>& experts,
+                                        const nlohmann::json& handoffs) const {
+  for (const auto& [l, e] : experts) {
+    bool handed = false;
+    for (const auto& h : handoffs)
+      handed = handed || (h.at("layer").get<int64_t>() == l &&
+                          h.at("expert").get<int64_t>() == e &&
+                          h.at("from").get<int64_t>() == node && h.value("why", "") == kArrivalWhy);
+    if (!handed)
+      sync_fail(SyncErrc::InvalidArgument, "moments handover of node {}: expert {} of layer {} "
+                "was not handed to an arrival in the current ownership epoch (it moved because "
+                "its owner was declared departed, and its new owner started without moments): "
+                "nothing is kept", node, e, l);
+  }
+}
+
+void RoundState::wait_for_lost_moments(std::unique_lock<std::mutex>& lk, int64_t node,
+                                       int64_t epoch, const nlohmann::json& handoffs) {
+  // The experts an arrival takes come from live nodes, which hand their moments over right
+  // after applying the epoch's map: wait for them a bounded time (kLostMomentsWaitS) unless
+  // their previous owner is no longer live.
+  std::set<int64_t> from;
+  for (const auto& h : handoffs)
+    if (h.at("to").get<int64_t>() == node && h.value("why", "") == kArrivalWhy)
+      from.insert(h.at("from").get<int64_t>());
+  if (from.empty()) return;
+  auto ready = [&] {
+    const std::vector<int64_t> live = live_nodes();
+    for (int64_t f : from)
+      if (!file_exists(handed_.path(f, epoch - 1)) &&
+          std::find(live.begin(), live.end(), f) != live.end())
+        return false;
+    return true;
+  };
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(kLostMomentsWaitS * 1000));
+  if (!cv_.wait_until(lk, deadline, [&] { return closed_ || ready(); }))
+    spdlog::warn("node {}: the moments of the experts it takes in ownership epoch {} did not "
+                 "all arrive from their previous owners [{}] within {:.0f} s: the missing ones "
+                 "start at zero with the re-warm-up", node, epoch, fmt::join(from, ", "),
+                 kLostMomentsWaitS);
 }
 
 int64_t RoundState::heartbeat(const NodeId& node, int64_t step, const NodeMetrics& m) {
@@ -746,11 +821,15 @@ void RoundState::tick() {
   }
   if (!round_.wait_log_due(opts_.wait_log_s)) return;
   std::vector<size_t> waiting;
-  for (size_t i = 0; i < members_.size(); ++i)
+  size_t taking_part = 0;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (!takes_part(i)) continue;
+    ++taking_part;
     if (!uploads_.arrived(i)) waiting.push_back(i);
+  }
   spdlog::info("round {}: waiting for the upload of node(s) [{}] for {:.0f} s ({} of {} in)",
                published_.round + 1, fmt::join(waiting, ", "), round_.seconds_open(),
-               members_.size() - waiting.size(), members_.size());
+               taking_part - waiting.size(), taking_part);
 }
 
 void RoundState::close() {
@@ -820,6 +899,15 @@ std::vector<int64_t> RoundState::live_nodes() const {
   return out;
 }
 
+bool RoundState::takes_part(size_t i) const {
+  if (static_cast<int64_t>(i) < cfg_.spes_config.num_peers || members_[i].joined) return true;
+  const Ownership& o = model_->plan().ownership();  // an arrival that owns experts (a restart)
+  for (int64_t l = 0; l < o.num_layers(); ++l)
+    for (int64_t e = 0; e < o.num_experts(); ++e)
+      if (o.owner(l, e) == static_cast<int64_t>(i)) return true;
+  return false;
+}
+
 std::vector<std::string> RoundState::frozen_experts() const {
   std::vector<std::string> out;
   const Ownership& o = model_->plan().ownership();
@@ -829,26 +917,56 @@ std::vector<std::string> RoundState::frozen_experts() const {
   return out;
 }
 
-void RoundState::decide_ownership(int64_t round, nlohmann::json& line) {
-  const RoundPlan& plan = model_->plan();
-  if (cfg_.spes_config.elastic.reassign_after_rounds <= 0 || plan.mode() != SyncMode::Spes ||
-      departures_.departed().empty())
-    return;
-  const Reassignment r = reassign_experts(plan.ownership(), departures_.departed(),
-                                          departures_.live_nodes(live_nodes()));
-  if (!r.frozen.empty()) {
+void RoundState::log_frozen(int64_t round, const std::vector<std::pair<int64_t, int64_t>>& frozen_now,
+                            nlohmann::json& line) {
+  if (!frozen_now.empty()) {
     nlohmann::json frozen = nlohmann::json::array();
-    for (const auto& [l, e] : r.frozen) frozen.push_back({l, e});
+    for (const auto& [l, e] : frozen_now) frozen.push_back({l, e});
     line["frozen_experts"] = frozen;
-    if (r.frozen != frozen_logged_)
+    if (frozen_now != frozen_logged_)
       spdlog::warn("round {}: {} experts of departed nodes have no live node that can take them "
                    "(every live node is at its declared capacity or memory, or none is live): they stay "
                    "frozen at their last published value ([layer, expert]: {})", round,
-                   r.frozen.size(), frozen.dump());
+                   frozen_now.size(), frozen.dump());
   }
-  frozen_logged_ = r.frozen;
+  frozen_logged_ = frozen_now;
+}
+
+std::vector<int64_t> RoundState::arrivals(const std::vector<std::vector<int64_t>>& table) const {
+  std::vector<int64_t> out;
+  for (int64_t node : live_nodes()) {
+    if (node < cfg_.spes_config.num_peers && !departures_.returned(node)) continue;
+    bool owns = false;
+    for (const auto& row : table)
+      owns = owns || std::find(row.begin(), row.end(), node) != row.end();
+    if (!owns) out.push_back(node);
+  }
+  return out;
+}
+
+void RoundState::decide_ownership(int64_t round, nlohmann::json& line) {
+  const RoundPlan& plan = model_->plan();
+  if (plan.mode() != SyncMode::Spes) return;
+  const std::vector<LiveNode> live = departures_.live_nodes(live_nodes());
+  Reassignment r;
+  r.table = plan.ownership().table();
+  if (cfg_.spes_config.elastic.reassign_after_rounds > 0 && !departures_.departed().empty()) {
+    r = reassign_experts(plan.ownership(), departures_.departed(), live);
+    log_frozen(round, r.frozen, line);
+  }
+  // Then the arrivals take experts from the most loaded live nodes (issue 38 item 6).
+  const std::vector<int64_t> arriving = arrivals(r.table);
+  if (!arriving.empty()) {
+    Reassignment a = give_to_arrivals(r.table, arriving, live);
+    r.table = std::move(a.table);
+    for (const Handoff& h : a.handoffs) r.handoffs.push_back(h);
+    if (a.handoffs.empty())
+      spdlog::warn("round {}: node(s) [{}] arrived but no live node owns two experts of a "
+                   "layer to give (a donor keeps one): they train the shared tensors only",
+                   round, fmt::join(arriving, ", "));
+  }
   if (!r.changed()) return;
-  OwnershipMap next = ownership_map(Ownership(plan.num_nodes(), r.table),
+  OwnershipMap next = ownership_map(Ownership(plan.num_nodes(), std::move(r.table)),
                                     plan.ownership_epoch() + 1, round + 1);
   nlohmann::json handoffs = nlohmann::json::array();
   for (const Handoff& h : r.handoffs)

@@ -162,8 +162,24 @@ class RoundState {
   const OwnershipMap& collecting_map() const;
   void resume_ownership();
   void decide_ownership(int64_t round, nlohmann::json& line);
+  void log_frozen(int64_t round, const std::vector<std::pair<int64_t, int64_t>>& frozen,
+                  nlohmann::json& line);
+  // Live nodes that own no expert in `table` and arrived: an id from num_peers on, or a
+  // departed id that came back (issue 38 item 6).
+  std::vector<int64_t> arrivals(const std::vector<std::vector<int64_t>>& table) const;
   bool all_left_locked() const;
+  // Moments of experts lost to an arrival (protocol 10): the map of the epoch before the
+  // collecting one (none at epoch 0); a "lost" handover must hold only experts the epoch's
+  // handoffs gave to an arrival from that node; a new owner's fetch waits for them.
+  std::optional<Ownership> previous_ownership() const;
+  void check_lost_to_arrivals(int64_t node, const std::vector<std::pair<int64_t, int64_t>>& experts,
+                              const nlohmann::json& handoffs) const;
+  void wait_for_lost_moments(std::unique_lock<std::mutex>& lk, int64_t node, int64_t epoch,
+                             const nlohmann::json& handoffs);
   std::vector<int64_t> live_nodes() const;
+  // Whether node id i takes part in the run: an initial node, one that joined, or one the map
+  // gives experts; a vacant arrival id (issue 38 item 6) counts in no round.
+  bool takes_part(size_t i) const;
   std::vector<std::string> frozen_experts() const;
   void check_join_ownership(const JoinInfo& info) const;
   bool save_closed_round();

@@ -433,7 +433,7 @@ void SyncServer::Impl::start_grpc() {
   // with RESOURCE_EXHAUSTED), streams per connection, and the size of a call's metadata.
   grpc::ResourceQuota quota("spes-sync-server");
   const int64_t threads =
-      opts.max_threads > 0 ? opts.max_threads : 64 + 8 * cfg.spes_config.num_peers;
+      opts.max_threads > 0 ? opts.max_threads : 64 + 8 * cfg.spes_config.node_slots();
   quota.SetMaxThreads(static_cast<int>(std::min<int64_t>(threads, 4096)));
   b.SetResourceQuota(quota);
   b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
@@ -468,7 +468,7 @@ void SyncServer::Impl::start_gate(int tls_port) {
                  "this process may open: at most {}", g.max_connections, fds, fit);
     g.max_connections = fit;
   }
-  if (g.reserved_for_known < 0) g.reserved_for_known = 8 * cfg.spes_config.num_peers;
+  if (g.reserved_for_known < 0) g.reserved_for_known = 8 * cfg.spes_config.node_slots();
   g.reserved_for_known = std::min(g.reserved_for_known, g.max_connections / 2);
   grpc::Server* s = server.get();
   gate = std::make_unique<GuardedListener>(opts.listen, g,

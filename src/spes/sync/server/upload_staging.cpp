@@ -106,7 +106,7 @@ UploadStaging::UploadStaging(const Config& cfg, const SyncModel& model,
                              bool keep_uploads, std::mutex& mu, UploadEvents events)
     : cfg_(cfg), model_(model), bounds_(bounds), experts_(experts), dir_(std::move(dir)),
       keep_uploads_(keep_uploads), mu_(mu),
-      events_(std::move(events)), slots_(cfg.spes_config.num_peers) {
+      events_(std::move(events)), slots_(cfg.spes_config.node_slots()) {
   fs::remove_all(run_layout::staging(dir_));
   fs::create_directories(run_layout::staging(dir_));
 }

@@ -49,8 +49,8 @@ std::vector<std::string> load_node_tokens(const std::string& path, int64_t num_p
     } catch (const std::exception&) {
       fail("{}: key '{}' is not a node id", path, kv.first.Scalar());
     }
-    SPES_CHECK(id >= 0 && id < num_peers, "{}: node id {} is outside [0, num_peers={})", path,
-               id, num_peers);
+    SPES_CHECK(id >= 0 && id < num_peers, "{}: node id {} is outside [0, {}) (spes_config."
+               "num_peers, or max_nodes when nodes may arrive)", path, id, num_peers);
     SPES_CHECK(kv.second.IsScalar(), "{}: the token of node {} must be a string", path, id);
     const std::string t = trim(kv.second.Scalar());
     SPES_CHECK(t.size() >= kMinTokenChars, "{}: the token of node {} is shorter than {} "
@@ -60,7 +60,8 @@ std::vector<std::string> load_node_tokens(const std::string& path, int64_t num_p
   }
   std::set<std::string> distinct;
   for (int64_t i = 0; i < num_peers; ++i) {
-    SPES_CHECK(!tokens[i].empty(), "{}: node {} has no token (every node in [0, {}) needs one)",
+    SPES_CHECK(!tokens[i].empty(), "{}: node {} has no token (every node id in [0, {}) needs "
+               "one: num_peers, or spes_config.max_nodes with the ids that may arrive)",
                path, i, num_peers);
     SPES_CHECK(distinct.insert(tokens[i]).second, "{}: node {} shares its token with another "
                "node; each node needs its own secret", path, i);

@@ -19,7 +19,7 @@ constexpr const char* kNodeIdMetadata = "x-spes-node-id";
 constexpr const char* kNodeTokenMetadata = "x-spes-node-token";
 constexpr const char* kReadTokenMetadata = "x-spes-read-token";
 
-// Tokens of nodes 0..num_peers-1 from a YAML map file ("0: secret0\n1: secret1\n"). Every node
+// Tokens of nodes 0..num_peers-1 (pass SpesConfig::node_slots(): arrivals included) from a YAML map file ("0: secret0\n1: secret1\n"). Every node
 // must have a token of at least kMinTokenChars characters; tokens must differ.
 std::vector<std::string> load_node_tokens(const std::string& path, int64_t num_peers);
 // A node's token: the first line of `token_file` when given, else $SPES_NODE_TOKEN, else "".

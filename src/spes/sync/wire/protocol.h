@@ -17,8 +17,9 @@ namespace spes::sync {
 // 7: compression topk and its settings (topk_density, topk_bits, topk_decay) in that map;
 // 8: ownership epochs (the map with every round and join, the node's epoch and capacity on
 // Join, Leave's kind); 9: a departing node's AdamW moments handed to its experts' next owners
-// (HandOver, FetchMoments).
-constexpr uint32_t kProtocolVersion = 9;
+// (HandOver, FetchMoments); 10: arrivals (spes_config.max_nodes a must-match setting, the
+// HandOver of experts a live node lost to an arrival, metadata handover=lost).
+constexpr uint32_t kProtocolVersion = 10;
 constexpr uint64_t kChunkBytes = 2ull << 20;       // payload bytes per chunk we send
 constexpr uint64_t kMaxChunkBytes = 4ull << 20;    // largest chunk a receiver accepts
 constexpr int kMaxMessageBytes = 8 << 20;          // gRPC max send/receive message size
