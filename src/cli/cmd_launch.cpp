@@ -57,6 +57,11 @@ spes::cli::SubcommandRegistrar register_launch("launch", "Run a sync server and 
                             "The round after which --kill-node / --depart-node acts");
   kill->excludes(depart)->needs(at);
   depart->needs(at);
+  sub.add_option("--add-node-at-round", a->add_node_after_round,
+                 "Start one more node (the next id, `spes node --join-new`; "
+                 "spes_config.max_nodes becomes --nodes + 1) once the server published round R: "
+                 "it takes experts from the most loaded nodes at the next round boundary")
+      ->check(CLI::PositiveNumber);
   sub.add_flag("--no-summary", *no_summary,
                "Skip the final model's baseline comparison and sample");
   sub.callback([a, no_summary, progress, kill_node, depart_node, at_round, at] {

@@ -546,6 +546,43 @@ TEST_F(SyncEndToEnd, LaunchDepartsANodeOnPurposeAndTheOthersTakeItsExperts) {
   }
 }
 
+TEST_F(SyncEndToEnd, LaunchAddsANodeMidRunThatTakesExpertsFromTheOthers) {
+  const std::string dir = g_dir + "/launch_arrival";
+  const std::vector<std::string> base = {
+      SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "3", "--out", dir,
+      "--set", "max_duration=50", "--set", "spes_config.merge_interval=0", "--no-summary"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::string out;
+  const int code = run_child(with({"--add-node-at-round", "2", "--keep-uploads"}), &out);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("launch: node 3 joins (--join-new) after round 2"));
+  EXPECT_THAT(out, ::testing::HasSubstr("every node held the published model after every sync: yes"));
+  const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
+  EXPECT_EQ(summary["server"]["rounds"], 5);
+  EXPECT_EQ(summary["verify"]["equal"], 5) << summary["verify"].dump();
+  ASSERT_EQ(summary["nodes"].size(), 4u);
+  EXPECT_EQ(summary["nodes"][3]["arrived"]["after_round"], 2);
+  EXPECT_GT(summary["nodes"][3]["steps"].get<int64_t>(), 0);
+  EXPECT_LT(summary["nodes"][3]["steps"].get<int64_t>(), 50);
+  // From the boundary after its join node 3 trains at least one expert of every layer, each
+  // taken from another node because it arrived.
+  std::set<int64_t> layers;
+  for (const auto& r : read_jsonl(dir + "/server/rounds.jsonl"))
+    for (const auto& h : r.value("handoffs", nlohmann::json::array())) {
+      EXPECT_EQ(h["to"], 3) << h.dump();
+      EXPECT_NE(h["from"], 3) << h.dump();
+      layers.insert(h["layer"].get<int64_t>());
+    }
+  EXPECT_EQ(layers.size(), 2u);  // both layers of the test model
+  std::string refused;
+  EXPECT_NE(run_child(with({"--add-node-at-round", "5"}), &refused), 0) << refused;
+  EXPECT_THAT(refused, ::testing::HasSubstr("--add-node-at-round 5: the run has rounds 1 to 5"));
+}
+
 // Runs argv on a pseudo-terminal of 160 columns (a terminal as a user's) until it exits or
 // timeout_s passes; returns its exit code and *out all it wrote.
 int run_on_terminal(const std::vector<std::string>& argv, std::string* out, double timeout_s) {

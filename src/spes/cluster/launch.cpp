@@ -122,11 +122,13 @@ int64_t cluster_size(const LaunchOptions& o, const Config& base) {
   return base.spes_config.num_peers > 1 ? base.spes_config.num_peers : 4;
 }
 
-// The config every part runs: the user's, for N nodes, in spes mode when it said centralized,
-// and with the cores shared among the nodes when it leaves the thread count open.
+// The config every part runs: the user's, for N nodes (and room for one more with
+// --add-node-at-round), in spes mode when it said centralized, and with the cores shared among
+// the nodes when it leaves the thread count open.
 Config cluster_config(const LaunchOptions& o, const Config& base, int64_t N) {
   std::vector<std::string> sets = o.sets;
   sets.push_back("spes_config.num_peers=" + std::to_string(N));
+  if (o.add_node_after_round > 0) sets.push_back("spes_config.max_nodes=" + std::to_string(N + 1));
   if (base.spes_config.mode == SyncMode::Centralized) sets.push_back("spes_config.mode=spes");
   if (base.threads == 0)  // share the cores instead of oversubscribing them N times
     sets.push_back("threads=" + std::to_string(std::max(1, cpu_cores() / static_cast<int>(N))));
@@ -244,27 +246,44 @@ std::optional<ServerAddress> wait_for_server(Part& server, LaunchView& view,
   }
 }
 
-// Node i against the server at `address`; with node tokens configured, each node gets its own
-// through the environment.
-void start_node(Part& node, int64_t i, const LaunchOptions& o, const std::string& exe,
-                const std::string& cfg_path, const std::string& address,
-                const std::vector<std::string>& tokens) {
-  std::vector<std::string> argv = {exe, "node", "--config", cfg_path, "--node-id",
-                                   std::to_string(i), "--server", address, "--out",
+// How every node is started: the executable, the run's config, the server's address and the
+// node tokens (empty: none configured).
+struct NodeLaunch {
+  std::string exe, cfg_path, address;
+  std::vector<std::string> tokens;
+};
+
+// Node i against the server; with node tokens configured, each node gets its own through the
+// environment. `arrives`: it joins the running run (`spes node --join-new`).
+void start_node(Part& node, int64_t i, const LaunchOptions& o, const NodeLaunch& how,
+                bool arrives = false) {
+  std::vector<std::string> argv = {how.exe, "node", "--config", how.cfg_path, "--node-id",
+                                   std::to_string(i), "--server", how.address, "--out",
                                    run_layout::cluster_node(o.out, i), "--progress", "lines"};
+  if (arrives) argv.push_back("--join-new");
   // A continued run's nodes resume from their checkpoints (the default, auto).
   if (!o.resume) argv.insert(argv.end(), {"--resume", "none"});
   if (o.nproc_per_node > 1)
     argv.insert(argv.end(), {"--nproc-per-node", std::to_string(o.nproc_per_node)});
   if (o.disruption.kind == NodeDisruption::Kind::Depart && o.disruption.node == i)
     argv.push_back("--depart");
-  start_part(node, static_cast<size_t>(i) + 1, fmt::format("node {}", i), run_layout::cluster_node(o.out, i), argv,
-             tokens.empty() ? Env() : Env{{"SPES_NODE_TOKEN", tokens[static_cast<size_t>(i)]}});
+  start_part(node, static_cast<size_t>(i) + 1, fmt::format("node {}", i),
+             run_layout::cluster_node(o.out, i), argv,
+             how.tokens.empty() ? Env()
+                                : Env{{"SPES_NODE_TOKEN", how.tokens[static_cast<size_t>(i)]}});
+}
+
+// Starts the arriving node once its round is published.
+void arrive_when_due(std::vector<Part>& parts, LaunchView& view, const LaunchOptions& o,
+                     const NodeArrival& a, const NodeLaunch& how, RoundWatch& watch) {
+  if (!watch.due()) return;
+  view.message("launch: " + a.describe());
+  start_node(parts[static_cast<size_t>(a.node) + 1], a.node, o, how, /*arrives=*/true);
 }
 
 // Stops the disrupted node once its round is published: SIGKILL, or SIGTERM for a departure.
 void disrupt_when_due(std::vector<Part>& parts, LaunchView& view, const NodeDisruption& d,
-                      DisruptionWatch& watch) {
+                      RoundWatch& watch) {
   if (!watch.due()) return;
   Part& p = parts[static_cast<size_t>(d.node) + 1];
   if (p.done) return;
@@ -273,22 +292,31 @@ void disrupt_when_due(std::vector<Part>& parts, LaunchView& view, const NodeDisr
   p.proc->kill(d.kind == NodeDisruption::Kind::Kill ? SIGKILL : SIGTERM);
 }
 
-// The combined view until every node has exited; returns the first failure ("" when none): a
-// part exiting with an error (not the node of a scripted disruption), the server gone for 30 s
-// while nodes still run (they lost it), or an interrupt.
-std::string watch_nodes(std::vector<Part>& parts, LaunchView& view, const LaunchOptions& o) {
+// The combined view until every node has exited (the arriving one started when due); returns
+// the first failure ("" when none): a part exiting with an error (not the node of a scripted
+// disruption), the server gone for 30 s while nodes still run (they lost it), the run ending
+// before the arrival's round, or an interrupt.
+std::string watch_nodes(std::vector<Part>& parts, LaunchView& view, const LaunchOptions& o,
+                        const NodeArrival& arrival, const NodeLaunch& how) {
   std::string failure;
   Clock::time_point server_exit;
-  DisruptionWatch watch(o.disruption, run_layout::cluster_server(o.out));
+  const std::string server_dir = run_layout::cluster_server(o.out);
+  RoundWatch disruption(server_dir, o.disruption.active() ? o.disruption.at_round : 0);
+  RoundWatch arrival_round(server_dir, arrival.after_round);
   for (;;) {
-    disrupt_when_due(parts, view, o.disruption, watch);
+    disrupt_when_due(parts, view, o.disruption, disruption);
+    arrive_when_due(parts, view, o, arrival, how, arrival_round);
     std::vector<pollfd> fds;
     for (auto& p : parts)
-      if (p.proc->output_fd() >= 0) fds.push_back({p.proc->output_fd(), POLLIN, 0});
+      if (p.proc && p.proc->output_fd() >= 0) fds.push_back({p.proc->output_fd(), POLLIN, 0});
     ::poll(fds.data(), fds.size(), 200);
-    bool nodes_done = true;
+    bool nodes_done = true, waiting_to_start = false;
     for (size_t k = 0; k < parts.size(); ++k) {
       Part& p = parts[k];
+      if (!p.proc) {  // the arrival, not started yet
+        waiting_to_start = true;
+        continue;
+      }
       pump(p, view);
       if (!p.done && part_exited(p, view)) {
         if (p.code != 0 && !p.stopped_on_purpose && failure.empty())
@@ -300,6 +328,8 @@ std::string watch_nodes(std::vector<Part>& parts, LaunchView& view, const Launch
     if (parts[0].done && !nodes_done && failure.empty() &&
         Clock::now() - server_exit > std::chrono::seconds(30))
       failure = "the sync server exited while nodes were still running";
+    if (nodes_done && waiting_to_start && failure.empty())
+      failure = fmt::format("the run ended before {}", arrival.describe());
     if (stop_signal() != 0 && failure.empty()) failure = "stopped by " + signal_name(stop_signal());
     if (!failure.empty() || nodes_done) return failure;
   }
@@ -361,8 +391,8 @@ int stop_launch(std::vector<Part>& parts, LaunchView& view, const LaunchOptions&
 
 // Writes and prints the end-of-run summary (run_report.h); returns the exit code: 0 when every
 // consistency check passed.
-int summarise(const LaunchOptions& o, const Config& cfg, int64_t N) {
-  nlohmann::json rep = cluster_report(o.out, N, o.disruption);
+int summarise(const LaunchOptions& o, const Config& cfg, int64_t N, const NodeArrival& arrival) {
+  nlohmann::json rep = cluster_report(o.out, N + (arrival.active() ? 1 : 0), o.disruption, arrival);
   if (o.keep_uploads) rep["verify"] = verify_kept_rounds(cfg, run_layout::cluster_server(o.out));
   file_write_atomic(run_layout::cluster_summary(o.out), rep.dump(2) + "\n");
   fmt::print("\n=== summary ({}) ===\n{}", o.out, format_cluster_report(rep));
@@ -379,10 +409,14 @@ int launch_cluster(const LaunchOptions& o) {
   const Config base = config_load(config_path(o), o.sets);
   const int64_t N = cluster_size(o, base);
   const Config cfg = cluster_config(o, base, N);
-  o.disruption.check(N, cfg.total_steps() / std::max<int64_t>(1, cfg.spes_config.sync_steps));
-  SPES_CHECK(!o.disruption.active() || o.nproc_per_node == 1, "--kill-node/--depart-node stop "
-             "one process; leave out --nproc-per-node (a node of several ranks is not "
-             "supported there)");
+  const int64_t rounds = cfg.total_steps() / std::max<int64_t>(1, cfg.spes_config.sync_steps);
+  o.disruption.check(N, rounds);
+  const NodeArrival arrival{N, o.add_node_after_round};
+  arrival.check(rounds);
+  const int64_t slots = N + (arrival.active() ? 1 : 0);  // node ids, the arrival's included
+  SPES_CHECK((!o.disruption.active() && !arrival.active()) || o.nproc_per_node == 1,
+             "--kill-node/--depart-node/--add-node-at-round script one process; leave out "
+             "--nproc-per-node (a node of several ranks is not supported there)");
   SPES_CHECK(o.disruption.kind != NodeDisruption::Kind::Kill ||
                  cfg.spes_config.elastic.reassign_after_rounds > 0,
              "--kill-node with spes_config.reassign_after_rounds=0: with a fixed ownership map "
@@ -394,15 +428,14 @@ int launch_cluster(const LaunchOptions& o) {
   const std::string exe = o.executable.empty() ? executable_path() : o.executable;
   install_stop_handlers();
 
-  std::vector<Part> parts(N + 1);  // the server, then node i at i + 1
+  std::vector<Part> parts(slots + 1);  // the server, then node i at i + 1
   std::vector<std::string> names = {"server"};
-  for (int64_t i = 0; i < N; ++i) names.push_back(fmt::format("node {}", i));
+  for (int64_t i = 0; i < slots; ++i) names.push_back(fmt::format("node {}", i));
   const int64_t sync_steps = std::max<int64_t>(1, cfg.spes_config.sync_steps);
   LaunchView view(o.progress, names, cfg.total_steps() / sync_steps, o.progress_every_s);
-  const std::vector<std::string> tokens =
-      cfg.spes_config.transport.auth_tokens_file.empty()
-          ? std::vector<std::string>()
-          : sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, N);
+  NodeLaunch how{exe, cfg_path, "", {}};
+  if (!cfg.spes_config.transport.auth_tokens_file.empty())
+    how.tokens = sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, slots);
   view.message(fmt::format("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}{}",
                            N, cfg.spes_config.mode, cfg.total_steps(),
                            cfg.spes_config.sync_steps, o.out,
@@ -423,17 +456,19 @@ int launch_cluster(const LaunchOptions& o) {
                                                               : " within 2 minutes"),
                        o, size_t{0});
   if (!server->dashboard.empty()) view.message("dashboard: " + server->dashboard);
-  for (int64_t i = 0; i < N; ++i)
-    start_node(parts[static_cast<size_t>(i) + 1], i, o, exe, cfg_path, server->address, tokens);
+  how.address = server->address;
+  for (int64_t i = 0; i < N; ++i) start_node(parts[static_cast<size_t>(i) + 1], i, o, how);
 
   if (o.disruption.active()) view.message("launch: scripted: " + o.disruption.describe());
-  std::string failure = watch_nodes(parts, view, o);
+  if (arrival.active()) view.message("launch: scripted: " + arrival.describe());
+  std::string failure = watch_nodes(parts, view, o, arrival, how);
   if (stop_signal() != 0) return stop_launch(parts, view, o);
   if (failure.empty()) failure = wait_for_server_exit(parts[0], view);
   if (!failure.empty()) return fail_launch(parts, view, failure, o);
-  for (auto& p : parts) pump(p, view);
+  for (auto& p : parts)
+    if (p.proc) pump(p, view);
   view.finish();
-  return summarise(o, cfg, N);
+  return summarise(o, cfg, N, arrival);
 }
 
 }  // namespace spes

@@ -12,7 +12,9 @@
 // the server from its state, each node from its checkpoint) or --overwrite (start over, refused
 // while a part of that run still runs) and changes nothing. A scripted disruption
 // (launch_disruption.h: --kill-node / --depart-node I --at-round R) stops one node mid-run on
-// purpose. Leaves out: remote machines, restarting failed parts.
+// purpose; an arrival (--add-node-at-round R) starts one more node, id N, with `spes node
+// --join-new` once round R is published (spes_config.max_nodes is then N + 1). Leaves out:
+// remote machines, restarting failed parts.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -41,6 +43,7 @@ struct LaunchOptions {
   double stop_timeout_s = 600;       // after a stop (or a failure), how long the parts get to
                                      // write their checkpoints before they are killed
   NodeDisruption disruption;         // one node killed or departing after a round, on purpose
+  int64_t add_node_after_round = 0;  // > 0: one more node joins after this round
 };
 
 // Runs the cluster to completion and prints the summary; returns the process exit code

@@ -34,17 +34,28 @@ void NodeDisruption::check(int64_t nodes, int64_t rounds) const {
              "others run on without node {}", at_round, rounds, node);
 }
 
-DisruptionWatch::DisruptionWatch(NodeDisruption d, std::string server_dir)
-    : d_(d), server_dir_(std::move(server_dir)) {}
+std::string NodeArrival::describe() const {
+  return fmt::format("node {} joins (--join-new) after round {}", node, after_round);
+}
 
-bool DisruptionWatch::due() {
-  if (!d_.active() || fired_) return false;
+void NodeArrival::check(int64_t rounds) const {
+  if (!active()) return;
+  SPES_CHECK(after_round < rounds, "--add-node-at-round {}: the run has rounds 1 to {} "
+             "(max_duration / spes_config.sync_steps); name one before the last, so that node {} "
+             "has rounds to train in", after_round, rounds, node);
+}
+
+RoundWatch::RoundWatch(std::string server_dir, int64_t at_round)
+    : server_dir_(std::move(server_dir)), at_round_(at_round) {}
+
+bool RoundWatch::due() {
+  if (at_round_ <= 0 || fired_) return false;
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::steady_clock::now().time_since_epoch())
                              .count();
   if (now_ms - last_check_ms_ < 200) return false;
   last_check_ms_ = now_ms;
-  fired_ = published_round_of(server_dir_) >= d_.at_round;
+  fired_ = published_round_of(server_dir_) >= at_round_;
   return fired_;
 }
 

@@ -5,7 +5,9 @@
 // `spes node --depart` and sends it SIGTERM then (a volunteer leaving for good: it finishes its
 // step, writes its checkpoint and sends a departing Leave). Either way the node's exit is
 // expected and the rest of the cluster runs on; the summary checks the node's digests up to
-// the round it left in.
+// the round it left in. `--add-node-at-round R` is the other way round: one more node (the next
+// id, `spes node --join-new`) starts once the server has published round R, and takes experts
+// from the most loaded nodes at the next boundary.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,18 +28,32 @@ struct NodeDisruption {
   void check(int64_t nodes, int64_t rounds) const;
 };
 
-// Watches the server's published round (its state.json) and says when the disruption is due,
-// once.
-class DisruptionWatch {
+// A node that arrives mid-run: id `node` (the cluster's size before it), started once the
+// server has published `after_round` (0: none).
+struct NodeArrival {
+  int64_t node = -1;
+  int64_t after_round = 0;
+
+  bool active() const { return after_round > 0; }
+  // "node 4 joins (--join-new) after round 8", for logs and the summary.
+  std::string describe() const;
+  // Throws unless the round is one of the run's `rounds` but its last (the new node must have
+  // rounds to train in).
+  void check(int64_t rounds) const;
+};
+
+// Watches the server's published round (its state.json) and says, once, when it reached
+// `at_round` (0: never).
+class RoundWatch {
  public:
-  DisruptionWatch(NodeDisruption d, std::string server_dir);
-  // True the first time the server's published round is at least d.at_round; reads the
+  RoundWatch(std::string server_dir, int64_t at_round);
+  // True the first time the server's published round is at least at_round; reads the
   // server's state at most every 200 ms.
   bool due();
 
  private:
-  NodeDisruption d_;
   std::string server_dir_;
+  int64_t at_round_ = 0;
   bool fired_ = false;
   int64_t last_check_ms_ = 0;
 };
