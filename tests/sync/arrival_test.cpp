@@ -21,12 +21,8 @@ using ::testing::HasSubstr;
 namespace {
 using Table = std::vector<std::vector<int64_t>>;
 
-std::vector<nlohmann::json> round_lines(const std::string& dir) {
-  std::vector<nlohmann::json> lines;
-  for (const std::string& l : split(file_read(dir + "/rounds.jsonl"), '\n'))
-    if (!l.empty()) lines.push_back(nlohmann::json::parse(l));
-  return lines;
-}
+// The rounds.jsonl records of the published rounds (also those whose line is not written yet).
+std::vector<nlohmann::json> round_lines(const RoundState& st) { return st.round_history(); }
 }  // namespace
 
 TEST(ArrivalRule, AnArrivalTakesExpertsFromTheMostLoadedNodesWhichKeepOne) {
@@ -77,7 +73,7 @@ TEST(Arrivals, AVacantIdHoldsNoRoundUpAndAnArrivalTakesAnExpertAtTheNextBoundary
   ASSERT_EQ(s.nodes.size(), 3u);
   EXPECT_EQ(s.nodes[2].state, "vacant");
   EXPECT_EQ(st.ownership_at(2).epoch, 0);
-  EXPECT_EQ(round_lines(dir.path)[0]["missing"].size(), 0u);
+  EXPECT_EQ(round_lines(st)[0]["missing"].size(), 0u);
   // An id past max_nodes is refused, naming the setting.
   FakeNode far(cfg, 3, 4);
   EXPECT_EQ(code_of([&] { st.join(far.join_info()); }), SyncErrc::PermissionDenied);
@@ -97,7 +93,7 @@ TEST(Arrivals, AVacantIdHoldsNoRoundUpAndAnArrivalTakesAnExpertAtTheNextBoundary
   EXPECT_EQ(m.from_round, 3);
   EXPECT_EQ(m.num_nodes, 3);
   EXPECT_EQ(m.table, (Table{{0, 0, 2, 1}}));
-  const nlohmann::json line = round_lines(dir.path)[1];
+  const nlohmann::json line = round_lines(st)[1];
   EXPECT_EQ(line["ownership_next"]["epoch"], 1);
   ASSERT_EQ(line["handoffs"].size(), 1u);
   EXPECT_EQ(line["handoffs"][0],
@@ -143,7 +139,7 @@ TEST(Arrivals, ADepartedIdThatComesBackJoinsAsANewNodeAndNeverCoOwnsAnExpert) {
   const OwnershipMap m = st.ownership_at(3);
   EXPECT_EQ(m.epoch, 2);
   EXPECT_EQ(m.table, (Table{{0, 0, 0, 1}}));
-  const nlohmann::json line = round_lines(dir.path)[1];
+  const nlohmann::json line = round_lines(st)[1];
   ASSERT_EQ(line["handoffs"].size(), 1u);
   EXPECT_EQ(line["handoffs"][0]["from"], 0);
   EXPECT_EQ(line["handoffs"][0]["to"], 1);
