@@ -547,10 +547,11 @@ TEST_F(SyncEndToEnd, LaunchDepartsANodeOnPurposeAndTheOthersTakeItsExperts) {
 }
 
 TEST_F(SyncEndToEnd, LaunchAddsANodeMidRunThatTakesExpertsFromTheOthers) {
+  // 40 short rounds: the cluster runs on while node 3's process starts, as a real one would.
   const std::string dir = g_dir + "/launch_arrival";
   const std::vector<std::string> base = {
       SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "3", "--out", dir,
-      "--set", "max_duration=50", "--set", "spes_config.merge_interval=0", "--no-summary"};
+      "--set", "max_duration=400", "--set", "spes_config.merge_interval=0", "--no-summary"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = base;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -562,12 +563,17 @@ TEST_F(SyncEndToEnd, LaunchAddsANodeMidRunThatTakesExpertsFromTheOthers) {
   EXPECT_THAT(out, ::testing::HasSubstr("launch: node 3 joins (--join-new) after round 2"));
   EXPECT_THAT(out, ::testing::HasSubstr("every node held the published model after every sync: yes"));
   const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
-  EXPECT_EQ(summary["server"]["rounds"], 5);
-  EXPECT_EQ(summary["verify"]["equal"], 5) << summary["verify"].dump();
+  EXPECT_EQ(summary["server"]["rounds"], 40);
+  EXPECT_EQ(summary["verify"]["equal"], 40) << summary["verify"].dump();
   ASSERT_EQ(summary["nodes"].size(), 4u);
-  EXPECT_EQ(summary["nodes"][3]["arrived"]["after_round"], 2);
-  EXPECT_GT(summary["nodes"][3]["steps"].get<int64_t>(), 0);
-  EXPECT_LT(summary["nodes"][3]["steps"].get<int64_t>(), 50);
+  const auto& arrived = summary["nodes"][3]["arrived"];
+  EXPECT_EQ(arrived["after_round"], 2);
+  // It joined on a published round after the second and synced every round from then on.
+  const int64_t joined_at = arrived["joined_at_round"].get<int64_t>();
+  EXPECT_GE(joined_at, 2);
+  ASSERT_LT(joined_at, 39) << "node 3 joined too late to take experts: " << summary.dump();
+  EXPECT_EQ(summary["nodes"][3]["syncs"], 40 - joined_at);
+  EXPECT_EQ(summary["nodes"][0]["syncs"], 40);
   // From the boundary after its join node 3 trains at least one expert of every layer, each
   // taken from another node because it arrived.
   std::set<int64_t> layers;
@@ -579,8 +585,8 @@ TEST_F(SyncEndToEnd, LaunchAddsANodeMidRunThatTakesExpertsFromTheOthers) {
     }
   EXPECT_EQ(layers.size(), 2u);  // both layers of the test model
   std::string refused;
-  EXPECT_NE(run_child(with({"--add-node-at-round", "5"}), &refused), 0) << refused;
-  EXPECT_THAT(refused, ::testing::HasSubstr("--add-node-at-round 5: the run has rounds 1 to 5"));
+  EXPECT_NE(run_child(with({"--add-node-at-round", "40"}), &refused), 0) << refused;
+  EXPECT_THAT(refused, ::testing::HasSubstr("--add-node-at-round 40: the run has rounds 1 to 40"));
 }
 
 // Runs argv on a pseudo-terminal of 160 columns (a terminal as a user's) until it exits or

@@ -435,7 +435,8 @@ int launch_cluster(const LaunchOptions& o) {
   LaunchView view(o.progress, names, cfg.total_steps() / sync_steps, o.progress_every_s);
   NodeLaunch how{exe, cfg_path, "", {}};
   if (!cfg.spes_config.transport.auth_tokens_file.empty())
-    how.tokens = sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file, slots);
+    how.tokens = sync::load_node_tokens(cfg.spes_config.transport.auth_tokens_file,
+                                        cfg.spes_config.node_slots());
   view.message(fmt::format("launch: {} nodes, mode {}, {} steps, sync every {} steps, out {}{}",
                            N, cfg.spes_config.mode, cfg.total_steps(),
                            cfg.spes_config.sync_steps, o.out,

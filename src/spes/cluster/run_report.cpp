@@ -33,11 +33,13 @@ double mean(const std::vector<double>& v) {
 }  // namespace
 
 namespace {
-// What the nodes reported: round -> node -> the digest it held after loading that round, and
-// the digests the nodes started from (their first joins).
+// What the nodes reported: round -> node -> the digest it held after loading that round, the
+// digests the initial nodes started from (their first joins), and the round an arriving node
+// first joined at (the published round it took).
 struct NodeDigests {
   std::map<int64_t, std::map<int64_t, std::string>> by_round;
   std::set<std::string> at_join;
+  int64_t arrival_joined_at = -1;
 };
 
 // The server's figures from rounds.jsonl; `published` gets each round's digest.
@@ -65,7 +67,8 @@ nlohmann::json server_figures(const std::vector<nlohmann::json>& rounds,
 
 // Node i's figures from its metrics.jsonl; `digests` gets what it reported.
 nlohmann::json node_figures(const std::string& dir, int64_t i, const NodeDisruption& stopped,
-                            NodeDigests* digests) {
+                            const NodeArrival& arrival, NodeDigests* digests) {
+  const bool arrives = arrival.active() && arrival.node == i;
   const auto lines = read_jsonl(run_layout::metrics(run_layout::cluster_node(dir, i)));
   nlohmann::json n = {{"node", i}};
   double rss = 0;
@@ -74,10 +77,14 @@ nlohmann::json node_figures(const std::string& dir, int64_t i, const NodeDisrupt
     if (l.contains("val_loss")) n["final_val_loss"] = l["val_loss"];
     if (l.contains("step")) n["steps"] = l["step"];
     rss = std::max(rss, l.value("peak_rss_mb", 0.0));
-    // The first join is the run's start (every node on one model); a node continued after a
-    // stop joins again from its own checkpoint, and may first finish the round it stopped in.
+    // The first join is the run's start (every initial node on one model; an arrival on the
+    // round it took); a node continued after a stop joins again from its own checkpoint, and
+    // may first finish the round it stopped in.
     if (l.contains("sync_join") && !n.contains("join")) {
-      digests->at_join.insert(l["sync_join"].value("model_sha256", ""));
+      if (arrives)
+        digests->arrival_joined_at = l["sync_join"].value("round", int64_t{0});
+      else
+        digests->at_join.insert(l["sync_join"].value("model_sha256", ""));
       n["join"] = l["sync_join"];
     }
     std::vector<const nlohmann::json*> syncs;
@@ -99,22 +106,31 @@ nlohmann::json node_figures(const std::string& dir, int64_t i, const NodeDisrupt
   n["sync_seconds_mean"] = mean(sync_s);
   if (stopped.active() && stopped.node == i)
     n["disrupted"] = {{"what", stopped.describe()}, {"after_round", stopped.at_round}};
+  if (arrives)
+    n["arrived"] = {{"what", arrival.describe()}, {"after_round", arrival.after_round},
+                    {"joined_at_round", digests->arrival_joined_at}};
   return n;
 }
 
 // Per published round, whether every node in the run then reported exactly its digest (the
-// disrupted node: the rounds before the one it was stopped after; that one if it got to it).
-// `consistent`: every round agreed, no node synced a round never logged, all joined one model.
+// disrupted node: the rounds before the one it was stopped after; that one if it got to it;
+// the arrival: every round after the one it joined at, and none before).
+// `consistent`: every round agreed, no node synced a round never logged, the initial nodes
+// joined one model, the arrival joined.
 nlohmann::json round_agreement(const std::map<int64_t, std::string>& published,
                                NodeDigests& digests, int64_t nodes,
-                               const NodeDisruption& stopped, bool* consistent) {
-  *consistent = !published.empty() && digests.at_join.size() == 1;
+                               const NodeDisruption& stopped, const NodeArrival& arrival,
+                               bool* consistent) {
+  *consistent = !published.empty() && digests.at_join.size() == 1 &&
+                (!arrival.active() || digests.arrival_joined_at >= 0);
   nlohmann::json per_round = nlohmann::json::array();
   for (const auto& [round, sha] : published) {
     std::map<int64_t, std::string>& reported = digests.by_round[round];
     int64_t expected = nodes;
     if (stopped.active() && round >= stopped.at_round && !reported.count(stopped.node))
       --expected;
+    if (arrival.active() && (digests.arrival_joined_at < 0 || round <= digests.arrival_joined_at))
+      --expected;  // not in the run yet
     bool ok = static_cast<int64_t>(reported.size()) == expected;
     for (const auto& [node, s] : reported) ok = ok && s == sha;
     per_round.push_back({{"round", round}, {"model_sha256", sha}, {"nodes_agree", ok}});
@@ -127,7 +143,7 @@ nlohmann::json round_agreement(const std::map<int64_t, std::string>& published,
 }  // namespace
 
 nlohmann::json cluster_report(const std::string& dir, int64_t nodes,
-                              const NodeDisruption& stopped) {
+                              const NodeDisruption& stopped, const NodeArrival& arrival) {
   nlohmann::json rep;
   std::map<int64_t, std::string> published;
   rep["server"] = server_figures(
@@ -135,9 +151,9 @@ nlohmann::json cluster_report(const std::string& dir, int64_t nodes,
   NodeDigests digests;
   rep["nodes"] = nlohmann::json::array();
   for (int64_t i = 0; i < nodes; ++i)
-    rep["nodes"].push_back(node_figures(dir, i, stopped, &digests));
+    rep["nodes"].push_back(node_figures(dir, i, stopped, arrival, &digests));
   bool consistent = false;
-  rep["rounds"] = round_agreement(published, digests, nodes, stopped, &consistent);
+  rep["rounds"] = round_agreement(published, digests, nodes, stopped, arrival, &consistent);
   rep["join_same_model"] = digests.at_join.size() == 1;
   rep["all_nodes_same_model_after_every_sync"] = consistent;
   return rep;

@@ -18,9 +18,11 @@ namespace spes {
 // Reads DIR/server/rounds.jsonl and DIR/node<i>/metrics.jsonl for i < nodes. The node of a
 // scripted disruption (`stopped`) must report the rounds before the one it was stopped after
 // (it may or may not report that one, and none later) and is marked "disrupted" (its last
-// validation loss is not the run's).
+// validation loss is not the run's). The node of an `arrival` (the last of `nodes`) must
+// report every round after the one it joined at, none before, and is marked "arrived".
 nlohmann::json cluster_report(const std::string& dir, int64_t nodes,
-                              const NodeDisruption& stopped = {});
+                              const NodeDisruption& stopped = {},
+                              const NodeArrival& arrival = {});
 // The report as a few human-readable lines.
 std::string format_cluster_report(const nlohmann::json& report);
 
