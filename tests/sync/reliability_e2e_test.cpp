@@ -1017,8 +1017,9 @@ enum class ServerCrash { AfterTheEpochIsSaved, AtARandomPoint };
 // AfterTheEpochIsSaved: deterministically between saving ownership.json's epoch 1 and
 // publishing round 3 (a file size limit set on the running server fails the model's save after
 // the small ownership.json was written, as a full disk would; the server keeps retrying, and is
-// killed while it does); AtARandomPoint: at a random moment of the 7 s from the departure
-// (the round's uploads come about 6 s after it; the delay is printed). Restarted on its DIR, the run completes with one consistent map:
+// killed while it does); AtARandomPoint: at a random moment of the 5.5 s from the departure
+// (the round's uploads come about 6 s after it, and the run's last rounds a moment later: a
+// kill after the run ended would test another thing; the delay is printed). Restarted on its DIR, the run completes with one consistent map:
 // every round follows one epoch of ownership.json (epoch 1 still from round 4: the departure
 // survives the crash), each expert of a round is in exactly one upload, its owner's in that
 // round's map, never the departed node's from epoch 1 on; nodes 0 and 1 end on the server's
@@ -1063,7 +1064,7 @@ void server_killed_in_the_round_introducing_an_epoch(const std::string& dir, Ser
     EXPECT_EQ(state["round"], 2) << state.dump();
   } else {
     std::mt19937 rng(std::random_device{}());
-    const double delay_s = std::uniform_real_distribution<double>(0.0, 7.0)(rng);
+    const double delay_s = std::uniform_real_distribution<double>(0.0, 5.5)(rng);
     pump_until(all, [] { return false; }, delay_s);
     ::testing::Test::RecordProperty("kill_delay_s", std::to_string(delay_s));
     std::printf("server SIGKILLed %.2f s after node 2 left (published round 3 before: %s)\n",
@@ -1114,18 +1115,27 @@ void server_killed_in_the_round_introducing_an_epoch(const std::string& dir, Ser
         EXPECT_EQ(owner, 2) << "expert " << e << " of a live owner missing in round " << round;
     }
   }
-  // The nodes hold the server's last map (their final checkpoints), and its new owners
-  // continued from node 2's handed-over moments.
+  // The nodes hold the server's last map (their final checkpoints), and its new owners (the
+  // share rule follows the measured rates: one node may take both) continued from node 2's
+  // handed-over moments.
+  int gainers = 0;
   for (int i = 0; i < 2; ++i) {
     const std::string node_dir = dir + "/node" + std::to_string(i);
     const auto state = nlohmann::json::parse(read_or_empty(node_dir + "/checkpoint/state.json"));
     EXPECT_EQ(state["ownership"]["epoch"], 1) << state.dump();
     EXPECT_EQ(state["ownership"]["table"], epochs[1]["map"]["table"]) << state.dump();
-    bool handed = false;
-    for (const auto& s : syncs_of(node_dir))
-      handed = handed || (s.contains("ownership") && s["ownership"].contains("handed_moments"));
-    EXPECT_TRUE(handed) << "node " << i << " gained node 2's experts without their moments";
+    bool gained = false, handed = false;
+    for (const auto& s : syncs_of(node_dir)) {
+      if (!s.contains("ownership")) continue;
+      gained = gained || s["ownership"].value("gained_tensors", 0) > 0;
+      handed = handed || s["ownership"].contains("handed_moments");
+    }
+    gainers += gained ? 1 : 0;
+    EXPECT_EQ(handed, gained) << "node " << i << (gained ? " gained node 2's experts without "
+                                                          "their moments"
+                                                        : " got moments it did not gain");
   }
+  EXPECT_GE(gainers, 1) << "nobody took node 2's experts";
   expect_nodes_on_published_digests(dir, 2, 7);
 }
 }  // namespace
@@ -1154,7 +1164,8 @@ TEST_F(SyncReliability, AnArrivingNodeTakesExpertsWithTheirMomentsFromTheirLiveO
   const std::string cfg = write_config(dir, 4, "  round_timeout: 3\n  min_nodes: 1\n"
                                                "  reassign_after_rounds: 8\n  max_nodes: 5\n");
   std::string text = read_or_empty(cfg);
-  text.replace(text.find("max_duration: 25"), 16, "max_duration: 50");  // 10 rounds
+  // 100 short rounds: the others run on while node 4's process starts (under load too).
+  text.replace(text.find("max_duration: 25"), 16, "max_duration: 500");
   file_write_atomic(cfg, text);
   auto srv = start_server(cfg, dir + "/server");
   const std::string address = server_address(*srv, dir + "/server");
@@ -1227,7 +1238,7 @@ TEST_F(SyncReliability, AnArrivingNodeTakesExpertsWithTheirMomentsFromTheirLiveO
     EXPECT_EQ(gave["handed_over"]["by_expert"][key], gained["handed_moments"]["by_expert"][key])
         << "expert " << key << " from node " << h["from"];
   }
-  expect_nodes_on_published_digests(dir, 5, 10);
+  expect_nodes_on_published_digests(dir, 5, 100);
   // The restarted arrival joined twice: first under epoch 0 with the shared tensors only, then
   // under epoch 1 with the experts it took; its final checkpoint holds the epoch-1 map.
   const auto joins = joins_of(dir + "/node4");
