@@ -84,12 +84,18 @@ std::unique_ptr<Proc> start_node(const std::string& cfg, int id, const std::stri
   return std::make_unique<Proc>("node " + std::to_string(id), argv, env);
 }
 
-// The last sync record of a node's metrics.jsonl.
-nlohmann::json last_sync(const std::string& node_dir) {
-  nlohmann::json last;
+// The sync records of a node's metrics.jsonl.
+std::vector<nlohmann::json> syncs_of(const std::string& node_dir) {
+  std::vector<nlohmann::json> out;
   for (const auto& l : read_jsonl(node_dir + "/metrics.jsonl"))
-    if (l.contains("sync")) last = l["sync"];
-  return last;
+    if (l.contains("sync")) out.push_back(l["sync"]);
+  return out;
+}
+
+// The last sync record of a node's metrics.jsonl (null when it has none).
+nlohmann::json last_sync(const std::string& node_dir) {
+  const auto syncs = syncs_of(node_dir);
+  return syncs.empty() ? nlohmann::json() : syncs.back();
 }
 
 std::vector<int64_t> rounds_of(const std::vector<nlohmann::json>& lines) {
@@ -261,6 +267,97 @@ TEST_F(SyncReliability, TopkRoundsKeepEveryNodeOnThePublishedModelThroughAMergeA
               sha256_hex(file_read(kept + std::to_string(r) + "/published.safetensors")))
         << "round " << r;
   }
+}
+
+// The published digests of a run, round by round.
+std::vector<std::string> published_digests(const std::string& server_dir) {
+  std::vector<std::string> d;
+  for (const auto& r : read_jsonl(server_dir + "/rounds.jsonl")) d.push_back(r["model_sha256"]);
+  return d;
+}
+
+const char* const kTopkExtra = "  round_timeout: 300\n  compression: topk\n  topk_density: 0.05\n";
+
+// A top-k run of 2 nodes on DIR where node 0's checkpoint is the step of the round it had just
+// taken (save_interval = sync_steps: a checkpoint right after each round) and node 0 is killed
+// after its round 4 upload and restarted (with `restart_args` more) before round 4 closes.
+// Returns the restarted node's log.
+std::string kill_after_upload_and_restart(const std::string& dir,
+                                          const std::vector<std::string>& restart_args) {
+  const std::string cfg = write_config(dir, 2, kTopkExtra);
+  auto srv = start_server(cfg, dir + "/server");
+  const std::string address = server_address(*srv, dir + "/server");
+  EXPECT_FALSE(address.empty()) << srv->log();
+  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  // Node 1 holds round 4 open long enough for node 0 to be killed and to come back (and less
+  // than heartbeat_timeout, which would leave it out of round 5).
+  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "stall@4:10"}});
+  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+  EXPECT_TRUE(pump_until(all, [&] { return srv->saw("round 4: upload of node 0 accepted"); },
+                         120))
+      << all_logs(all);
+  n0->kill9();
+  const auto state = nlohmann::json::parse(file_read(dir + "/node0/checkpoint/state.json"));
+  EXPECT_EQ(state["step"], 15) << state.dump(1);
+  EXPECT_EQ(state["sync_round"], 3) << state.dump(1);
+  EXPECT_FALSE(srv->saw("round 4 (step 20) published")) << srv->log();
+  auto n0b = start_node(cfg, 0, address, dir + "/node0", {}, restart_args);
+  all.push_back(n0b.get());
+  EXPECT_TRUE(pump_until(all, [&] { return n0b->exited && n1->exited && srv->exited; }, 180))
+      << all_logs(all);
+  EXPECT_EQ(n0b->code, 0) << all_logs(all);
+  EXPECT_EQ(n1->code, 0) << all_logs(all);
+  EXPECT_TRUE(n0b->saw("continuing from its checkpoint at step 15 (after round 3)")) << n0b->log();
+  EXPECT_TRUE(n0b->saw("took back its sync state of round 3")) << n0b->log();
+  expect_same_weights_at_the_end(dir, 2);
+  return n0b->log();
+}
+
+// Killed and restarted as above, node 0 continues from its checkpoint with its error-feedback
+// accumulator, and round 4 holds its killed incarnation's upload: the same bits as the one it
+// sends again, so the delta gives the published model and the accumulator goes on. Every
+// published round equals the uninterrupted run's bit for bit. (Such a node once took the
+// published model, whose weights are the same, and started its accumulator at zero.)
+TEST_F(SyncReliability, TopkNodeRestartedFromTheCheckpointOfItsLastRoundKeepsItsAccumulator) {
+  const std::string ref = g_dir + "/topk_at_round_ref", dir = g_dir + "/topk_at_round";
+  {  // the uninterrupted run
+    const std::string cfg = write_config(ref, 2, kTopkExtra);
+    auto srv = start_server(cfg, ref + "/server");
+    const std::string address = server_address(*srv, ref + "/server");
+    ASSERT_FALSE(address.empty()) << srv->log();
+    auto n0 = start_node(cfg, 0, address, ref + "/node0");
+    auto n1 = start_node(cfg, 1, address, ref + "/node1");
+    std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
+    ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited && srv->exited; }, 180))
+        << all_logs(all);
+    ASSERT_EQ(n0->code, 0) << all_logs(all);
+    ASSERT_EQ(n1->code, 0) << all_logs(all);
+  }
+  kill_after_upload_and_restart(dir, {});
+  const auto syncs = syncs_of(dir + "/node0");
+  ASSERT_EQ(syncs.size(), 5u);
+  EXPECT_EQ(syncs[3].value("earlier_upload", ""), "same") << syncs[3].dump();
+  EXPECT_TRUE(syncs[3].value("download_delta", false)) << syncs[3].dump();
+  EXPECT_FALSE(syncs[3].contains("caught_up")) << syncs[3].dump();
+  const auto digests = published_digests(ref + "/server");
+  ASSERT_EQ(digests.size(), 5u);
+  EXPECT_EQ(published_digests(dir + "/server"), digests);
+}
+
+// The same with a restarted node that trains differently (another learning rate): its round 4
+// upload is not the one the round used, the delta does not give the published digest, and the
+// node takes the whole model, starts its accumulator again and stays on the published model.
+TEST_F(SyncReliability, TopkNodeRestartedWithAnotherUploadThanTheRoundUsedTakesTheWholeModel) {
+  const std::string dir = g_dir + "/topk_at_round_other";
+  const std::string log =
+      kill_after_upload_and_restart(dir, {"--set", "optimizer.learning_rate=0.03"});
+  const auto syncs = syncs_of(dir + "/node0");
+  ASSERT_EQ(syncs.size(), 5u);
+  EXPECT_EQ(syncs[3].value("earlier_upload", ""), "unconfirmed") << syncs[3].dump();
+  EXPECT_TRUE(syncs[3].value("delta_refused", false)) << syncs[3].dump();
+  EXPECT_EQ(syncs[3]["model_sha256"], read_jsonl(dir + "/server/rounds.jsonl")[3]["model_sha256"]);
+  EXPECT_THAT(log, HasSubstr("which the round's delta did not show to be this one: took the "
+                             "whole model; its topk error feedback starts again at zero"));
 }
 
 TEST_F(SyncReliability, ServerKilledMidRoundRestartsFromItsDirAndNothingIsLost) {
@@ -710,14 +807,6 @@ TEST_F(SyncReliability, TlsServerAnswersOnlyClientsThatVerifyIt) {
 }
 
 namespace {
-// The sync records of a node's metrics.jsonl.
-std::vector<nlohmann::json> syncs_of(const std::string& node_dir) {
-  std::vector<nlohmann::json> out;
-  for (const auto& l : read_jsonl(node_dir + "/metrics.jsonl"))
-    if (l.contains("sync")) out.push_back(l["sync"]);
-  return out;
-}
-
 // Every round: the sync record of each of nodes 0 .. nodes-1 (DIR/node<i>) holds the published
 // digest of its round (DIR/server/rounds.jsonl), whose last round is `last_round`.
 void expect_nodes_on_published_digests(const std::string& dir, int nodes, int64_t last_round) {

@@ -183,13 +183,19 @@ JoinResult SyncNode::join_server() {
 }
 
 bool SyncNode::keeps_checkpoint(Trainer& t, const JoinResult& jr) const {
-  // Keep the checkpoint's weights only when they continue the latest published round;
-  // otherwise take the published model and its step (a fresh node, or others moved on).
+  // Keep the checkpoint's weights only when they continue the latest published round: written
+  // at that round's own step right after the node took it (its weights are the published
+  // model), inside the round, or at the next sync step before that round was done
+  // (round_pending()). Otherwise take the published model and its step (a fresh node, or
+  // others moved on).
   const RoundClock clock(t.config());
+  const int64_t step = t.state().step;
   const bool continues =
       t.state().sync_round == jr.published_round &&
-      (clock.between_syncs(t.state().step, jr.published_step) ||
-       t.state().step == clock.step_of(jr.published_round + 1));  // round_pending()
+      ((step > 0 && step == jr.published_step &&
+        t.registry().weights_sha256() == jr.model_sha256) ||
+       clock.between_syncs(step, jr.published_step) ||
+       step == clock.step_of(jr.published_round + 1));
   if (!continues || !delta_->enabled()) return continues;
   // A compressed upload is a delta from the published model, which a checkpoint taken inside
   // a round no longer holds: the node continues when its checkpoint saved the base and error

@@ -153,6 +153,10 @@ class SyncNode : public StepObserver {
   RoundExchange await_publication(int64_t round, int64_t step,
                                   const SafetensorsStreamWriter& payload, UploadResult* up,
                                   RoundStatus* st);
+  // A catch-up unless the round was published with this node's upload. With compression an
+  // earlier incarnation's upload (a node restarted after uploading) counts when this one is
+  // the same: the delta then gives the published digest (else the whole model is taken and
+  // the error feedback restarts, see exchange()).
   RoundExchange check_published_with_upload(int64_t round, const UploadResult& up,
                                             const RoundStatus& st) const;
   RoundExchange download_round(const ParamRegistry& reg, int64_t round, const RoundStatus& st,

@@ -130,10 +130,21 @@ RoundExchange SyncNode::exchange(const ParamRegistry& reg, int64_t round, int64_
              reg.node_id(), round, down.sha256, st.model_sha256);
   held_round_ = round;
   const std::string frozen_after = frozen_weights_sha256(reg);
-  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/false, round, down.sha256);
+  // The round used this node's upload, or an earlier incarnation's (up.accepted false): that
+  // one was this one when the delta gave the published digest, and the error feedback goes on
+  // as if the node had not restarted; otherwise it restarts at zero, as after a catch-up.
+  const bool unconfirmed = !up.accepted && !down.delta;
+  if (unconfirmed)
+    spdlog::warn("node {}: round {} was published with an earlier upload of this node (it "
+                 "restarted), which the round's delta did not show to be this one: took the "
+                 "whole model; its {} error feedback starts again at zero", reg.node_id(), round,
+                 trainer_->config().spes_config.transfer.compression.name());
+  if (delta_->enabled()) delta_->set_base(reg, /*reset_residual=*/unconfirmed, round, down.sha256);
   times.seconds = since(t0);
   log_round(reg.node_id(), meta, up, down, st, times);
-  return {round_record(meta, up, down, st, times, frozen_after), -1, "", st.ownership};
+  nlohmann::json record = round_record(meta, up, down, st, times, frozen_after);
+  if (!up.accepted) record["earlier_upload"] = unconfirmed ? "unconfirmed" : "same";
+  return {std::move(record), -1, "", st.ownership};
 }
 
 namespace {
@@ -204,7 +215,7 @@ RoundExchange SyncNode::await_publication(int64_t round, int64_t step,
 RoundExchange SyncNode::check_published_with_upload(int64_t round, const UploadResult& up,
                                                     const RoundStatus& st) const {
   const int64_t node = client_->id().node_id;
-  if (!up.accepted)
+  if (!up.accepted && !delta_->enabled())
     return catch_up_from(round, fmt::format("round {} already held an earlier upload of this "
                                             "node (restarted node)", round));
   if (std::find(st.nodes.begin(), st.nodes.end(), node) == st.nodes.end())
