@@ -130,9 +130,10 @@ int64_t metadata_int(const Metadata& md, const char* key, const std::string& ori
             "integer", origin, key, printable(it->second, 40));
 }
 
-UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header,
-                               int64_t expect_node, const std::string& origin) {
-  const Metadata& md = header.metadata;
+namespace {
+
+// The upload's own description of itself: its format and the numbers the node wrote.
+UploadMeta read_upload_meta(const Metadata& md, const std::string& origin) {
   auto fmt_it = md.find("format");
   if (fmt_it == md.end() || fmt_it->second != "spes-upload-v1")
     sync_fail(SyncErrc::InvalidArgument, "{}: not a SPES upload (metadata format '{}', expected "
@@ -149,6 +150,14 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
               origin);
   }
   if (md.count("model_fingerprint")) m.model_fingerprint = printable(md.at("model_fingerprint"));
+  if (md.count("ownership_epoch"))
+    m.ownership_epoch = metadata_int(md, "ownership_epoch", origin);
+  return m;
+}
+
+// The sender, the compression and the ownership epoch agree with the round's plan.
+void check_upload_sender(const RoundPlan& plan, const Metadata& md, int64_t expect_node,
+                         UploadMeta& m, const std::string& origin) {
   if (expect_node >= 0 && m.node != expect_node)
     sync_fail(SyncErrc::InvalidArgument, "{}: upload says node {} but was sent by node {}",
               origin, m.node, expect_node);
@@ -162,54 +171,65 @@ UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header
               "spes_config.compression is {}", origin, printable(comp_md, 40),
               compression_name(comp));
   m.compression = comp;
-  if (md.count("ownership_epoch")) {
-    m.ownership_epoch = metadata_int(md, "ownership_epoch", origin);
-    if (m.ownership_epoch != plan.ownership_epoch())
-      sync_fail(SyncErrc::InvalidArgument, "{}: node {} trained under ownership epoch {} but "
-                "round {} uses epoch {}: the node must change to the map that came with the "
-                "round it downloaded; the upload is refused and the model is unchanged", origin,
-                m.node, m.ownership_epoch, m.round, plan.ownership_epoch());
+  if (m.ownership_epoch >= 0 && m.ownership_epoch != plan.ownership_epoch())
+    sync_fail(SyncErrc::InvalidArgument, "{}: node {} trained under ownership epoch {} but "
+              "round {} uses epoch {}: the node must change to the map that came with the "
+              "round it downloaded; the upload is refused and the model is unchanged", origin,
+              m.node, m.ownership_epoch, m.round, plan.ownership_epoch());
+}
+
+// The k-th tensor of node `node`'s upload: one the node trains, in model order, of the shape
+// and dtype the plan and the compression give (a top-k entry: its own checks).
+void check_upload_entry(const RoundPlan& plan, int64_t node, size_t k, const StreamEntry& e,
+                        const std::string& origin) {
+  const int64_t idx = plan.index(e.name);
+  if (idx < 0)
+    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not part of the model", origin,
+              printable(e.name));
+  const PlanTensor& t = plan.tensors()[idx];
+  const bool allowed =
+      std::find(t.uploaders.begin(), t.uploaders.end(), node) != t.uploaders.end();
+  if (!allowed)
+    sync_fail(SyncErrc::InvalidArgument, "{}: node {} may not upload '{}' ({})", origin, node,
+              e.name, t.role == ParamRole::Expert
+                          ? fmt::format("expert owned by node {} in ownership epoch {}; an "
+                                        "expert the node no longer owns is refused and the "
+                                        "model unchanged", t.owner, plan.ownership_epoch())
+                          : std::string("frozen on every node"));
+  const auto& want = plan.upload_of(node);
+  if (k >= want.size() || want[k] != static_cast<size_t>(idx))
+    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is out of order or duplicated (an "
+              "upload lists the node's tensors once each, in model order)", origin, e.name);
+  const Compression comp = plan.compression();
+  if (comp == Compression::Topk) {
+    const std::string why = delta_entry_problem(e, t.shape, comp, plan.topk());
+    if (!why.empty())
+      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': {}", origin, e.name, why);
+    return;
   }
+  if (e.shape != t.shape)
+    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has shape [{}], the model has [{}]",
+              origin, e.name, fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));
+  const bool fp = comp == Compression::None;
+  const torch::ScalarType dtype = fp ? wire_scalar_type(plan.wire()) : delta_wire_dtype(comp);
+  if (e.dtype != dtype)
+    sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but {} {} (expected {})",
+              origin, e.name, safetensors_dtype_name(e.dtype),
+              fp ? "transfer_dtype is" : "compression is",
+              fp ? wire_dtype_name(plan.wire()) : compression_name(comp),
+              safetensors_dtype_name(dtype));
+}
+
+}  // namespace
+
+UploadMeta check_upload_header(const RoundPlan& plan, const StreamHeader& header,
+                               int64_t expect_node, const std::string& origin) {
+  UploadMeta m = read_upload_meta(header.metadata, origin);
+  check_upload_sender(plan, header.metadata, expect_node, m, origin);
+  const std::vector<StreamEntry> got =
+      delta_tensor_entries(header.entries, plan.compression(), origin);
+  for (size_t k = 0; k < got.size(); ++k) check_upload_entry(plan, m.node, k, got[k], origin);
   const auto& want = plan.upload_of(m.node);
-  const torch::ScalarType dtype = comp == Compression::None ? wire_scalar_type(plan.wire())
-                                                            : delta_wire_dtype(comp);
-  const char* dtype_rule = comp == Compression::None ? "transfer_dtype is" : "compression is";
-  const std::string dtype_setting =
-      comp == Compression::None ? wire_dtype_name(plan.wire()) : compression_name(comp);
-  const std::vector<StreamEntry> got = delta_tensor_entries(header.entries, comp, origin);
-  for (size_t k = 0; k < got.size(); ++k) {
-    const StreamEntry& e = got[k];
-    const int64_t idx = plan.index(e.name);
-    if (idx < 0)
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is not part of the model", origin,
-                printable(e.name));
-    const PlanTensor& t = plan.tensors()[idx];
-    const bool allowed = std::find(t.uploaders.begin(), t.uploaders.end(), m.node) !=
-                         t.uploaders.end();
-    if (!allowed)
-      sync_fail(SyncErrc::InvalidArgument, "{}: node {} may not upload '{}' ({})", origin, m.node,
-                e.name, t.role == ParamRole::Expert
-                            ? fmt::format("expert owned by node {} in ownership epoch {}; an "
-                                          "expert the node no longer owns is refused and the "
-                                          "model unchanged", t.owner, plan.ownership_epoch())
-                            : std::string("frozen on every node"));
-    if (k >= want.size() || want[k] != static_cast<size_t>(idx))
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is out of order or duplicated (an "
-                "upload lists the node's tensors once each, in model order)", origin, e.name);
-    if (comp == Compression::Topk) {
-      const std::string why = delta_entry_problem(e, t.shape, comp, plan.topk());
-      if (!why.empty())
-        sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}': {}", origin, e.name, why);
-      continue;
-    }
-    if (e.shape != t.shape)
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' has shape [{}], the model has [{}]",
-                origin, e.name, fmt::join(e.shape, ", "), fmt::join(t.shape, ", "));
-    if (e.dtype != dtype)
-      sync_fail(SyncErrc::InvalidArgument, "{}: tensor '{}' is {} but {} {} (expected {})",
-                origin, e.name, safetensors_dtype_name(e.dtype), dtype_rule, dtype_setting,
-                safetensors_dtype_name(dtype));
-  }
   if (got.size() != want.size())
     sync_fail(SyncErrc::InvalidArgument, "{}: upload holds {} tensors but node {} trains {} "
               "(first missing: '{}')", origin, got.size(), m.node, want.size(),
