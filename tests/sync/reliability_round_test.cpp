@@ -271,6 +271,63 @@ TEST(RoundStateReliability, SilentNodeIsDeadAndTheRoundStopsWaitingForIt) {
   EXPECT_EQ(lines[0]["node_states"][1], "dead");
 }
 
+// After the run's last round (max_duration 20 = round 2) a dead node no longer keeps the server
+// running, and neither does a node that a server restarted after the run never sees again;
+// before the last round a dead node does.
+TEST(RoundStateReliability, AfterTheRunsLastRoundADeadOrAbsentNodeDoesNotKeepTheServerRunning) {
+  TempDir tmp;
+  const Config cfg = tiny_config({"spes_config.heartbeat_timeout=0.2", "max_duration=20"});
+  {
+    RoundState st(cfg, {tmp.path});
+    Peer n0(cfg, 0), n1(cfg, 1);
+    join_with_initial_model(st, {&n0, &n1});
+    n0.train(0.01);
+    n1.train(0.02);
+    send_upload(st, n0.id, 1, n0.upload(1));
+    send_upload(st, n1.id, 1, n1.upload(1));
+    ASSERT_EQ(st.published_round(), 1);
+    // Node 1 falls silent: dead, but round 2 is still to come.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    st.heartbeat(n0.id, 15);
+    ASSERT_EQ(st.status().nodes[1].state, "dead");
+    EXPECT_FALSE(st.all_left());
+    send_upload(st, n0.id, 2, n0.upload(2));
+    ASSERT_EQ(st.published_round(), 2);  // the run's last
+    EXPECT_FALSE(st.all_left());         // node 0 is training and has not left
+    st.leave(n0.id, 20, "finished");
+    EXPECT_TRUE(st.all_left());
+    EXPECT_THAT(st.gone_without_leaving(), ElementsAre(1));
+    st.close();
+  }
+  // Restarted on DIR after the run: nobody joins within heartbeat_timeout, and the server is
+  // done; a node that joins in time holds it until it leaves.
+  {
+    RoundState st(cfg, {tmp.path});
+    ASSERT_EQ(st.published_round(), 2);
+    EXPECT_FALSE(st.all_left());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_TRUE(st.all_left());
+    EXPECT_THAT(st.gone_without_leaving(), ElementsAre(0, 1));
+    Peer n0(cfg, 0);
+    st.join(n0.join_info());
+    EXPECT_FALSE(st.all_left());
+    st.leave(n0.id, 20, "finished");
+    EXPECT_TRUE(st.all_left());
+    EXPECT_THAT(st.gone_without_leaving(), ElementsAre(1));
+  }
+  // Before the last round (max_duration 30) the same silence keeps the server waiting.
+  TempDir tmp2;
+  const Config longer = tiny_config({"spes_config.heartbeat_timeout=0.2", "max_duration=30"});
+  RoundState st(longer, {tmp2.path});
+  Peer n0(longer, 0), n1(longer, 1);
+  join_with_initial_model(st, {&n0, &n1});
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  st.leave(n0.id, 0, "finished");
+  EXPECT_EQ(st.status().nodes[1].state, "dead");
+  EXPECT_FALSE(st.all_left());
+  EXPECT_TRUE(st.gone_without_leaving().empty());
+}
+
 TEST(RoundStateReliability, DownloadsResumeAndSurviveTheNextPublication) {
   TempDir tmp;
   const Config cfg = tiny_config();

@@ -222,16 +222,34 @@ bool RoundState::all_left() const {
 }
 
 bool RoundState::all_left_locked() const {
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (takes_part(i) && member_end_locked(i) == MemberEnd::Active) return false;
+  return true;
+}
+
+RoundState::MemberEnd RoundState::member_end_locked(size_t i) const {
   // A node declared departed (gone for good, its experts handed on) counts as left, unless it
   // came back and is training.
-  for (size_t i = 0; i < members_.size(); ++i) {
-    if (!takes_part(i)) continue;
-    const Member& m = members_[i];
-    const bool departed = departures_.is_departed(static_cast<int64_t>(i)) &&
-                          (!m.joined || m.left || members_.is_dead(i));
-    if (!m.left && !departed) return false;
-  }
-  return true;
+  const Member& m = members_[i];
+  const bool departed = departures_.is_departed(static_cast<int64_t>(i)) &&
+                        (!m.joined || m.left || members_.is_dead(i));
+  if (m.left || departed) return MemberEnd::Left;
+  // After the run's last round nothing is left to publish: a node killed then, or one that a
+  // restarted server never sees again, would otherwise keep the server waiting forever.
+  const bool run_over = published_.step >= cfg_.total_steps();
+  if (!run_over) return MemberEnd::Active;
+  const bool absent = !m.joined && seconds_since(published_at_) >
+                                       cfg_.spes_config.timing.heartbeat_timeout;
+  return members_.is_dead(i) || absent ? MemberEnd::Gone : MemberEnd::Active;
+}
+
+std::vector<int64_t> RoundState::gone_without_leaving() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < members_.size(); ++i)
+    if (takes_part(i) && member_end_locked(i) == MemberEnd::Gone)
+      out.push_back(static_cast<int64_t>(i));
+  return out;
 }
 
 JoinResult RoundState::join(const JoinInfo& info) {
@@ -523,6 +541,7 @@ void RoundState::advance_to_closed_round() {
   const PublishedRound& p = c->round;
   delta_ = std::move(c->record);  // invalid without compression
   published_ = p;
+  published_at_ = Clock::now();
   if (c->next_ownership) {
     const OwnershipMap& m = *c->next_ownership;
     const RoundPlan& plan = model_->plan();

@@ -119,8 +119,14 @@ class RoundState {
   // with a quorum present, marks silent nodes dead, logs the nodes an open round waits for,
   // wakes the waiters (so that a long-poll whose caller went away ends).
   void tick();
-  // Every node has left (or was declared departed and is not back).
+  // The run needs no more of the server: every node has left (or was declared departed and is
+  // not back), or the run's last round (max_duration) is published and every node that did not
+  // leave is dead or has not joined within heartbeat_timeout of that round's publication (or
+  // of this server's start: a server restarted after the run ended).
   bool all_left() const;
+  // The nodes all_left() counts as done although they never left (dead or absent after the
+  // run's last round), for the server's last log line.
+  std::vector<int64_t> gone_without_leaving() const;
   // Writes the lines of rounds whose downloads are incomplete and wakes every waiter.
   void close();
   int64_t published_round() const;
@@ -168,6 +174,10 @@ class RoundState {
   // departed id that came back (issue 38 item 6).
   std::vector<int64_t> arrivals(const std::vector<std::vector<int64_t>>& table) const;
   bool all_left_locked() const;
+  // Whether node i still takes part (Active), left or departed (Left), or is dead or absent
+  // after the run's last round (Gone).
+  enum class MemberEnd { Active, Left, Gone };
+  MemberEnd member_end_locked(size_t i) const;
   // Moments of experts lost to an arrival (protocol 10): the map of the epoch before the
   // collecting one (none at epoch 0); a "lost" handover must hold only experts the epoch's
   // handoffs gave to an arrival from that node; a new owner's fetch waits for them.
@@ -210,6 +220,7 @@ class RoundState {
   OpenRound round_;
   std::unique_ptr<RoundLog> log_;
   PublishedRound published_;
+  std::chrono::steady_clock::time_point published_at_ = std::chrono::steady_clock::now();
   DeltaRecord delta_;  // compression: the delta file of published_ (invalid: none held)
   // A closed round whose save failed: its result, waiting to be saved and published.
   struct Closing {

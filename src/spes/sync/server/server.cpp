@@ -6,6 +6,7 @@
 // without flooding the log (log_throttle.h).
 #include "spes/sync/server/server.h"
 
+#include <fmt/ranges.h>
 #include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
@@ -524,7 +525,15 @@ void SyncServer::run(const std::atomic<bool>* stop_flag) {
   for (;;) {
     if (impl_->stop || (stop_flag && *stop_flag)) break;
     if (impl_->opts.exit_when_done && impl_->state->all_left()) {
-      spdlog::info("every node has left; the sync server stops");
+      const std::vector<int64_t> gone = impl_->state->gone_without_leaving();
+      if (gone.empty())
+        spdlog::info("every node has left; the sync server stops");
+      else
+        spdlog::warn("the run's last round {} is published and node(s) [{}] did not leave but "
+                     "are dead or did not join within spes_config.heartbeat_timeout ({} s); "
+                     "the sync server stops (--keep-running keeps it serving)",
+                     impl_->state->published_round(), fmt::join(gone, ", "),
+                     impl_->cfg.spes_config.timing.heartbeat_timeout);
       break;
     }
     impl_->state->tick();
