@@ -84,6 +84,43 @@ std::unique_ptr<Proc> start_node(const std::string& cfg, int id, const std::stri
   return std::make_unique<Proc>("node " + std::to_string(id), argv, env);
 }
 
+// A run on DIR: `spes serve` on DIR/server (a free port) and the nodes started against it,
+// each on DIR/nodeI; `all` lists every process for pump_until and all_logs.
+struct Cluster {
+  std::string cfg, dir, address;
+  std::unique_ptr<Proc> server;
+  std::vector<std::unique_ptr<Proc>> nodes;
+  std::vector<Proc*> all;
+  Cluster(std::string config, std::string run_dir, const std::vector<std::string>& serve_args = {})
+      : cfg(std::move(config)), dir(std::move(run_dir)) {
+    server = start_server(cfg, dir + "/server", "127.0.0.1:0", serve_args);
+    address = server_address(*server, dir + "/server");
+    all.push_back(server.get());
+  }
+  // Whether the server is listening (else its log says why).
+  bool up() const { return !address.empty(); }
+  Proc& node(int id, std::vector<std::pair<std::string, std::string>> env = {},
+             const std::vector<std::string>& args = {}) {
+    nodes.push_back(start_node(cfg, id, address, dir + "/node" + std::to_string(id),
+                               std::move(env), args));
+    all.push_back(nodes.back().get());
+    return *nodes.back();
+  }
+  std::string logs() const { return all_logs(all); }
+  // Pumps every process until each of `procs` has exited (within `timeout_s`) with code 0.
+  ::testing::AssertionResult finish(const std::vector<Proc*>& procs, double timeout_s = 180) {
+    const bool done = pump_until(all, [&] {
+      return std::all_of(procs.begin(), procs.end(), [](const Proc* p) { return p->exited; });
+    }, timeout_s);
+    if (!done) return ::testing::AssertionFailure() << "still running:\n" << logs();
+    for (const Proc* p : procs)
+      if (p->code != 0)
+        return ::testing::AssertionFailure() << p->name << " exited " << p->code << ":\n"
+                                             << logs();
+    return ::testing::AssertionSuccess();
+  }
+};
+
 // The sync records of a node's metrics.jsonl.
 std::vector<nlohmann::json> syncs_of(const std::string& node_dir) {
   std::vector<nlohmann::json> out;
@@ -161,26 +198,19 @@ TEST_F(SyncReliability, NodeKilledMidRoundRestartsFromItsCheckpointAndRejoins) {
   const std::string dir = g_dir + "/node_kill";
   const std::string cfg =
       write_config(dir, 2, "  round_timeout: 4\n  min_nodes: 1\n");
-  auto srv = start_server(cfg, dir + "/server");
-  const std::string address = server_address(*srv, dir + "/server");
-  ASSERT_FALSE(address.empty()) << srv->log();
-  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  Cluster c(cfg, dir);
+  ASSERT_TRUE(c.up()) << c.server->log();
+  Proc& n0 = c.node(0);
   // Node 1 hangs before its round 2 upload: it is killed there, with round 2 open.
-  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "stall@2:60"}});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return n1->saw("stalling"); }, 120)) << all_logs(all);
-  n1->kill9();
+  Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "stall@2:60"}});
+  ASSERT_TRUE(pump_until(c.all, [&] { return n1.saw("stalling"); }, 120)) << c.logs();
+  n1.kill9();
   // The round publishes at its deadline without node 1; node 0 carries on.
-  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 2 (step 10) published"); }, 60))
-      << all_logs(all);
-  auto n1b = start_node(cfg, 1, address, dir + "/node1");
-  all.push_back(n1b.get());
-  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1b->exited && srv->exited; }, 180))
-      << all_logs(all);
-  ASSERT_EQ(n0->code, 0) << all_logs(all);
-  ASSERT_EQ(n1b->code, 0) << all_logs(all);
-  EXPECT_EQ(srv->code, 0) << all_logs(all);
-  EXPECT_TRUE(n1b->saw("joined at round")) << n1b->log();
+  ASSERT_TRUE(pump_until(c.all, [&] { return c.server->saw("round 2 (step 10) published"); }, 60))
+      << c.logs();
+  Proc& n1b = c.node(1);
+  ASSERT_TRUE(c.finish({&n0, &n1b, c.server.get()}));
+  EXPECT_TRUE(n1b.saw("joined at round")) << n1b.log();
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
   ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
   EXPECT_EQ(rounds[1]["nodes"].get<std::vector<int64_t>>(), std::vector<int64_t>{0});
@@ -209,22 +239,16 @@ TEST_F(SyncReliability, TopkRoundsKeepEveryNodeOnThePublishedModelThroughAMergeA
   const std::string cfg = write_config(
       dir, 2, "  round_timeout: 4\n  min_nodes: 1\n  compression: topk\n  merge_interval: 10\n"
               "  merge_alpha_start: 0.1\n  merge_decay_steps: 1000\n  merge_topk: 1\n");
-  auto srv = start_server(cfg, dir + "/server", "127.0.0.1:0", {"--keep-uploads"});
-  const std::string address = server_address(*srv, dir + "/server");
-  ASSERT_FALSE(address.empty()) << srv->log();
-  auto n0 = start_node(cfg, 0, address, dir + "/node0");
-  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "stall@3:60"}});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return n1->saw("stalling"); }, 120)) << all_logs(all);
-  n1->kill9();
-  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 3 (step 15) published"); }, 60))
-      << all_logs(all);
-  auto n1b = start_node(cfg, 1, address, dir + "/node1");
-  all.push_back(n1b.get());
-  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1b->exited && srv->exited; }, 180))
-      << all_logs(all);
-  ASSERT_EQ(n0->code, 0) << all_logs(all);
-  ASSERT_EQ(n1b->code, 0) << all_logs(all);
+  Cluster c(cfg, dir, {"--keep-uploads"});
+  ASSERT_TRUE(c.up()) << c.server->log();
+  Proc& n0 = c.node(0);
+  Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "stall@3:60"}});
+  ASSERT_TRUE(pump_until(c.all, [&] { return n1.saw("stalling"); }, 120)) << c.logs();
+  n1.kill9();
+  ASSERT_TRUE(pump_until(c.all, [&] { return c.server->saw("round 3 (step 15) published"); }, 60))
+      << c.logs();
+  Proc& n1b = c.node(1);
+  ASSERT_TRUE(c.finish({&n0, &n1b, c.server.get()}));
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
   ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
   for (size_t r = 0; r < 5; ++r)
@@ -247,7 +271,7 @@ TEST_F(SyncReliability, TopkRoundsKeepEveryNodeOnThePublishedModelThroughAMergeA
   // Killed in round 3, back from round 4 (its upload may miss round 4's deadline: it then
   // takes the published model, still with the round's digest).
   EXPECT_THAT(synced[1], ElementsAre(1, 2, 4, 5));
-  EXPECT_TRUE(n1b->saw("joined at round")) << n1b->log();
+  EXPECT_TRUE(n1b.saw("joined at round")) << n1b.log();
   expect_same_weights_at_the_end(dir, 2);
   const std::string kept = dir + "/server/rounds/";
   for (int r : {1, 2, 4}) {
@@ -284,33 +308,26 @@ const char* const kTopkExtra = "  round_timeout: 300\n  compression: topk\n  top
 // Returns the restarted node's log.
 std::string kill_after_upload_and_restart(const std::string& dir,
                                           const std::vector<std::string>& restart_args) {
-  const std::string cfg = write_config(dir, 2, kTopkExtra);
-  auto srv = start_server(cfg, dir + "/server");
-  const std::string address = server_address(*srv, dir + "/server");
-  EXPECT_FALSE(address.empty()) << srv->log();
-  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  Cluster c(write_config(dir, 2, kTopkExtra), dir);
+  EXPECT_TRUE(c.up()) << c.server->log();
+  Proc& n0 = c.node(0);
   // Node 1 holds round 4 open long enough for node 0 to be killed and to come back (and less
   // than heartbeat_timeout, which would leave it out of round 5).
-  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "stall@4:10"}});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
-  EXPECT_TRUE(pump_until(all, [&] { return srv->saw("round 4: upload of node 0 accepted"); },
-                         120))
-      << all_logs(all);
-  n0->kill9();
+  Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "stall@4:10"}});
+  EXPECT_TRUE(pump_until(c.all, [&] {
+    return c.server->saw("round 4: upload of node 0 accepted");
+  }, 120)) << c.logs();
+  n0.kill9();
   const auto state = nlohmann::json::parse(file_read(dir + "/node0/checkpoint/state.json"));
   EXPECT_EQ(state["step"], 15) << state.dump(1);
   EXPECT_EQ(state["sync_round"], 3) << state.dump(1);
-  EXPECT_FALSE(srv->saw("round 4 (step 20) published")) << srv->log();
-  auto n0b = start_node(cfg, 0, address, dir + "/node0", {}, restart_args);
-  all.push_back(n0b.get());
-  EXPECT_TRUE(pump_until(all, [&] { return n0b->exited && n1->exited && srv->exited; }, 180))
-      << all_logs(all);
-  EXPECT_EQ(n0b->code, 0) << all_logs(all);
-  EXPECT_EQ(n1->code, 0) << all_logs(all);
-  EXPECT_TRUE(n0b->saw("continuing from its checkpoint at step 15 (after round 3)")) << n0b->log();
-  EXPECT_TRUE(n0b->saw("took back its sync state of round 3")) << n0b->log();
+  EXPECT_FALSE(c.server->saw("round 4 (step 20) published")) << c.server->log();
+  Proc& n0b = c.node(0, {}, restart_args);
+  EXPECT_TRUE(c.finish({&n0b, &n1, c.server.get()}));
+  EXPECT_TRUE(n0b.saw("continuing from its checkpoint at step 15 (after round 3)")) << n0b.log();
+  EXPECT_TRUE(n0b.saw("took back its sync state of round 3")) << n0b.log();
   expect_same_weights_at_the_end(dir, 2);
-  return n0b->log();
+  return n0b.log();
 }
 
 // Killed and restarted as above, node 0 continues from its checkpoint with its error-feedback
@@ -321,17 +338,9 @@ std::string kill_after_upload_and_restart(const std::string& dir,
 TEST_F(SyncReliability, TopkNodeRestartedFromTheCheckpointOfItsLastRoundKeepsItsAccumulator) {
   const std::string ref = g_dir + "/topk_at_round_ref", dir = g_dir + "/topk_at_round";
   {  // the uninterrupted run
-    const std::string cfg = write_config(ref, 2, kTopkExtra);
-    auto srv = start_server(cfg, ref + "/server");
-    const std::string address = server_address(*srv, ref + "/server");
-    ASSERT_FALSE(address.empty()) << srv->log();
-    auto n0 = start_node(cfg, 0, address, ref + "/node0");
-    auto n1 = start_node(cfg, 1, address, ref + "/node1");
-    std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
-    ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited && srv->exited; }, 180))
-        << all_logs(all);
-    ASSERT_EQ(n0->code, 0) << all_logs(all);
-    ASSERT_EQ(n1->code, 0) << all_logs(all);
+    Cluster c(write_config(ref, 2, kTopkExtra), ref);
+    ASSERT_TRUE(c.up()) << c.server->log();
+    ASSERT_TRUE(c.finish({&c.node(0), &c.node(1), c.server.get()}));
   }
   kill_after_upload_and_restart(dir, {});
   const auto syncs = syncs_of(dir + "/node0");
@@ -412,21 +421,18 @@ TEST_F(SyncReliability, ServerKilledMidRoundRestartsFromItsDirAndNothingIsLost) 
 
 TEST_F(SyncReliability, NodeStoppedWhileItsRoundWaitsCheckpointsAndDoesThatRoundOnReturn) {
   const std::string dir = g_dir + "/node_stop";
-  const std::string cfg = write_config(dir, 2, "  round_timeout: 300\n");
-  auto srv = start_server(cfg, dir + "/server");
-  const std::string address = server_address(*srv, dir + "/server");
-  ASSERT_FALSE(address.empty()) << srv->log();
+  Cluster c(write_config(dir, 2, "  round_timeout: 300\n"), dir);
+  ASSERT_TRUE(c.up()) << c.server->log();
   // Node 1 is not there yet: node 0 uploads round 1 and waits for it; Ctrl-C there.
-  auto n0 = start_node(cfg, 0, address, dir + "/node0");
-  std::vector<Proc*> all = {srv.get(), n0.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return srv->saw("round 1: upload of node 0 accepted"); },
-                         120))
-      << all_logs(all);
-  n0->p->kill(SIGINT);
-  ASSERT_TRUE(pump_until(all, [&] { return n0->exited; }, 60)) << all_logs(all);
-  EXPECT_EQ(n0->code, 130) << n0->log();
-  EXPECT_TRUE(n0->saw("stopped by SIGINT while round 1 waited")) << n0->log();
-  EXPECT_TRUE(n0->saw("spes node --config")) << n0->log();  // how to continue
+  Proc& n0 = c.node(0);
+  ASSERT_TRUE(pump_until(c.all, [&] {
+    return c.server->saw("round 1: upload of node 0 accepted");
+  }, 120)) << c.logs();
+  n0.p->kill(SIGINT);
+  ASSERT_TRUE(pump_until(c.all, [&] { return n0.exited; }, 60)) << c.logs();
+  EXPECT_EQ(n0.code, 130) << n0.log();
+  EXPECT_TRUE(n0.saw("stopped by SIGINT while round 1 waited")) << n0.log();
+  EXPECT_TRUE(n0.saw("spes node --config")) << n0.log();  // how to continue
   // Its checkpoint is the sync step with the round not done; the metrics line says so.
   const auto state = nlohmann::json::parse(file_read(dir + "/node0/checkpoint/state.json"));
   EXPECT_EQ(state["step"], 5);
@@ -438,16 +444,11 @@ TEST_F(SyncReliability, NodeStoppedWhileItsRoundWaitsCheckpointsAndDoesThatRound
   // Back: node 0 does round 1 first (node 1 starts only then: had it uploaded round 1 before
   // node 0 returned, the round would close with node 0's earlier upload and node 0 would load
   // it at its join instead), then both run to the end on one model.
-  auto n0b = start_node(cfg, 0, address, dir + "/node0");
-  all = {srv.get(), n0b.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return n0b->saw("doing that round first"); }, 120))
-      << all_logs(all);
-  auto n1 = start_node(cfg, 1, address, dir + "/node1");
-  all = {srv.get(), n0b.get(), n1.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return n0b->exited && n1->exited && srv->exited; }, 180))
-      << all_logs(all);
-  ASSERT_EQ(n0b->code, 0) << all_logs(all);
-  ASSERT_EQ(n1->code, 0) << all_logs(all);
+  Proc& n0b = c.node(0);
+  ASSERT_TRUE(pump_until(c.all, [&] { return n0b.saw("doing that round first"); }, 120))
+      << c.logs();
+  Proc& n1 = c.node(1);
+  ASSERT_TRUE(c.finish({&n0b, &n1, c.server.get()}));
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
   ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
   // Its metrics kept the lines before the stop: every step once, in order.
@@ -600,27 +601,16 @@ TEST_F(SyncReliability, HostileAndFaultyNodesNeverPoisonTheModel) {
 // refused, the server keeps publishing, and every node ends with the same weights.
 TEST_F(SyncReliability, InvalidTextAndPoisonInsideTheBoundsNeverStopOrPoisonTheServer) {
   const std::string dir = g_dir + "/poison";
-  const std::string cfg = write_config(dir, 3, "  round_timeout: 120\n");
-  auto srv = start_server(cfg, dir + "/server");
-  const std::string address = server_address(*srv, dir + "/server");
-  ASSERT_FALSE(address.empty()) << srv->log();
-  auto n0 = start_node(cfg, 0, address, dir + "/node0");
-  auto n1 = start_node(cfg, 1, address, dir + "/node1");
-  auto n2 = start_node(cfg, 2, address, dir + "/node2",
-                       {{"SPES_SYNC_FAULTS", "badname@1,poison@2"}});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get(), n2.get()};
-  ASSERT_TRUE(pump_until(all, [&] {
-    return n0->exited && n1->exited && n2->exited && srv->exited;
-  }, 240)) << all_logs(all);
-  ASSERT_EQ(n0->code, 0) << all_logs(all);
-  ASSERT_EQ(n1->code, 0) << all_logs(all);
-  ASSERT_EQ(n2->code, 0) << all_logs(all);
-  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  Cluster c(write_config(dir, 3, "  round_timeout: 120\n"), dir);
+  ASSERT_TRUE(c.up()) << c.server->log();
+  ASSERT_TRUE(c.finish({&c.node(0), &c.node(1),
+                        &c.node(2, {{"SPES_SYNC_FAULTS", "badname@1,poison@2"}}), c.server.get()},
+                       240));
   // Every line of rounds.jsonl is strict JSON (read_jsonl would skip a broken one).
   const std::string text = read_or_empty(dir + "/server/rounds.jsonl");
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5);
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
-  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << all_logs(all);
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << c.logs();
   auto nodes = [&](int r) { return rounds[r - 1]["nodes"].get<std::vector<int64_t>>(); };
   auto reason = [&](int r) { return rounds[r - 1]["missing"].dump(); };
   EXPECT_EQ(nodes(1), (std::vector<int64_t>{0, 1}));
@@ -643,22 +633,12 @@ TEST_F(SyncReliability, AnExpertGrownEveryRoundIsRefusedFlaggedAndNeverMerged) {
   std::string text = read_or_empty(cfg);
   text.replace(text.find("merge_interval: 0"), 17, "merge_interval: 10");
   file_write_atomic(cfg, text);
-  auto srv = start_server(cfg, dir + "/server");
-  const std::string address = server_address(*srv, dir + "/server");
-  ASSERT_FALSE(address.empty()) << srv->log();
-  auto n0 = start_node(cfg, 0, address, dir + "/node0");
-  auto n1 = start_node(cfg, 1, address, dir + "/node1");
-  auto n2 = start_node(cfg, 2, address, dir + "/node2", {{"SPES_SYNC_FAULTS", "grow@1"}});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get(), n2.get()};
-  ASSERT_TRUE(pump_until(all, [&] {
-    return n0->exited && n1->exited && n2->exited && srv->exited;
-  }, 240)) << all_logs(all);
-  ASSERT_EQ(n0->code, 0) << all_logs(all);
-  ASSERT_EQ(n1->code, 0) << all_logs(all);
-  ASSERT_EQ(n2->code, 0) << all_logs(all);
-  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  Cluster c(cfg, dir);
+  ASSERT_TRUE(c.up()) << c.server->log();
+  ASSERT_TRUE(c.finish({&c.node(0), &c.node(1), &c.node(2, {{"SPES_SYNC_FAULTS", "grow@1"}}),
+                        c.server.get()}, 240));
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
-  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << all_logs(all);
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << c.logs();
   auto nodes = [&](int r) { return rounds[r - 1]["nodes"].get<std::vector<int64_t>>(); };
   EXPECT_EQ(nodes(1), (std::vector<int64_t>{0, 1, 2}));
   // Refused by round 3 at the latest (1.3^3 = 2.2), and every refusal is the run-long bound's
@@ -691,20 +671,13 @@ TEST_F(SyncReliability, AnExpertGrownEveryRoundIsRefusedFlaggedAndNeverMerged) {
 // accepted updates refuses it. Either way round 2 is node 0's, and every node ends alike.
 void lone_early_uploader_run(const std::string& dir, const std::string& extra,
                              const std::string& refusal) {
-  const std::string cfg = write_config(dir, 2, "  round_timeout: 2\n" + extra);
-  auto srv = start_server(cfg, dir + "/server");
-  const std::string address = server_address(*srv, dir + "/server");
-  ASSERT_FALSE(address.empty()) << srv->log();
-  auto n0 = start_node(cfg, 0, address, dir + "/node0", {{"SPES_SYNC_FAULTS", "stall@2:8"}});
-  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "poison@2"}});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited && srv->exited; }, 240))
-      << all_logs(all);
-  ASSERT_EQ(n0->code, 0) << all_logs(all);
-  ASSERT_EQ(n1->code, 0) << all_logs(all);
-  EXPECT_EQ(srv->code, 0) << all_logs(all);
+  Cluster c(write_config(dir, 2, "  round_timeout: 2\n" + extra), dir);
+  ASSERT_TRUE(c.up()) << c.server->log();
+  Proc& n0 = c.node(0, {{"SPES_SYNC_FAULTS", "stall@2:8"}});
+  Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "poison@2"}});
+  ASSERT_TRUE(c.finish({&n0, &n1, c.server.get()}, 240));
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
-  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << all_logs(all);
+  ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5)) << c.logs();
   EXPECT_EQ(rounds[1]["nodes"].get<std::vector<int64_t>>(), (std::vector<int64_t>{0}))
       << rounds[1].dump();
   EXPECT_THAT(rounds[1]["missing"].dump(), HasSubstr(refusal));
@@ -721,21 +694,14 @@ TEST_F(SyncReliability, ALoneEarlyUploaderIsJudgedByTheAcceptedUpdatesWithQuorum
 
 TEST_F(SyncReliability, BrokenUploadResumesAndARepeatedChunkIsIgnored) {
   const std::string dir = g_dir + "/resume";
-  const std::string cfg = write_config(dir, 2, "  round_timeout: 120\n");
-  auto srv = start_server(cfg, dir + "/server");
-  const std::string address = server_address(*srv, dir + "/server");
-  ASSERT_FALSE(address.empty()) << srv->log();
-  auto n0 = start_node(cfg, 0, address, dir + "/node0");
+  Cluster c(write_config(dir, 2, "  round_timeout: 120\n"), dir);
+  ASSERT_TRUE(c.up()) << c.server->log();
+  Proc& n0 = c.node(0);
   // Node 1: its round 2 upload stream breaks after 4 of its 8 chunks; in round 3 it sends
   // chunk 1 a second time.
-  auto n1 = start_node(cfg, 1, address, dir + "/node1", {{"SPES_SYNC_FAULTS", "cut@2,dup@3"}});
-  std::vector<Proc*> all = {srv.get(), n0.get(), n1.get()};
-  ASSERT_TRUE(pump_until(all, [&] { return n0->exited && n1->exited && srv->exited; }, 240))
-      << all_logs(all);
-  ASSERT_EQ(n0->code, 0) << all_logs(all);
-  ASSERT_EQ(n1->code, 0) << all_logs(all);
-  EXPECT_EQ(srv->code, 0) << all_logs(all);
-  EXPECT_TRUE(n1->saw("resuming the round 2 upload at byte")) << n1->log();
+  Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "cut@2,dup@3"}});
+  ASSERT_TRUE(c.finish({&n0, &n1, c.server.get()}, 240));
+  EXPECT_TRUE(n1.saw("resuming the round 2 upload at byte")) << n1.log();
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
   ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
   for (const auto& r : rounds)
