@@ -107,6 +107,20 @@ struct Cluster {
     return *nodes.back();
   }
   std::string logs() const { return all_logs(all); }
+  // Node `id`, which stalls before an upload (a stall@R fault), is killed with SIGKILL once it
+  // stalls and started again (as *restarted) once the server has logged `published`: its
+  // open round closed without it.
+  ::testing::AssertionResult kill_stalled_and_restart(Proc& stalled, int id,
+                                                      const std::string& published,
+                                                      Proc** restarted) {
+    if (!pump_until(all, [&] { return stalled.saw("stalling"); }, 120))
+      return ::testing::AssertionFailure() << "node " << id << " never stalled:\n" << logs();
+    stalled.kill9();
+    if (!pump_until(all, [&] { return server->saw(published); }, 60))
+      return ::testing::AssertionFailure() << "no '" << published << "':\n" << logs();
+    *restarted = &node(id);
+    return ::testing::AssertionSuccess();
+  }
   // Pumps every process until each of `procs` has exited (within `timeout_s`) with code 0.
   ::testing::AssertionResult finish(const std::vector<Proc*>& procs, double timeout_s = 180) {
     const bool done = pump_until(all, [&] {
@@ -203,14 +217,11 @@ TEST_F(SyncReliability, NodeKilledMidRoundRestartsFromItsCheckpointAndRejoins) {
   Proc& n0 = c.node(0);
   // Node 1 hangs before its round 2 upload: it is killed there, with round 2 open.
   Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "stall@2:60"}});
-  ASSERT_TRUE(pump_until(c.all, [&] { return n1.saw("stalling"); }, 120)) << c.logs();
-  n1.kill9();
   // The round publishes at its deadline without node 1; node 0 carries on.
-  ASSERT_TRUE(pump_until(c.all, [&] { return c.server->saw("round 2 (step 10) published"); }, 60))
-      << c.logs();
-  Proc& n1b = c.node(1);
-  ASSERT_TRUE(c.finish({&n0, &n1b, c.server.get()}));
-  EXPECT_TRUE(n1b.saw("joined at round")) << n1b.log();
+  Proc* n1b = nullptr;
+  ASSERT_TRUE(c.kill_stalled_and_restart(n1, 1, "round 2 (step 10) published", &n1b));
+  ASSERT_TRUE(c.finish({&n0, n1b, c.server.get()}));
+  EXPECT_TRUE(n1b->saw("joined at round")) << n1b->log();
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
   ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
   EXPECT_EQ(rounds[1]["nodes"].get<std::vector<int64_t>>(), std::vector<int64_t>{0});
@@ -243,12 +254,9 @@ TEST_F(SyncReliability, TopkRoundsKeepEveryNodeOnThePublishedModelThroughAMergeA
   ASSERT_TRUE(c.up()) << c.server->log();
   Proc& n0 = c.node(0);
   Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "stall@3:60"}});
-  ASSERT_TRUE(pump_until(c.all, [&] { return n1.saw("stalling"); }, 120)) << c.logs();
-  n1.kill9();
-  ASSERT_TRUE(pump_until(c.all, [&] { return c.server->saw("round 3 (step 15) published"); }, 60))
-      << c.logs();
-  Proc& n1b = c.node(1);
-  ASSERT_TRUE(c.finish({&n0, &n1b, c.server.get()}));
+  Proc* n1b = nullptr;
+  ASSERT_TRUE(c.kill_stalled_and_restart(n1, 1, "round 3 (step 15) published", &n1b));
+  ASSERT_TRUE(c.finish({&n0, n1b, c.server.get()}));
   const auto rounds = read_jsonl(dir + "/server/rounds.jsonl");
   ASSERT_THAT(rounds_of(rounds), ElementsAre(1, 2, 3, 4, 5));
   for (size_t r = 0; r < 5; ++r)
@@ -271,7 +279,7 @@ TEST_F(SyncReliability, TopkRoundsKeepEveryNodeOnThePublishedModelThroughAMergeA
   // Killed in round 3, back from round 4 (its upload may miss round 4's deadline: it then
   // takes the published model, still with the round's digest).
   EXPECT_THAT(synced[1], ElementsAre(1, 2, 4, 5));
-  EXPECT_TRUE(n1b.saw("joined at round")) << n1b.log();
+  EXPECT_TRUE(n1b->saw("joined at round")) << n1b->log();
   expect_same_weights_at_the_end(dir, 2);
   const std::string kept = dir + "/server/rounds/";
   for (int r : {1, 2, 4}) {
