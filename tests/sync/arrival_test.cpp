@@ -116,10 +116,7 @@ TEST(Arrivals, ADepartedIdThatComesBackJoinsAsANewNodeAndNeverCoOwnsAnExpert) {
   const Config cfg = tiny_config();  // node 0: experts 0-1, node 1: experts 2-3
   RoundState st(cfg, ServeOptions{dir.path});
   FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
-  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
-  st.leave(b.id, 10, "for good", LeaveKind::Departing);
+  departure_in_round_1(st, a, b);
   ASSERT_EQ(st.published_round(), 1);
   const Ownership all0(2, {{0, 0, 0, 0}});
   ASSERT_EQ(st.ownership_at(2).table, all0.table());

@@ -169,10 +169,7 @@ TEST(OwnershipEpochs, ADepartingNodesExpertsGoToALiveNodeAndARestartKeepsTheMap)
   {
     RoundState st(cfg, ServeOptions{dir.path});
     FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-    st.join(a.join_info());
-    st.join(b.join_info());
-    send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
-    st.leave(b.id, 10, "for good", LeaveKind::Departing);
+    departure_in_round_1(st, a, b);
     ASSERT_EQ(st.published_round(), 1);
     // Round 1 was collected under epoch 0; round 2 is under epoch 1, node 0 owning all four.
     EXPECT_EQ(st.ownership_at(1).epoch, 0);
@@ -313,10 +310,7 @@ TEST(OwnershipEpochs, ZeroKeepsTheConfigsMapForTheWholeRun) {
   const Config cfg = elastic_config(0);
   RoundState st(cfg, ServeOptions{dir.path});
   FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
-  st.join(a.join_info());
-  st.join(b.join_info());
-  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
-  st.leave(b.id, 10, "for good", LeaveKind::Departing);
+  departure_in_round_1(st, a, b);
   ASSERT_EQ(st.published_round(), 1);
   EXPECT_EQ(st.ownership_at(2).epoch, 0);
   EXPECT_EQ(st.model().plan().ownership_epoch(), 0);

@@ -202,6 +202,15 @@ inline void arrival_round_2(RoundState& st, const FakeNode& a, const FakeNode& b
     send_upload(st, n->id, 2, upload_of(*n, 2, trained(*n, st, 0.002)));
 }
 
+// Nodes `a` and `b` join, `a` uploads round 1 and `b` departs for good at step 10: round 1
+// publishes with `a` alone, and with reassignment on `b`'s experts go to `a` from round 2.
+inline void departure_in_round_1(RoundState& st, const FakeNode& a, const FakeNode& b) {
+  st.join(a.join_info());
+  st.join(b.join_info());
+  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+  st.leave(b.id, 10, "for good", LeaveKind::Departing);
+}
+
 // The message of what f() throws ("" when it throws nothing).
 inline std::string error_of(const std::function<void()>& f) {
   try {
