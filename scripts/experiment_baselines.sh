@@ -36,6 +36,7 @@
 #     OUT=/tmp/x DOC=/tmp/x/RESULTS.md bash scripts/experiment_baselines.sh   # a quick smoke run
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/experiment_run.sh
 
 STEPS=${STEPS:-1600}         # optimizer steps per node
 NODES=${NODES:-4}
@@ -122,17 +123,7 @@ run() {  # run REGIME ARM SEED: one run into OUT/REGIME/ARM/seedSEED (centralize
     [ "$regime" = split ] && cmd+=(--set data.split_across_nodes=true)
   fi
   for kv in $(arm_settings "$arm"); do cmd+=(--set "$kv"); done
-  if [ "${RERUN:-0}" != 1 ] && [ -f "$dir/wall_s" ]; then
-    echo "== $dir: already finished (RERUN=1 to run it again)"
-    return
-  fi
-  echo "== $dir: ${cmd[*]}"
-  mkdir -p "$dir"
-  rm -f "$dir/wall_s"
-  local start=$SECONDS
-  "${cmd[@]}" > "$dir.log" 2>&1 || { echo "$dir failed; see $dir.log" >&2; tail -n 30 "$dir.log" >&2; exit 1; }
-  echo $((SECONDS - start)) > "$dir/wall_s"
-  echo "   done in $((SECONDS - start)) s"
+  run_once "$dir" "${cmd[@]}"
 }
 
 for a in $CENTRAL_ARMS $WHOLE_ARMS $SPLIT_ARMS; do arm_settings "$a" > /dev/null; done  # typos fail first

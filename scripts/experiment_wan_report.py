@@ -94,7 +94,7 @@ def section(rows, args):
             agree += f" ({r['caught_up']} catch-ups)"
         lines.append(
             f"| {r['arm']} | {r['final_loss']:.4f} | {r['final_loss'] - base['final_loss']:+.4f} | "
-            f"{r['final_spread']:.4f} | {r['mb_up']:.1f} | {r['mb_down']:.1f} | "
+            f"{r['final_spread']:.4f} | {mb_text(r['mb_up'])} | {mb_text(r['mb_down'])} | "
             f"{r['wall_s']:.0f} | {100 * r['stood_still']:.0f}% / "
             f"{100 * r['stood_still_max']:.0f}% | {100 * r['last_round']:.0f}% | "
             f"{flight} | {'-' if t is None else f'{t:.0f}'} | "
@@ -110,12 +110,22 @@ def section(rows, args):
         lines.append(
             f"- {r['arm']}: final loss {abs(d):.4f} nats {'above' if d > 0 else 'below'} fp32 "
             f"blocking (the issue's target, at most 0.02 above: "
-            f"{'met' if d <= 0.02 else 'not met'}), {bytes_ratio:.2f}x its bytes per round, "
+            f"{'met' if d <= 0.02 else 'not met'}), {ratio_text(bytes_ratio)} its bytes per round, "
             f"training stood still {100 * r['stood_still']:.0f}% of the wall time "
             f"({'under' if r['stood_still_max'] < 0.10 else 'not under'} 10% on every node; "
             f"{100 * (r['stood_still'] - r['last_round']):.0f}% without the last round).")
     lines += ["", END, ""]
     return "\n".join(lines)
+
+
+def mb_text(mb):
+    """Megabytes with one decimal, or two significant digits under 1 MB (top-k's rounds)."""
+    return f"{mb:.1f}" if mb >= 1 else f"{mb:.2g}"
+
+
+def ratio_text(r):
+    """0.39x; below a tenth as a fraction (1/240), which two decimals would round to 0.00x."""
+    return f"{r:.2f}x" if r >= 0.1 else f"1/{1 / max(r, 1e-12):.0f}"
 
 
 def main():

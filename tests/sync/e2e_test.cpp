@@ -494,6 +494,18 @@ TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
   EXPECT_THAT(out2, ::testing::ContainsRegex("--- last lines of server \\(all of them: .*/launch_bad/server/log.txt\\) ---"));
 }
 
+// `spes launch` of 3 nodes on DIR for `steps` steps, without merging or a summary, with the
+// disruption (or arrival) flags `extra`.
+std::vector<std::string> disrupted_launch_argv(const std::string& dir, int steps,
+                                               const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {SPES_BINARY, "launch", "--config", g_dir + "/config.yaml",
+                                "--nodes", "3", "--out", dir,
+                                "--set", "max_duration=" + std::to_string(steps),
+                                "--set", "spes_config.merge_interval=0", "--no-summary"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
 // A scripted departure (`spes launch --depart-node 2 --at-round 2`): node 2 leaves for good
 // once round 2 is published, its experts go to the live nodes (an ownership epoch in
 // rounds.jsonl), the others run to the end on the published model, the launch succeeds, its
@@ -502,13 +514,8 @@ TEST_F(SyncEndToEnd, LaunchRunsAClusterAndSummarises) {
 // anything runs.
 TEST_F(SyncEndToEnd, LaunchDepartsANodeOnPurposeAndTheOthersTakeItsExperts) {
   const std::string dir = g_dir + "/launch_depart";
-  const std::vector<std::string> base = {
-      SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "3", "--out", dir,
-      "--set", "max_duration=50", "--set", "spes_config.merge_interval=0", "--no-summary"};
-  auto with = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = base;
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+  auto with = [&](const std::vector<std::string>& extra) {
+    return disrupted_launch_argv(dir, 50, extra);
   };
   std::string out;
   const int code = run_child(with({"--depart-node", "2", "--at-round", "2", "--keep-uploads",
@@ -549,13 +556,8 @@ TEST_F(SyncEndToEnd, LaunchDepartsANodeOnPurposeAndTheOthersTakeItsExperts) {
 TEST_F(SyncEndToEnd, LaunchAddsANodeMidRunThatTakesExpertsFromTheOthers) {
   // 40 short rounds: the cluster runs on while node 3's process starts, as a real one would.
   const std::string dir = g_dir + "/launch_arrival";
-  const std::vector<std::string> base = {
-      SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "3", "--out", dir,
-      "--set", "max_duration=400", "--set", "spes_config.merge_interval=0", "--no-summary"};
-  auto with = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = base;
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+  auto with = [&](const std::vector<std::string>& extra) {
+    return disrupted_launch_argv(dir, 400, extra);
   };
   std::string out;
   const int code = run_child(with({"--add-node-at-round", "2", "--keep-uploads"}), &out);
