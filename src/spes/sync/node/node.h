@@ -173,6 +173,13 @@ class SyncNode : public StepObserver {
   // Takes the latest published round (at least `min_round`) whole and moves the trainer to its
   // step. Returns the sync record.
   nlohmann::json catch_up(Trainer& t, int64_t min_round, const std::string& why);
+  // Long-polls until a round >= min_round is published (fails after max(600 s, 2 x
+  // round_timeout)).
+  RoundStatus wait_published(int64_t min_round);
+  // The trainer moves to the caught-up round `cur` (its step, map and sync state; the
+  // compressed-sync feedback restarts). Returns the ownership change, if any.
+  nlohmann::json adopt_caught_up_round(Trainer& t, const RoundStatus& cur,
+                                       const std::string& sha);
   // Runs f, retrying transient failures with bounded backoff and joining again when the
   // server no longer knows this node.
   template <class F>

@@ -27,28 +27,34 @@ namespace {
 constexpr uint32_t kStopPollMs = 5000;
 }  // namespace
 
-nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
-  const Config& cfg = t.config();
-  const ParamRegistry& reg = t.registry();
-  const WireDtype wire = wire_dtype_of(cfg.spes_config.transfer.dtype);
-  const int64_t node = reg.node_id();
+RoundStatus SyncNode::wait_published(int64_t min_round) {
+  const Config& cfg = trainer_->config();
   const double retry = cfg.spes_config.transport.retry_max_s;
+  const auto tw = Clock::now();
+  for (;;) {
+    const auto tc = Clock::now();
+    const RoundStatus st =
+        call("wait for round", retry, [&] { return client_->wait_round(min_round, kMaxWaitMs); });
+    if (st.published) return st;
+    // The server answers at once when it holds no upload of ours (e.g. it restarted): this
+    // node has none to give for this round, so poll gently.
+    if (since(tc) < 1.0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (since(tw) > std::max(600.0, 2 * cfg.spes_config.timing.round_timeout))
+      fail("node {}: round {} was not published within {:.0f} s", client_->id().node_id,
+           min_round, since(tw));
+  }
+}
+
+nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::string& why) {
+  const ParamRegistry& reg = t.registry();
+  const WireDtype wire = wire_dtype_of(t.config().spes_config.transfer.dtype);
+  const double retry = t.config().spes_config.transport.retry_max_s;
+  const int64_t node = reg.node_id();
   const auto t0 = Clock::now();
   spdlog::warn("node {}: {}; taking the published model", node, why);
   for (int tries = 0;; ++tries) {
     // Wait until the round this node missed is published, then take the latest one.
-    RoundStatus st;
-    const auto tw = Clock::now();
-    for (;;) {
-      const auto tc = Clock::now();
-      st = call("wait for round", retry, [&] { return client_->wait_round(min_round, kMaxWaitMs); });
-      if (st.published) break;
-      // The server answers at once when it holds no upload of ours (e.g. it restarted): this
-      // node has none to give for this round, so poll gently.
-      if (since(tc) < 1.0) std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (since(tw) > std::max(600.0, 2 * cfg.spes_config.timing.round_timeout))
-        fail("node {}: round {} was not published within {:.0f} s", node, min_round, since(tw));
-    }
+    const RoundStatus st = wait_published(min_round);
     const int64_t round = st.published_round;
     const RoundStatus cur = round == min_round && !st.model_sha256.empty()
                                 ? st
@@ -67,12 +73,7 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
     SPES_CHECK(sha == cur.model_sha256, "node {}: after loading round {} its weights hash to {} "
                "but the server published {}", node, round, sha, cur.model_sha256);
     const int64_t from = t.state().step;
-    t.state().step = cur.published_step > 0 ? cur.published_step
-                                            : RoundClock(cfg).step_of(round);
-    t.state().sync_round = round;
-    held_round_ = round;
-    const nlohmann::json changed = apply_ownership(t, cur.ownership, nullptr, /*boundary=*/true);
-    mark_synced(t, /*reset_residual=*/true, sha);
+    const nlohmann::json changed = adopt_caught_up_round(t, cur, sha);
     spdlog::info("node {}: caught up with round {} (step {} -> {}), down {}, sha256 {}", node,
                  round, from, t.state().step, human_bytes(static_cast<double>(down)),
                  sha.substr(0, 16));
@@ -88,6 +89,18 @@ nlohmann::json SyncNode::catch_up(Trainer& t, int64_t min_round, const std::stri
             {"frozen_sha256_after", frozen_sha_},
             {"ownership", changed}};
   }
+}
+
+nlohmann::json SyncNode::adopt_caught_up_round(Trainer& t, const RoundStatus& cur,
+                                               const std::string& sha) {
+  const int64_t round = cur.published_round;
+  t.state().step = cur.published_step > 0 ? cur.published_step
+                                          : RoundClock(t.config()).step_of(round);
+  t.state().sync_round = round;
+  held_round_ = round;
+  const nlohmann::json changed = apply_ownership(t, cur.ownership, nullptr, /*boundary=*/true);
+  mark_synced(t, /*reset_residual=*/true, sha);
+  return changed;
 }
 
 
