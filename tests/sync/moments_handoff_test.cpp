@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
 
 #include "spes/io/files.h"
@@ -237,4 +238,23 @@ TEST(MomentsHandoff, ExpertsLostToAnArrivalComeFromTheirLiveOwnerAndNothingElseI
   const ExpertMoments got = moments_from_tensors(fetched, "fetched");
   ASSERT_EQ(got.by_name.size(), 3u);
   EXPECT_EQ(moments_sha256(got), moments_sha256(lost));
+}
+
+// A live previous owner that does not hand its moments over: the arrival's fetch waits for
+// them as long as a round may wait for a node (round_timeout), then goes on without them.
+TEST(MomentsHandoff, AnArrivalWaitsRoundTimeoutForALiveOwnersMomentsThenGoesOnWithout) {
+  TempDir dir;
+  const Config cfg = arrival_config({"spes_config.round_timeout=0.5"});
+  FakeNode a(cfg, 0, 1), b(cfg, 1, 2), c(cfg, 2, 3);
+  RoundState st(cfg, ServeOptions{dir.path});
+  arrival_round_1(st, a, b);
+  arrival_round_2(st, a, b, c);
+  ASSERT_EQ(st.ownership_at(3).table, (std::vector<std::vector<int64_t>>{{0, 0, 2, 1}}));
+  const auto t0 = std::chrono::steady_clock::now();
+  const NamedTensors fetched = st.handed_moments(c.id, 1);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(fetched.empty());
+  EXPECT_GE(waited, 0.45);
+  EXPECT_LT(waited, 29.0);  // round_timeout, not the fixed 30 s it once was
 }

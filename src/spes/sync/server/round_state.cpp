@@ -28,8 +28,6 @@ namespace spes::sync {
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kPublishRetryS = 5.0;  // a failed save of a closed round is retried this often
-// How long a FetchMoments of an arrival waits for the live previous owners' handovers.
-constexpr double kLostMomentsWaitS = 30.0;
 
 uint64_t random_u64() {
   std::random_device rd;
@@ -758,8 +756,9 @@ void RoundState::check_lost_to_arrivals(int64_t node,
 void RoundState::wait_for_lost_moments(std::unique_lock<std::mutex>& lk, int64_t node,
                                        int64_t epoch, const nlohmann::json& handoffs) {
   // The experts an arrival takes come from live nodes, which hand their moments over right
-  // after applying the epoch's map: wait for them a bounded time (kLostMomentsWaitS) unless
-  // their previous owner is no longer live.
+  // after applying the epoch's map: wait for them as long as a round may wait for a node
+  // (round_timeout: a donor on a slow link downloads that round and uploads the moments in
+  // that time) unless their previous owner is no longer live.
   std::set<int64_t> from;
   for (const auto& h : handoffs)
     if (h.at("to").get<int64_t>() == node && h.value("why", "") == kArrivalWhy)
@@ -773,13 +772,14 @@ void RoundState::wait_for_lost_moments(std::unique_lock<std::mutex>& lk, int64_t
         return false;
     return true;
   };
+  const double wait_s = cfg_.spes_config.timing.round_timeout;
   const auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(kLostMomentsWaitS * 1000));
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(wait_s * 1000));
   if (!cv_.wait_until(lk, deadline, [&] { return closed_ || ready(); }))
     spdlog::warn("node {}: the moments of the experts it takes in ownership epoch {} did not "
                  "all arrive from their previous owners [{}] within {:.0f} s: the missing ones "
-                 "start at zero with the re-warm-up", node, epoch, fmt::join(from, ", "),
-                 kLostMomentsWaitS);
+                 "start at zero with the re-warm-up (spes_config.round_timeout)", node, epoch,
+                 fmt::join(from, ", "), wait_s);
 }
 
 int64_t RoundState::heartbeat(const NodeId& node, int64_t step, const NodeMetrics& m) {
