@@ -321,7 +321,7 @@ std::string kill_after_upload_and_restart(const std::string& dir,
   Proc& n0 = c.node(0);
   // Node 1 holds round 4 open long enough for node 0 to be killed and to come back (and less
   // than heartbeat_timeout, which would leave it out of round 5).
-  Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "stall@4:10"}});
+  Proc& n1 = c.node(1, {{"SPES_SYNC_FAULTS", "stall@4:14"}});
   EXPECT_TRUE(pump_until(c.all, [&] {
     return c.server->saw("round 4: upload of node 0 accepted");
   }, 120)) << c.logs();
