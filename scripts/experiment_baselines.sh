@@ -63,11 +63,7 @@ MERGE_DECAY=$((STEPS / 5))     # alpha reaches 0 at 20% of training
 MERGE_TOPK=$((EXPERTS / 4))
 
 [ -x build/spes ] || bash scripts/build.sh spes
-bash scripts/get_corpus.sh data/corpus
-if [ ! -f "$DATA/manifest.json" ]; then
-  build/spes prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
-    --out "$DATA"
-fi
+prepare_bible_tokens build/spes "$DATA" "$VOCAB"
 mkdir -p "$OUT"
 # An evaluation right after a merge measures the merge's transient, not the training: refuse it.
 for ((s = MERGE_INTERVAL; s < MERGE_DECAY; s += MERGE_INTERVAL)); do

@@ -47,11 +47,7 @@ FIGS=$(dirname "$DOC")/results
 CONFIG=configs/default.yaml
 
 [ -x "$SPES" ] || bash scripts/build.sh spes
-bash scripts/get_corpus.sh data/corpus
-if [ ! -f "$DATA/manifest.json" ]; then
-  "$SPES" prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
-    --out "$DATA"
-fi
+prepare_bible_tokens "$SPES" "$DATA" "$VOCAB"
 mkdir -p "$OUT" "$FIGS"
 
 common=(--config "$CONFIG" --nodes "$NODES" --overwrite --progress plain --progress-every 60

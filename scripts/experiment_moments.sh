@@ -13,6 +13,7 @@
 #   SEEDS="1" STEPS=100 OUT=/tmp/m DOC=/tmp/m/RESULTS.md bash scripts/experiment_moments.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/experiment_run.sh
 
 STEPS=${STEPS:-1600}
 EVAL=${EVAL:-160}
@@ -27,11 +28,7 @@ DOC=${DOC:-docs/RESULTS.md}
 SECTION=$(dirname "$DOC")/results/moments.md
 
 [ -x build/spes ] && [ -x build/bench/train_bench ] || bash scripts/build.sh spes train_bench
-bash scripts/get_corpus.sh data/corpus
-if [ ! -f "$DATA/manifest.json" ]; then
-  build/spes prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
-    --out "$DATA"
-fi
+prepare_bible_tokens build/spes "$DATA" "$VOCAB"
 mkdir -p "$OUT" "$(dirname "$SECTION")"
 
 runs=()

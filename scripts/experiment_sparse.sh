@@ -55,20 +55,10 @@ FIGS=$(dirname "$DOC")/results
 CONFIG=configs/default.yaml
 
 [ -x "$SPES" ] || bash scripts/build.sh spes
-bash scripts/get_corpus.sh data/corpus
-if [ ! -f "$DATA/manifest.json" ]; then
-  "$SPES" prepare --input data/corpus/kjv.txt data/corpus/web.txt --vocab-size "$VOCAB" \
-    --out "$DATA"
-fi
+prepare_bible_tokens "$SPES" "$DATA" "$VOCAB"
 mkdir -p "$OUT" "$FIGS"
 
-common=(--config "$CONFIG" --nodes "$NODES" --overwrite
-        --set "max_duration=$STEPS" --set "eval_interval=$EVAL" --set "data.paths=[$DATA]"
-        --set "global_train_batch_size=$NODE_BATCH" --set "device_train_microbatch_size=$NODE_BATCH"
-        --set "eval_batches=$((VAL_WINDOWS / NODE_BATCH))" --set "spes_config.sync_steps=$SYNC"
-        --set "spes_config.num_peers=$NODES" --set threads=1 --set spes_config.mode=spes
-        --set spes_config.merge_interval=0)
-for kv in $MODEL; do common+=(--set "model.$kv"); done
+cluster_args common "$STEPS" "$NODE_BATCH" "$SYNC" "$EVAL"
 
 arms=()  # every arm name: fp32, int8, topk-dD, each with +outer when OUTER has "on"
 for entry in $ARMS; do
