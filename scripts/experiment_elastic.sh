@@ -50,13 +50,8 @@ CONFIG=configs/default.yaml
 prepare_bible_tokens "$SPES" "$DATA" "$VOCAB"
 mkdir -p "$OUT" "$FIGS"
 
-common=(--config "$CONFIG" --nodes "$NODES" --overwrite --progress plain --progress-every 60
-        --set "max_duration=$STEPS" --set "eval_interval=$EVAL" --set "data.paths=[$DATA]"
-        --set "global_train_batch_size=$NODE_BATCH" --set "device_train_microbatch_size=$NODE_BATCH"
-        --set "eval_batches=$((VAL_WINDOWS / NODE_BATCH))" --set "spes_config.sync_steps=$SYNC"
-        --set "spes_config.num_peers=$NODES" --set threads=1 --set spes_config.mode=spes
-        --set spes_config.merge_interval=0)
-for kv in $MODEL; do common+=(--set "model.$kv"); done
+cluster_args common "$STEPS" "$NODE_BATCH" "$SYNC" "$EVAL"
+common+=(--progress plain --progress-every 60)
 
 arm_options() {  # the launch options that make an arm, on top of `common`
   case "$1" in
