@@ -4,8 +4,8 @@ run's summary.json (written by `spes launch`) and writes one markdown section (-
 puts into --doc (scripts/results_section.py). Per regime (sync interval H x batch per node B): the
 final validation loss of every outer setting at every seed (the mean over nodes: every node holds
 the published model of the last round), its paired difference from plain averaging in the same
-regime (mean, sample standard deviation over seeds, and on how many seeds it is lower), and a
-summary over regimes of the best outer setting. The sentences are computed from the same numbers.
+regime (mean, sample standard deviation over seeds, and on how many seeds it is lower), the same
+difference at every validation step of the run, and a summary over regimes of the best outer setting. The sentences are computed from the same numbers.
 Python 3 standard library only.
 Usage: experiment_outer_report.py --sequences N --nodes N --model M --warmup-sequences N
        --charts PATTERN --section NAME --out FILE --doc FILE
@@ -28,7 +28,15 @@ def read_run(d):
     with open(summary) as f:
         s = json.load(f)
     finals = [n["final_val_loss"] for n in s["nodes"]]
+    curve = {}  # step -> validation losses of the nodes
+    for i in range(len(s["nodes"])):
+        with open(os.path.join(d, f"node{i}", "metrics.jsonl")) as f:
+            for line in f:
+                m = json.loads(line)
+                if "val_loss" in m:
+                    curve.setdefault(m["step"], []).append(m["val_loss"])
     return {"summary": summary, "final": sum(finals) / len(finals),
+            "curve": {step: sum(v) / len(v) for step, v in curve.items()},
             "rounds": s["nodes"][0]["syncs"],
             "agree": bool(s.get("all_nodes_same_model_after_every_sync"))}
 
@@ -77,7 +85,28 @@ def regime_table(regime, arms, seeds, args):
         lines.append(f"| {arm} | {lr:g} | {mu:g} | {lr / (1 - mu):.1f} | " +
                      " | ".join(f"{runs[s]['final']:.4f}" for s in seeds) +
                      f" | {vs} | {lower} | {'yes' if agree else 'NO'} |")
+    lines += curve_table(arms, seeds)
     return lines, diffs
+
+
+def curve_table(arms, seeds):
+    """When in the run each outer setting gains or loses against plain averaging: the paired
+    difference of the validation loss at every validation step, mean over seeds."""
+    ref = arms.get(REFERENCE)
+    others = [a for a in arms if a != REFERENCE]
+    if ref is None or not others:
+        return []
+    steps = sorted(set.intersection(*(set(r["curve"]) for runs in arms.values()
+                                       for r in runs.values())))
+    lines = ["", "Difference from avg during the run (validation loss at each validation step, "
+             "paired by seed, mean over seeds):", "",
+             "| arm | " + " | ".join(f"step {s}" for s in steps) + " |",
+             "|---|" + "---|" * len(steps)]
+    for arm in others:
+        cells = [sum(arms[arm][s]["curve"][st] - ref[s]["curve"][st] for s in seeds) / len(seeds)
+                 for st in steps]
+        lines.append(f"| {arm} | " + " | ".join(f"{c:+.3f}" for c in cells) + " |")
+    return lines
 
 
 def section(grid, seeds, args):
