@@ -5,18 +5,18 @@ puts into --doc (scripts/results_section.py). Per regime (sync interval H x batc
 final validation loss of every outer setting at every seed (the mean over nodes: every node holds
 the published model of the last round), its paired difference from plain averaging in the same
 regime (mean, sample standard deviation over seeds, and on how many seeds it is lower), the same
-difference at every validation step of the run, and a summary over regimes of the best outer setting. The sentences are computed from the same numbers.
+difference at every validation step of the run (and the smallest of them over every seed), and
+a summary over regimes of the best outer setting. The sentences come from the same numbers.
 Python 3 standard library only.
 Usage: experiment_outer_report.py --sequences N --nodes N --model M --warmup-sequences N
        --charts PATTERN --section NAME --out FILE --doc FILE
        hH-bB/ARM:SEED=DIR ...   (ARM avg or outer-lrLR-mMU)
 """
 import argparse
-import json
 import os
 import re
 
-from experiment_runs import mean_sd, parse_runs
+from experiment_runs import launch_summary, mean_sd, node_records, parse_runs
 from results_section import add_output_args, markers, run_date, write_section
 
 SCRIPT = "scripts/experiment_outer.sh"
@@ -24,18 +24,12 @@ REFERENCE = "avg"
 
 
 def read_run(d):
-    summary = os.path.join(d, "summary.json")
-    with open(summary) as f:
-        s = json.load(f)
-    finals = [n["final_val_loss"] for n in s["nodes"]]
+    summary, s, final = launch_summary(d)
     curve = {}  # step -> validation losses of the nodes
-    for i in range(len(s["nodes"])):
-        with open(os.path.join(d, f"node{i}", "metrics.jsonl")) as f:
-            for line in f:
-                m = json.loads(line)
-                if "val_loss" in m:
-                    curve.setdefault(m["step"], []).append(m["val_loss"])
-    return {"summary": summary, "final": sum(finals) / len(finals),
+    for record in node_records(d, len(s["nodes"])):
+        if "val_loss" in record:
+            curve.setdefault(record["step"], []).append(record["val_loss"])
+    return {"summary": summary, "final": final,
             "curve": {step: sum(v) / len(v) for step, v in curve.items()},
             "rounds": s["nodes"][0]["syncs"],
             "agree": bool(s.get("all_nodes_same_model_after_every_sync"))}
@@ -58,9 +52,10 @@ def regime_table(regime, arms, seeds, args):
     """The lines of one regime's table and the paired differences of its outer arms."""
     h, b = regime_of(regime)
     steps = args.sequences // b
-    rounds = {r["rounds"] for runs in arms.values() for r in runs.values()}
+    rounds = "/".join(map(str, sorted({r["rounds"] for runs in arms.values()
+                                       for r in runs.values()})))
     lines = [f"#### H = {h}, {b} sequences per node per step ({steps} steps, "
-             f"{'/'.join(map(str, sorted(rounds)))} rounds of {h * b} sequences per node)", "",
+             f"{rounds} rounds of {h * b} sequences per node)", "",
              f"![validation loss, H {h}, batch {b}, seed {seeds[0]}]"
              f"({args.charts.format(regime=regime)})", "",
              "| arm | outer lr | momentum | long-run gain lr/(1-μ) | " +
@@ -85,28 +80,31 @@ def regime_table(regime, arms, seeds, args):
         lines.append(f"| {arm} | {lr:g} | {mu:g} | {lr / (1 - mu):.1f} | " +
                      " | ".join(f"{runs[s]['final']:.4f}" for s in seeds) +
                      f" | {vs} | {lower} | {'yes' if agree else 'NO'} |")
-    lines += curve_table(arms, seeds)
-    return lines, diffs
+    curve_lines, step_diffs = curve_table(arms, seeds)
+    return lines + curve_lines, diffs, rounds, step_diffs
 
 
 def curve_table(arms, seeds):
-    """When in the run each outer setting gains or loses against plain averaging: the paired
-    difference of the validation loss at every validation step, mean over seeds."""
+    """When in the run each outer setting gains or loses against plain averaging: the table of
+    the paired difference of the validation loss at every validation step, mean over seeds, and
+    every one of those differences as (difference, arm, seed, step)."""
     ref = arms.get(REFERENCE)
     others = [a for a in arms if a != REFERENCE]
     if ref is None or not others:
-        return []
+        return [], []
     steps = sorted(set.intersection(*(set(r["curve"]) for runs in arms.values()
                                        for r in runs.values())))
     lines = ["", "Difference from avg during the run (validation loss at each validation step, "
              "paired by seed, mean over seeds):", "",
              "| arm | " + " | ".join(f"step {s}" for s in steps) + " |",
              "|---|" + "---|" * len(steps)]
+    step_diffs = [(arms[arm][s]["curve"][st] - ref[s]["curve"][st], arm, s, st)
+                  for arm in others for s in seeds for st in steps]
     for arm in others:
-        cells = [sum(arms[arm][s]["curve"][st] - ref[s]["curve"][st] for s in seeds) / len(seeds)
+        cells = [sum(d for d, a, _, st2 in step_diffs if a == arm and st2 == st) / len(seeds)
                  for st in steps]
         lines.append(f"| {arm} | " + " | ".join(f"{c:+.3f}" for c in cells) + " |")
-    return lines
+    return lines, step_diffs
 
 
 def section(grid, seeds, args):
@@ -129,11 +127,11 @@ def section(grid, seeds, args):
              "lower on: the seeds where the outer step ends below avg).", ""]
     summary = ["| regime | rounds | best outer setting | its difference from avg | lower on |",
                "|---|---|---|---|---|"]
-    notes = []
+    notes, every_step = [], []
     for regime, arms in grid.items():
-        table, diffs = regime_table(regime, arms, seeds, args)
+        table, diffs, rounds, step_diffs = regime_table(regime, arms, seeds, args)
         lines += table + [""]
-        rounds = next(iter(next(iter(arms.values())).values()))["rounds"]
+        every_step += [(d, regime, arm, seed, step) for d, arm, seed, step in step_diffs]
         if not diffs:
             continue
         best = min(diffs, key=lambda a: diffs[a][0])
@@ -146,6 +144,12 @@ def section(grid, seeds, args):
                        "worse than plain averaging on every seed" if lower == 0 else
                        "no difference beyond the spread over seeds")
             notes.append(f"- {regime}, {arm}: {m:+.4f} nats against avg (sd {sd:.4f}): {verdict}.")
+    if every_step:
+        d, regime, arm, seed, step = min(every_step)
+        notes.append(f"- Every validation step of every seed ({len(every_step)} paired "
+                     f"comparisons): the outer step's smallest difference from avg is {d:+.4f} "
+                     f"({regime}, {arm}, seed {seed}, step {step}); "
+                     f"{sum(x[0] < 0 for x in every_step)} of them are below avg.")
     lines += ["Summary over regimes:", ""] + summary + [""] + notes + ["", end, ""]
     return "\n".join(lines)
 

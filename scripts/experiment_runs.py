@@ -1,7 +1,28 @@
 """What the experiment report scripts share: the runs named on their command line as
-ARM:SEED=DIR (every arm at every seed, refused otherwise) and the mean and sample standard
-deviation of paired differences. Python 3 standard library only."""
+ARM:SEED=DIR (every arm at every seed, refused otherwise), what a `spes launch` run directory
+says (its summary and its nodes' metric records), and the mean and sample standard deviation of
+paired differences. Python 3 standard library only."""
+import json
 import math
+import os
+
+
+def launch_summary(d):
+    """(path, parsed summary, final validation loss as the mean over nodes) of the `spes launch`
+    run in d (every node holds the published model of the last round)."""
+    path = os.path.join(d, "summary.json")
+    with open(path) as f:
+        s = json.load(f)
+    finals = [n["final_val_loss"] for n in s["nodes"]]
+    return path, s, sum(finals) / len(finals)
+
+
+def node_records(d, nodes):
+    """Every metric record (one parsed line of DIR/node<i>/metrics.jsonl) of nodes 0..nodes-1."""
+    for i in range(nodes):
+        with open(os.path.join(d, f"node{i}", "metrics.jsonl")) as f:
+            for line in f:
+                yield json.loads(line)
 
 
 def parse_runs(specs, read_run, script):

@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 
-from experiment_runs import mean_sd, parse_runs
+from experiment_runs import launch_summary, mean_sd, node_records, parse_runs
 from results_section import add_output_args, markers, run_date, write_section
 
 SCRIPT = "scripts/experiment_sparse.sh"
@@ -25,20 +25,14 @@ TARGET = 0.03  # issue 37: the default top-k setting within 0.03 nats of fp32 SP
 
 
 def read_run(d):
-    summary = os.path.join(d, "summary.json")
-    with open(summary) as f:
-        s = json.load(f)
-    finals = [n["final_val_loss"] for n in s["nodes"]]
+    summary, s, final = launch_summary(d)
     moved, rounds = 0, 0
-    for i in range(len(s["nodes"])):
-        with open(os.path.join(d, f"node{i}", "metrics.jsonl")) as f:
-            for line in f:
-                sync = json.loads(line).get("sync")
-                if not sync:
-                    continue
-                moved += sync["bytes_up"] + sync["bytes_down"]
-                rounds += 1
-    return {"summary": summary, "final": sum(finals) / len(finals),
+    for record in node_records(d, len(s["nodes"])):
+        sync = record.get("sync")
+        if sync:
+            moved += sync["bytes_up"] + sync["bytes_down"]
+            rounds += 1
+    return {"summary": summary, "final": final,
             "agree": bool(s.get("all_nodes_same_model_after_every_sync")),
             "bytes": moved / max(rounds, 1)}
 
