@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 
-from experiment_runs import mean_sd, parse_runs
+from experiment_runs import fmt_diff, paired, parse_runs
 from results_section import add_output_args, markers, run_date, write_section
 
 SCRIPT = "scripts/experiment_elastic.sh"
@@ -39,17 +39,6 @@ def read_run(d):
             "agree": bool(s.get("all_nodes_same_model_after_every_sync")),
             "handed": len(handoffs),
             "from_round": min((h["round"] for h in handoffs), default=None)}
-
-
-def paired(arms, seeds, a, b):
-    """Mean and sd over seeds of arm a's final loss minus arm b's, and the seeds where a < b."""
-    diffs = [arms[a][s]["final"] - arms[b][s]["final"] for s in seeds]
-    m, sd = mean_sd(diffs)
-    return m, sd, sum(1 for d in diffs if d < 0)
-
-
-def fmt_diff(m, sd, n):
-    return f"{m:+.4f} ({sd:.4f})" if n > 1 else f"{m:+.4f} (one seed)"
 
 
 def section(arms, seeds, args):

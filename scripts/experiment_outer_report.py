@@ -16,7 +16,7 @@ import argparse
 import os
 import re
 
-from experiment_runs import launch_summary, mean_sd, node_records, parse_runs
+from experiment_runs import fmt_diff, launch_summary, node_records, paired, parse_runs
 from results_section import add_output_args, markers, run_date, write_section
 
 SCRIPT = "scripts/experiment_outer.sh"
@@ -71,10 +71,8 @@ def regime_table(regime, arms, seeds, args):
         elif arm == REFERENCE:
             vs, lower = "-", "-"
         else:
-            d = [runs[s]["final"] - ref[s]["final"] for s in seeds]
-            m, sd = mean_sd(d)
-            diffs[arm] = (m, sd, sum(x < 0 for x in d))
-            vs = f"{m:+.4f} ({sd:.4f})" if len(seeds) > 1 else f"{m:+.4f} (one seed)"
+            diffs[arm] = paired(arms, seeds, arm, REFERENCE)
+            vs = fmt_diff(diffs[arm][0], diffs[arm][1], len(seeds))
             lower = f"{diffs[arm][2]} of {len(seeds)}"
         agree = all(r["agree"] for r in runs.values())
         lines.append(f"| {arm} | {lr:g} | {mu:g} | {lr / (1 - mu):.1f} | " +

@@ -47,3 +47,16 @@ def mean_sd(xs):
     m = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
     return m, sd
+
+
+def paired(arms, seeds, a, b):
+    """Mean and sd over seeds of arm a's final loss minus arm b's (both {seed: run with
+    "final"}), and on how many seeds a ends lower."""
+    diffs = [arms[a][s]["final"] - arms[b][s]["final"] for s in seeds]
+    m, sd = mean_sd(diffs)
+    return m, sd, sum(1 for d in diffs if d < 0)
+
+
+def fmt_diff(m, sd, n):
+    """A paired difference as the tables print it: mean (sd), or mean (one seed)."""
+    return f"{m:+.4f} ({sd:.4f})" if n > 1 else f"{m:+.4f} (one seed)"

@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 
-from experiment_runs import launch_summary, mean_sd, node_records, parse_runs
+from experiment_runs import fmt_diff, launch_summary, node_records, paired, parse_runs
 from results_section import add_output_args, markers, run_date, write_section
 
 SCRIPT = "scripts/experiment_sparse.sh"
@@ -78,10 +78,9 @@ def section(arms, seeds, args):
         ref = arms.get(ref_name)
         moved = sum(runs[s]["bytes"] for s in seeds) / len(seeds)
         if ref:
-            diffs = [runs[s]["final"] - ref[s]["final"] for s in seeds]
-            m, sd = mean_sd(diffs)
+            m, sd, _ = paired(arms, seeds, name, ref_name)
             ref_moved = sum(ref[s]["bytes"] for s in seeds) / len(seeds)
-            vs = f"{m:+.4f} ({sd:.4f})" if len(seeds) > 1 else f"{m:+.4f} (one seed)"
+            vs = fmt_diff(m, sd, len(seeds))
             ratio = f"1/{ref_moved / moved:.0f}" if moved > 0 and name != ref_name else "1"
         else:
             m, vs, ratio = None, "(no fp32 arm)", "-"
