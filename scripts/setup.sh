@@ -64,6 +64,18 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
 fi
+# Free space first: a disk that fills half-way through PyTorch's install leaves a broken .venv.
+need_space() {  # need_space GB WHAT: stop with a clear message when a disk it uses lacks GB
+  local gb=$1 what=$2 dir free
+  for dir in "$here" "${TMPDIR:-/tmp}"; do
+    free=$(df -Pk "$dir" | awk 'NR == 2 {print int($4 / 1048576)}')
+    if [ "$free" -lt "$gb" ]; then
+      echo "[setup] error: $what needs about $gb GB free on the disk of $dir, which has $free GB." >&2
+      echo "[setup] Free some space (old clones' .venv/ and build/, runs/, 'pip cache purge') and run this again." >&2
+      exit 1
+    fi
+  done
+}
 reqs=("$here/scripts/requirements.txt")
 [ "$with_tests" = 1 ] && reqs+=("$here/scripts/requirements-tests.txt")
 for r in "${reqs[@]}"; do
@@ -75,7 +87,9 @@ for r in "${reqs[@]}"; do
   fi
   echo "[setup] python: installing $(grep -v '^#' "$r" | grep . | tr '\n' ' ')into .venv"
   case "$r" in
-    */requirements.txt) echo "[setup]   (PyTorch 2.11.0 with its CUDA 13 libraries: about 3 GB to download, 4.7 GB on disk)" ;;
+    */requirements.txt) echo "[setup]   (PyTorch 2.11.0 with its CUDA 13 libraries: about 3 GB to download, 4.7 GB on disk)"
+                        need_space 9 "installing PyTorch" ;;
+    *) need_space 2 "installing the test references" ;;
   esac
   t0=$SECONDS
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$r"
