@@ -10,7 +10,9 @@
 #   topk-dD           compression topk, topk_density D (one arm per value of DENSITIES),
 #                     topk_bits BITS, topk_decay DECAY; an entry D-downW of DENSITIES makes
 #                     topk-dD-downW: the server publishes averaged tensors at
-#                     topk_down_density W
+#                     topk_down_density W; a suffix -unsent (D-unsent, D-downW-unsent) adds
+#                     topk_unsent_in_weights: the nodes train on the published model plus
+#                     what they have not sent
 # each also with the outer step (ARM+outer: spes_config.outer_step on the shared tensors, outer
 # lr OUTER_LR, momentum OUTER_MOMENTUM) when OUTER has "on"; an entry of ARMS may name its own
 # outer settings after a colon (ARMS="fp32:off topk:on": the fp32 reference without the outer
@@ -85,11 +87,13 @@ arm_settings() {  # the settings that make an arm, on top of `common`
   case "$base" in
     fp32) ;;
     int8) echo spes_config.compression=int8 ;;
-    topk-d*) local density=${base#topk-d} down=0
+    topk-d*) local density=${base#topk-d} down=0 unsent=false
+             if [[ "$density" == *-unsent ]]; then unsent=true; density=${density%-unsent}; fi
              if [[ "$density" == *-down* ]]; then down=${density#*-down}; density=${density%%-down*}; fi
              echo spes_config.compression=topk "spes_config.topk_density=$density" \
                "spes_config.topk_bits=$BITS" "spes_config.topk_decay=$DECAY" \
-               "spes_config.topk_down_density=$down" ;;
+               "spes_config.topk_down_density=$down" \
+               "spes_config.topk_unsent_in_weights=$unsent" ;;
   esac
   if [[ "$arm" == *+outer ]]; then
     echo spes_config.outer_step=true "spes_config.outer_lr=$OUTER_LR" \

@@ -4,12 +4,14 @@
 // upload since then changed; taken back into a fresh DeltaUpload on the checkpoint's weights,
 // the next rounds give bit for bit what the node that was never stopped gives. A state that
 // does not match the model (a wrong shape, NaN, an unknown or missing tensor, another dtype) is
-// refused naming the tensor, and changes nothing.
+// refused naming the tensor, and changes nothing. With topk_unsent_in_weights the node trains
+// on the published model plus what it has not sent, and every change is still sent once.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "spes/sync/round/delta_upload.h"
 #include "sync/sync_test_util.h"
@@ -29,7 +31,9 @@ struct Node {
   Node(const Config& cfg, uint64_t seed)
       : fake(cfg, 0, seed),
         delta(cfg.spes_config.transfer.compression, topk_params(cfg.spes_config.transfer),
-              cfg.spes_config.transfer.topk_decay) {}
+              cfg.spes_config.transfer.topk_decay,
+              topk_published_params(cfg.spes_config.transfer),
+              cfg.spes_config.transfer.topk_unsent_in_weights) {}
 };
 
 void train(FakeNode& n, uint64_t seed) {
@@ -118,6 +122,65 @@ TEST(DeltaUploadState, ARestoredStateContinuesBitForBitAndIgnoresAnUnfinishedUpl
     EXPECT_TRUE(same_state(a.delta.saved_state(), b.delta.saved_state()));
     // The feedback holds something (the test would pass trivially with none).
     EXPECT_GT(a.delta.residual_sq(), 0);
+  }
+}
+
+// The trainable tensors of `n`, as fp32 CPU copies by name.
+std::map<std::string, torch::Tensor> trainable(const FakeNode& n) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& e : n.reg->entries())
+    if (e.trainable) out[e.name] = e.tensor.detach().to(torch::kFloat32).clone();
+  return out;
+}
+
+// Tensor `key` ("base/<name>" or "residual/<name>") of a saved state (undefined: none).
+torch::Tensor saved(const DeltaUpload::SavedState& s, const std::string& key) {
+  for (const auto& [n, t] : s.tensors)
+    if (n == key) return t;
+  return {};
+}
+
+// One node whose uploads the server takes as they are (the published model is base +
+// deq(sent)): with topk_unsent_in_weights the node trains, after each round, on the published
+// model plus its accumulator a (W = base + a), and with topk_decay 1 what it published plus
+// what it holds is still exactly what it trained (each change sent once, none twice); without
+// it the node trains on the published model alone, with the same bookkeeping.
+TEST(DeltaUploadState, UnsentInWeightsTrainsOnPublishedPlusHeldAndSendsEachChangeOnce) {
+  for (const char* in_weights : {"true", "false"}) {
+    SCOPED_TRACE(std::string("topk_unsent_in_weights=") + in_weights);
+    const Config cfg =
+        tiny_config({"spes_config.compression=topk", "spes_config.topk_density=0.05",
+                     std::string("spes_config.topk_unsent_in_weights=") + in_weights});
+    const bool on = cfg.spes_config.transfer.topk_unsent_in_weights;
+    Node a(cfg, 5);
+    EXPECT_EQ(a.delta.unsent_in_weights(), on);
+    a.delta.set_base(*a.fake.reg, true, 0, "sha of round 0");
+    const auto start = trainable(a.fake);
+    std::map<std::string, torch::Tensor> trained;  // the sum of what training changed
+    for (const auto& [name, t] : start) trained[name] = torch::zeros_like(t);
+    for (int64_t r = 1; r <= 4; ++r) {
+      const auto before = trainable(a.fake);
+      train(a.fake, 200 + r);
+      for (const auto& [name, t] : trainable(a.fake)) trained[name] += t - before.at(name);
+      round(a, r);
+      a.delta.add_unsent(*a.fake.reg);
+      const DeltaUpload::SavedState st = a.delta.saved_state();
+      const auto w = trainable(a.fake);
+      double held_sq = 0;
+      for (const auto& [name, t] : w) {
+        const torch::Tensor base = saved(st, "base/" + name), held = saved(st, "residual/" + name);
+        ASSERT_TRUE(base.defined() && held.defined()) << name;
+        held_sq += held.pow(2).sum().item<double>();
+        const torch::Tensor held_v = held.view(base.sizes());
+        // What the node trains on next.
+        EXPECT_TRUE(torch::allclose(t, on ? base + held_v : base, 0, 1e-6))
+            << name << " round " << r;
+        // Published (base - start) plus held = everything trained.
+        EXPECT_TRUE(torch::allclose(base - start.at(name) + held_v, trained.at(name), 0, 1e-5))
+            << name << " round " << r;
+      }
+      EXPECT_GT(held_sq, 0) << "round " << r;  // something is held (else the test is empty)
+    }
   }
 }
 

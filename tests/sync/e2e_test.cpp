@@ -772,6 +772,34 @@ TEST_F(SyncEndToEnd, TopkLaunchStoppedAndContinuedEqualsAnUninterruptedRun) {
   EXPECT_TRUE(state["files"].contains("sync.safetensors")) << state.dump(1);
 }
 
+// With topk_unsent_in_weights the nodes train on the published model plus what they have not
+// sent (their weights differ between rounds): a stopped and continued run is still the
+// uninterrupted one bit for bit, and after the last round every node holds the published model.
+TEST_F(SyncEndToEnd, TopkUnsentInWeightsLaunchStoppedAndContinuedEqualsAnUninterruptedRun) {
+  expect_stopped_run_equals_uninterrupted(
+      "launch_topk_unsent", {"spes_config.compression=topk", "spes_config.topk_density=0.05",
+                             "spes_config.topk_unsent_in_weights=true"});
+  for (const char* run : {"launch_topk_unsent_once", "launch_topk_unsent_twice"}) {
+    const std::string dir = g_dir + "/" + run;
+    EXPECT_EQ(file_read(dir + "/node1/checkpoint/model.safetensors"),
+              file_read(dir + "/node0/checkpoint/model.safetensors")) << run;
+  }
+  // Overlap (the published model applied 3 steps after the upload, plus the steps since).
+  const std::string dir = g_dir + "/launch_topk_unsent_overlap";
+  std::string out;
+  ASSERT_EQ(run_child({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml", "--nodes", "2",
+                       "--out", dir, "--set", "max_duration=100", "--set",
+                       "spes_config.compression=topk", "--set", "spes_config.topk_density=0.05",
+                       "--set", "spes_config.topk_unsent_in_weights=true", "--set",
+                       "spes_config.overlap=true", "--set", "spes_config.overlap_delay_steps=3"},
+                      &out, 300), 0) << out;
+  const auto summary = nlohmann::json::parse(file_read(dir + "/summary.json"));
+  EXPECT_TRUE(summary["all_nodes_same_model_after_every_sync"].get<bool>()) << summary.dump(1);
+  EXPECT_EQ(published_digests(dir + "/server").size(), 10u);
+  EXPECT_EQ(file_read(dir + "/node1/checkpoint/model.safetensors"),
+            file_read(dir + "/node0/checkpoint/model.safetensors"));
+}
+
 TEST_F(SyncEndToEnd, CompressedLaunchStoppedAndContinuedKeepsEveryNodeOnThePublishedModel) {
   const std::string dir = g_dir + "/launch_int8_twice";
   ASSERT_TRUE(stop_and_continue({SPES_BINARY, "launch", "--config", g_dir + "/config.yaml",

@@ -241,6 +241,11 @@ struct TransferSettings {
   int64_t topk_bits = 2;
   double topk_decay = 1.0;
   double topk_down_density = 0;
+  // Node, compression topk: true = after each round it trains on the published model plus
+  // what it has not sent yet (its accumulator; sync/round/delta_upload.h), so its own change
+  // is never delayed for itself; false = on the published model alone. A node's own choice
+  // (the published model is the same either way).
+  bool topk_unsent_in_weights = false;
   // Node: lossless zstd coding of its transfer chunks, both ways (sync/wire/chunk_coding.h):
   // auto = with compression bf16 or int8 (made for slow links), zstd = always, raw = never.
   Choice<WireCoding> wire_coding = WireCoding::Auto;
@@ -248,6 +253,7 @@ struct TransferSettings {
     v("transfer_dtype", dtype); v("compression", compression); v("wire_coding", wire_coding);
     v("topk_density", topk_density); v("topk_bits", topk_bits); v("topk_decay", topk_decay);
     v("topk_down_density", topk_down_density);
+    v("topk_unsent_in_weights", topk_unsent_in_weights);
   }
   // Whether a node codes its transfer chunks with zstd (wire_coding).
   bool codes_chunks() const {

@@ -111,13 +111,17 @@ void SyncNode::on_start(Trainer& t) {
   heartbeat_ms_ = jr.heartbeat_interval_ms;
   const TransferSettings& transfer = t.config().spes_config.transfer;
   delta_ = std::make_unique<DeltaUpload>(transfer.compression, topk_params(transfer),
-                                         transfer.topk_decay, topk_published_params(transfer));
+                                         transfer.topk_decay, topk_published_params(transfer),
+                                         transfer.topk_unsent_in_weights);
   const bool keep = keeps_checkpoint(t, jr);
   const bool replay = !keep && replays_upload(t, jr);
   if (replay) replay_upload(t, jr);
   const HeldModel held = keep ? keep_checkpoint(t, jr) : take_published_model(t, jr);
   const nlohmann::json changed = apply_ownership(t, jr.ownership);
   mark_synced(t, /*reset_residual=*/!replay, held.sha256);
+  // A replayed upload left its accumulator on the published model it took (a kept checkpoint's
+  // weights hold theirs already).
+  if (replay) train_on_unsent(t, t.state().step);
   if (keep && delta_->enabled()) {
     // The checkpoint's sync state belongs to the trainable set it was written with: a map that
     // changed at this join (the server's newer epoch) makes it another node's state.
@@ -185,15 +189,16 @@ JoinResult SyncNode::join_server() {
 bool SyncNode::keeps_checkpoint(Trainer& t, const JoinResult& jr) const {
   // Keep the checkpoint's weights only when they continue the latest published round: written
   // at that round's own step right after the node took it (its weights are the published
-  // model), inside the round, or at the next sync step before that round was done
-  // (round_pending()). Otherwise take the published model and its step (a fresh node, or
-  // others moved on).
+  // model, or with topk_unsent_in_weights that plus its accumulator, which the sync state
+  // check below vouches for), inside the round, or at the next sync step before that round
+  // was done (round_pending()). Otherwise take the published model and its step (a fresh
+  // node, or others moved on).
   const RoundClock clock(t.config());
   const int64_t step = t.state().step;
   const bool continues =
       t.state().sync_round == jr.published_round &&
       ((step > 0 && step == jr.published_step &&
-        t.registry().weights_sha256() == jr.model_sha256) ||
+        (delta_->unsent_in_weights() || t.registry().weights_sha256() == jr.model_sha256)) ||
        clock.between_syncs(step, jr.published_step) ||
        step == clock.step_of(jr.published_round + 1));
   if (!continues || !delta_->enabled()) return continues;
@@ -419,6 +424,7 @@ nlohmann::json SyncNode::sync_round(Trainer& t, int64_t step) {
     x.record["frozen_sha256_before"] = frozen_before;
     const nlohmann::json changed = apply_ownership(t, x.ownership, nullptr, /*boundary=*/true);
     if (!changed.is_null()) x.record["ownership"] = changed;
+    train_on_unsent(t, step);
   }
   x.record["overlap"] = false;
   x.record["blocked_s"] = since(t0);
@@ -469,6 +475,7 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
     t.state().sync_round = round;
     rec = std::move(x.record);
     if (!changed.is_null()) rec["ownership"] = changed;
+    train_on_unsent(t, step);
   }
   rec["overlap"] = true;
   rec["applied_step"] = step;
@@ -479,6 +486,12 @@ nlohmann::json SyncNode::settle_round(Trainer& t, int64_t step) {
                  "{:.2f} s", t.registry().node_id(), round, step, rec["step"].get<int64_t>(),
                  rec["blocked_s"].get<double>());
   return rec;
+}
+
+void SyncNode::train_on_unsent(Trainer& t, int64_t step) const {
+  // After the run's last round the node keeps the published model: that is the run's result,
+  // and what its final evaluation and checkpoint hold.
+  if (step < t.config().total_steps()) delta_->add_unsent(t.registry());
 }
 
 nlohmann::json SyncNode::apply_ownership(Trainer& t, const OwnershipMap& m,

@@ -101,6 +101,10 @@ class SyncNode : public StepObserver {
   // The node holds a published model now (digest `model_sha256`): its frozen digest, the
   // tokens count and the base of compressed uploads start from here.
   void mark_synced(Trainer& t, bool reset_residual, const std::string& model_sha256);
+  // spes_config.topk_unsent_in_weights: after a round taken at `step` (its trainable set
+  // settled) the node trains on the published model plus what it has not sent, except after
+  // the run's last round.
+  void train_on_unsent(Trainer& t, int64_t step) const;
   // node_checkpoint.cpp: why the checkpoint's sync state cannot continue published `round`
   // (its digest `model_sha256`; empty: not checked), or "" when it can.
   std::string sync_state_problem(const Trainer& t, int64_t round,

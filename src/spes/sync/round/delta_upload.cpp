@@ -147,7 +147,10 @@ SafetensorsStreamWriter DeltaUpload::encode_topk(const ParamRegistry& reg, const
       if (!e.trainable) continue;
       SPES_CHECK(k < base_.size(), "node: no base model for its compressed upload (internal)");
       const torch::Tensor w = e.tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-      TopkEncoded q = topk_.encode(k, w - base_[k], e.name);
+      torch::Tensor change = w - base_[k];
+      // The weights hold base + a (add_unsent): the round's own change is W - base - a.
+      if (unsent_in_weights_ && topk_.held(k).defined()) change -= topk_.held(k).view(change.sizes());
+      TopkEncoded q = topk_.encode(k, change, e.name);
       out.emplace_back(e.name, topk_payload_tensor(q.payload));
       sent.push_back(std::move(q.payload));
       ++k;
@@ -206,6 +209,20 @@ void DeltaUpload::apply_rebuilt(const ParamRegistry& reg) const {
     SPES_CHECK(k < sent_.size(), "node: no compressed upload to apply (internal)");
     e.tensor.detach().copy_(delta_rebuild(base_[k], sent_[k], c_).view(e.tensor.sizes()));
     ++k;
+  }
+}
+
+void DeltaUpload::add_unsent(const ParamRegistry& reg) const {
+  if (!unsent_in_weights_) return;
+  torch::NoGradGuard ng;
+  size_t k = 0;
+  for (const auto& e : reg.entries()) {
+    if (!e.trainable) continue;
+    SPES_CHECK(k < base_.size(), "node: no base model for its unsent change (internal)");
+    const torch::Tensor& a = topk_.held(k++);
+    if (!a.defined()) continue;
+    const torch::Tensor w = e.tensor.detach();
+    w.add_(a.to(w.device(), w.scalar_type()).view(w.sizes()));
   }
 }
 

@@ -26,13 +26,20 @@ namespace spes::sync {
 // compression: topk: the residual is the TopkFeedback accumulator a (a = topk_decay x a +
 // (W - base); the upload carries topk(a), one U8 payload per tensor; a keeps what was not sent),
 // and the rebuilt tensors are base + deq(payload) by the same decode and rebuild as the server's.
+// With `unsent_in_weights` (spes_config.topk_unsent_in_weights) the node trains on base + a
+// after each round (add_unsent), so a round's change is W - base - a and the accumulator
+// update a = topk_decay x a + (W - base - a) is the same rule: what the node has not sent is
+// in its own weights instead of waiting, invisible to it, until it is sent.
 class DeltaUpload {
  public:
   explicit DeltaUpload(Compression c, TopkParams topk = {}, double topk_decay = 1.0)
       : DeltaUpload(c, topk, topk_decay, topk) {}
   // `published`: the settings of the deltas the node downloads (topk_published_params).
-  DeltaUpload(Compression c, TopkParams topk, double topk_decay, TopkParams published)
-      : c_(c), published_(published), topk_(topk, topk_decay) {}
+  DeltaUpload(Compression c, TopkParams topk, double topk_decay, TopkParams published,
+              bool unsent_in_weights = false)
+      : c_(c), published_(published), topk_(topk, topk_decay),
+        unsent_in_weights_(c == Compression::Topk && unsent_in_weights) {}
+  bool unsent_in_weights() const { return unsent_in_weights_; }
   bool enabled() const { return c_ != Compression::None; }
   Compression compression() const { return c_; }
   const TopkParams& topk_params() const { return topk_.params(); }
@@ -71,6 +78,11 @@ class DeltaUpload {
   SafetensorsStreamWriter encode(const ParamRegistry& reg, const UploadMeta& meta);
   // The round used the upload: the trainable tensors become base + deq(q).
   void apply_rebuilt(const ParamRegistry& reg) const;
+  // With unsent_in_weights, after the node took a round (its trainable tensors = base + what
+  // it trained since the upload, the trainable set settled): adds the accumulator to them, the
+  // weights it trains on until the next upload. No-op otherwise, and for a tensor not encoded
+  // yet.
+  void add_unsent(const ParamRegistry& reg) const;
   // Payload bytes of this node's compressed upload.
   uint64_t upload_data_bytes(const ParamRegistry& reg) const;
   // The residual's squared norm (for the node's metrics).
@@ -87,6 +99,7 @@ class DeltaUpload {
   TopkParams published_;
   TopkFeedback topk_;                           // topk: the accumulator (residual_ unused)
   std::vector<std::string> sent_topk_;          // topk: the payloads of the last encode()
+  bool unsent_in_weights_ = false;              // topk: the node trains on base + a
   std::unordered_map<std::string, size_t> base_index_;  // name -> index in base_
   // The state as of the last set_base / restore_state (for saved_state()): base_ and the
   // residual (topk: accumulator) tensors then (an encode replaces them, never mutates them).
