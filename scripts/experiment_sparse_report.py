@@ -94,6 +94,13 @@ def section(arms, seeds, args):
             notes.append(f"- {name}: {abs(m):.4f} nats {'above' if m > 0 else 'below'} "
                          f"{ref_name} on average, {ratio} of its bytes per round: "
                          f"{'within' if m <= TARGET else 'more than'} the issue's {TARGET} nats.")
+        # What training on the unsent change does: against the same arm without it.
+        plain = name.replace("-unsent", "")
+        if "-unsent" in name and plain in arms:
+            m, sd, lower = paired(arms, seeds, name, plain)
+            notes.append(f"- {name} against {plain} (the same bytes' setting, nodes training "
+                         f"on the published model alone): {fmt_diff(m, sd, len(seeds))}, lower "
+                         f"on {lower} of {len(seeds)} seeds.")
     lines += [""] + notes + ["", end, ""]
     return "\n".join(lines)
 

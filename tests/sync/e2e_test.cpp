@@ -761,10 +761,13 @@ TEST_F(SyncEndToEnd, LaunchStoppedAndContinuedEqualsAnUninterruptedRun) {
 }
 
 // With top-k sparse deltas the node's checkpoint keeps its base and error-feedback
-// accumulator (sync.safetensors): the continued run is the uninterrupted one bit for bit.
+// accumulator (sync.safetensors): the continued run is the uninterrupted one bit for bit
+// (nodes that train on the published model alone; the default, with what was not sent in the
+// weights, below).
 TEST_F(SyncEndToEnd, TopkLaunchStoppedAndContinuedEqualsAnUninterruptedRun) {
   expect_stopped_run_equals_uninterrupted(
-      "launch_topk", {"spes_config.compression=topk", "spes_config.topk_density=0.05"});
+      "launch_topk", {"spes_config.compression=topk", "spes_config.topk_density=0.05",
+                      "spes_config.topk_unsent_in_weights=false"});
   const auto state =
       nlohmann::json::parse(file_read(g_dir + "/launch_topk_twice/node0/checkpoint/state.json"));
   EXPECT_EQ(state["extra"]["sync"]["compression"], "topk") << state.dump(1);

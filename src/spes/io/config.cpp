@@ -425,9 +425,6 @@ void validate_transfer(const TransferSettings& t, const std::string& o) {
              "{}: spes_config.topk_down_density must be 0 (the same as topk_density) or in "
              "[topk_density={}, 0.5] (the density of the change the server publishes for "
              "averaged tensors), found {}", o, t.topk_density, t.topk_down_density);
-  SPES_CHECK(!t.topk_unsent_in_weights || t.compression == Compression::Topk,
-             "{}: spes_config.topk_unsent_in_weights is for compression topk (found "
-             "compression {}): set compression: topk or drop the key", o, t.compression);
 }
 
 void validate_elastic(const ElasticOwnership& e, const Config& c, const std::string& o) {

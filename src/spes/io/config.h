@@ -241,11 +241,12 @@ struct TransferSettings {
   int64_t topk_bits = 2;
   double topk_decay = 1.0;
   double topk_down_density = 0;
-  // Node, compression topk: true = after each round it trains on the published model plus
-  // what it has not sent yet (its accumulator; sync/round/delta_upload.h), so its own change
-  // is never delayed for itself; false = on the published model alone. A node's own choice
-  // (the published model is the same either way).
-  bool topk_unsent_in_weights = false;
+  // Node, compression topk (ignored otherwise): true = after each round it trains on the
+  // published model plus what it has not sent yet (its accumulator; sync/round/delta_upload.h),
+  // so its own change is never delayed for itself; false = on the published model alone. A
+  // node's own choice (the published model is the same either way); docs/RESULTS.md, "Training
+  // on what was not sent", measures it.
+  bool topk_unsent_in_weights = true;
   // Node: lossless zstd coding of its transfer chunks, both ways (sync/wire/chunk_coding.h):
   // auto = with compression bf16 or int8 (made for slow links), zstd = always, raw = never.
   Choice<WireCoding> wire_coding = WireCoding::Auto;
