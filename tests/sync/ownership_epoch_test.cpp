@@ -286,6 +286,65 @@ TEST(OwnershipEpochs, AnUploadUnderAnOlderEpochIsRefusedAndTheModelUnchanged) {
   EXPECT_EQ(st.status().model_sha256, before);
 }
 
+// A node that uploads its round and then departs for good (Ctrl-C while it waits for the
+// round): the round uses its upload (its experts' last training) and still introduces the next
+// epoch without it; a restarted server keeps it departed. (Found by the end-to-end crash test
+// under load: the used upload made the node live again, and its experts moved only
+// reassign_after_rounds rounds later.)
+TEST(OwnershipEpochs, ANodeThatDepartsAfterItsUploadStaysDepartedWhenTheRoundUsesIt) {
+  TempDir dir;
+  const Config cfg = elastic_config(3, {"spes_config.num_peers=3", "spes_config.expert_owners=[[0,1,2,2]]"});
+  {
+    RoundState st(cfg, ServeOptions{dir.path});
+    FakeNode a(cfg, 0, 1), b(cfg, 1, 2), c(cfg, 2, 3);
+    for (FakeNode* n : {&a, &b, &c}) st.join(n->join_info());
+    send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+    send_upload(st, c.id, 1, upload_of(c, 1, trained(c, st, 0.001)));
+    st.leave(c.id, 10, "for good", LeaveKind::Departing);
+    ASSERT_EQ(st.published_round(), 0);  // node 1's upload is still to come
+    send_upload(st, b.id, 1, upload_of(b, 1, trained(b, st, 0.001)));
+    ASSERT_EQ(st.published_round(), 1);
+    EXPECT_EQ(st.status().departed, std::vector<int64_t>{2});
+    const OwnershipMap m = st.ownership_at(2);
+    EXPECT_EQ(m.epoch, 1);
+    EXPECT_EQ(m.from_round, 2);
+    for (int64_t owner : m.table.at(0)) EXPECT_NE(owner, 2) << nlohmann::json(m.table).dump();
+  }
+  const nlohmann::json line = nlohmann::json::parse(split(file_read(dir.path + "/rounds.jsonl"), '\n')[0]);
+  EXPECT_EQ(line["nodes"], (std::vector<int64_t>{0, 1, 2}));
+  ASSERT_EQ(line["handoffs"].size(), 2u) << line.dump();
+  EXPECT_THAT(line["handoffs"][0]["why"].get<std::string>(), HasSubstr("departing"));
+  RoundState again(cfg, ServeOptions{dir.path});
+  EXPECT_EQ(again.status().departed, std::vector<int64_t>{2});
+  EXPECT_EQ(again.model().plan().ownership_epoch(), 1);
+}
+
+// A node declared departed for its misses whose upload a later round uses is live again (it
+// trains what the current map gives it: here nothing but the shared tensors).
+TEST(OwnershipEpochs, ANodeDeclaredDepartedForItsMissesIsLiveAgainWhenARoundUsesItsUpload) {
+  TempDir dir;
+  const Config cfg = elastic_config(1, {"spes_config.round_timeout=0.05", "spes_config.min_nodes=1"});
+  RoundState st(cfg, ServeOptions{dir.path});
+  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
+  st.join(a.join_info());
+  st.join(b.join_info());  // joined and alive, but misses round 1
+  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+  while (st.published_round() < 1) {  // publishes at its deadline with node 0 alone
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    st.tick();
+  }
+  ASSERT_EQ(st.status().departed, std::vector<int64_t>{1});
+  const OwnershipMap m = st.ownership_at(2);
+  ASSERT_EQ(m.epoch, 1);
+  const Ownership next(2, m.table);
+  // Node 1's upload first: a round does not wait for a departed node.
+  send_upload(st, b.id, 2, upload_under(b, st, next, 1, 2, 0.001));
+  send_upload(st, a.id, 2, upload_under(a, st, next, 1, 2, 0.001));
+  ASSERT_EQ(st.published_round(), 2);
+  EXPECT_TRUE(st.status().departed.empty());
+  EXPECT_NE(st.status().nodes[1].state, "departed");
+}
+
 TEST(OwnershipEpochs, ANodeMissingReassignAfterRoundsRoundsIsDeclaredDeparted) {
   TempDir dir;
   const Config cfg = elastic_config(2, {"spes_config.round_timeout=0.05", "spes_config.min_nodes=1"});

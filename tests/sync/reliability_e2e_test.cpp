@@ -1151,7 +1151,7 @@ void server_killed_in_the_round_introducing_an_epoch(const std::string& dir, Ser
   const auto& epochs = file["epochs"];
   ASSERT_EQ(epochs.size(), 2u) << file.dump();
   EXPECT_EQ(epochs[1]["map"]["from_round"], 4) << "the departure was lost with the crash: "
-                                               << file.dump();
+                                               << file.dump() << all_logs(all);
   const int64_t layers = 1, experts = 6;
   for (const auto& r : rounds) {
     const int64_t round = r["round"].get<int64_t>();

@@ -19,6 +19,7 @@ void Departures::joined(int64_t node, int64_t capacity, int64_t memory_experts) 
   n.memory_experts = memory_experts;
   n.misses = 0;
   n.finished = false;
+  n.left_for_good = false;
   if (departed_.erase(node)) {
     returned_.insert(node);
     spdlog::info("node {} joined again after it was declared departed: it is live again and "
@@ -33,6 +34,7 @@ void Departures::left(int64_t node, bool departing, int64_t round) {
     n.finished = true;  // the run ended for it: no handoff
     return;
   }
+  n.left_for_good = true;
   if (departed_.count(node)) return;
   departed_[node] = fmt::format("node {} left for good (departing) during round {}", node, round);
   spdlog::warn("{}: its experts go to live nodes at the next round boundary", departed_[node]);
@@ -54,8 +56,9 @@ std::vector<int64_t> Departures::round_published(int64_t round, const std::vecto
     const auto it = std::find(nodes.begin(), nodes.end(), static_cast<int64_t>(i));
     if (it != nodes.end()) {
       n.misses = 0;
-      // Its upload made the round: it is live again (it trains what the current map gives it).
-      if (departed_.erase(static_cast<int64_t>(i)))
+      // Its upload made the round: it is live again (it trains what the current map gives it),
+      // unless it left for good after sending it.
+      if (!n.left_for_good && departed_.erase(static_cast<int64_t>(i)))
         spdlog::info("node {} was declared departed but its round {} upload was used: it is "
                      "live again", i, round);
       if (n.arrived) {
@@ -104,7 +107,8 @@ nlohmann::json Departures::to_json() const {
   for (const Node& n : nodes_) {
     nlohmann::json recent = nlohmann::json::array();
     for (const auto& [t, s] : n.recent) recent.push_back({t, s});
-    nodes.push_back({{"misses", n.misses}, {"finished", n.finished}, {"recent", recent}});
+    nodes.push_back({{"misses", n.misses}, {"finished", n.finished},
+                     {"left_for_good", n.left_for_good}, {"recent", recent}});
   }
   nlohmann::json departed = nlohmann::json::object();
   for (const auto& [node, why] : departed_) departed[std::to_string(node)] = why;
@@ -119,6 +123,7 @@ bool Departures::restore(const nlohmann::json& j) {
       const auto& n = j.at("nodes")[i];
       nodes[i].misses = n.at("misses").get<int64_t>();
       nodes[i].finished = n.at("finished").get<bool>();
+      nodes[i].left_for_good = n.value("left_for_good", false);  // absent: an older server's
       for (const auto& r : n.at("recent"))
         nodes[i].recent.emplace_back(r.at(0).get<double>(), r.at(1).get<double>());
     }

@@ -1,8 +1,11 @@
 // Which nodes the sync server counts as departed, and what it measures to share their experts
 // (docs/PROTOCOL.md, "Ownership epochs"). A node is declared departed when it leaves
 // "departing", or when it missed spes_config.reassign_after_rounds consecutive published rounds
-// (0: never) without having left "finished"; a departed node that joins again, or whose upload
-// a round uses, is live again (it owns only what the map gives it). Per node: its delivered tokens/s over its last
+// (0: never) without having left "finished"; a departed node that joins again is live again (it
+// owns only what the map gives it), and so is one declared departed for its misses whose upload
+// a round uses. A node that left "departing" stays departed when the round it left in uses the
+// upload it sent before leaving (that round has its experts' last training; the next map moves
+// them). Per node: its delivered tokens/s over its last
 // kRateRounds uploads (tokens / seconds from the previous publication to its upload's arrival:
 // what the server itself saw) and the capacity it declared on Join. Not thread-safe:
 // RoundState's lock guards it. Leaves out: the share rule (round/reassign.h) and the map.
@@ -57,6 +60,7 @@ class Departures {
   struct Node {
     int64_t misses = 0;
     bool finished = false;
+    bool left_for_good = false;  // left "departing" (not undone by its last upload)
     int64_t capacity = 0;
     int64_t memory_experts = -1;
     bool arrived = false;
