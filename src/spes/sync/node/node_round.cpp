@@ -23,8 +23,9 @@ using node_detail::Clock;
 using node_detail::since;
 
 namespace {
-// The longest long-poll while waiting for a round's publication: how soon a stop is seen.
-constexpr uint32_t kStopPollMs = 5000;
+// The longest long-poll while waiting for a round's publication: how soon a stop (Ctrl-C) is
+// seen. One small call a second per waiting node (the server allows 20).
+constexpr uint32_t kStopPollMs = 1000;
 }  // namespace
 
 RoundStatus SyncNode::wait_published(int64_t min_round) {
