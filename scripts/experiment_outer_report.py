@@ -6,17 +6,21 @@ final validation loss of every outer setting at every seed (the mean over nodes:
 the published model of the last round), its paired difference from plain averaging in the same
 regime (mean, sample standard deviation over seeds, and on how many seeds it is lower), the same
 difference at every validation step of the run (and the smallest of them over every seed), and
-a summary over regimes of the best outer setting. The sentences come from the same numbers.
+a summary over regimes of the best outer setting, and (from the server's rounds.jsonl, where its
+runs record it) how the outer momentum lines up with each round's change. The sentences come from
+the same numbers.
 Python 3 standard library only.
 Usage: experiment_outer_report.py --sequences N --nodes N --model M --warmup-sequences N
        --charts PATTERN --section NAME --out FILE --doc FILE
        hH-bB/ARM:SEED=DIR ...   (ARM avg or outer-lrLR-mMU)
 """
 import argparse
+import json
 import os
 import re
 
-from experiment_runs import fmt_diff, launch_summary, node_records, paired, parse_runs
+from experiment_runs import (fmt_diff, launch_summary, mean_sd, node_records, paired,
+                             parse_runs)
 from results_section import add_output_args, markers, run_date, write_section
 
 SCRIPT = "scripts/experiment_outer.sh"
@@ -32,7 +36,53 @@ def read_run(d):
     return {"summary": summary, "final": final,
             "curve": {step: sum(v) / len(v) for step, v in curve.items()},
             "rounds": s["nodes"][0]["syncs"],
-            "agree": bool(s.get("all_nodes_same_model_after_every_sync"))}
+            "agree": bool(s.get("all_nodes_same_model_after_every_sync")),
+            "alignment": outer_alignment(d)}
+
+
+def outer_alignment(d):
+    """[(cos, ||m|| / ||delta||)] of the run's rounds that report the outer step's momentum
+    against their change (the server's rounds.jsonl "outer"; none for plain averaging or for a
+    server older than that record), in round order."""
+    out = []
+    path = os.path.join(d, "server", "rounds.jsonl")
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            o = json.loads(line).get("outer") or {}
+            if o.get("momentum_cos") is not None and o.get("change_norm"):
+                out.append((o["momentum_cos"], o["momentum_norm"] / o["change_norm"]))
+    return out
+
+
+def alignment_table(grid, seeds):
+    """Per regime and outer arm: the mean over rounds of cos(delta_r, m_(r-1)) (all rounds, and
+    the second half of the run), the share of rounds where it is negative, and the mean of
+    ||m|| / ||delta||, each as the mean (sd) over seeds; no lines when no run reports them."""
+    lines = []
+    for regime, arms in grid.items():
+        for arm, runs in arms.items():
+            per_seed = [runs[s]["alignment"] for s in seeds]
+            if not all(per_seed):
+                continue
+            cols = []
+            for pick in (lambda a: [c for c, _ in a], lambda a: [c for c, _ in a[len(a) // 2:]],
+                         lambda a: [float(c < 0) for c, _ in a], lambda a: [r for _, r in a]):
+                m, sd = mean_sd([sum(v) / len(v) for v in map(pick, per_seed)])
+                cols.append(f"{m:+.3f} ({sd:.3f})" if len(seeds) > 1 else f"{m:+.3f}")
+            lines.append(f"| {regime} | {arm} | {len(per_seed[0])} | " + " | ".join(cols) + " |")
+    if not lines:
+        return []
+    return ["The outer momentum against each round's change (the server's `rounds.jsonl`, "
+            "`outer`): cos(delta_r, m_(r-1)) between round r's averaged change delta_r = "
+            "published before - average and the momentum before that round's update, over every "
+            "tensor the outer step moves (`RoundOutcome::outer_momentum_cos`), averaged over the "
+            "rounds that have a momentum; mean (sd) over seeds. Near 1 the rounds agree and the "
+            "momentum extrapolates; near 0 it adds directions the nodes no longer follow.", "",
+            "| regime | arm | rounds | mean cos | cos, 2nd half | rounds with cos < 0 | "
+            "mean ||m|| / ||delta|| |",
+            "|---|---|---|---|---|---|---|"] + lines + [""]
 
 
 def outer_of(arm):
@@ -148,7 +198,8 @@ def section(grid, seeds, args):
                      f"comparisons): the outer step's smallest difference from avg is {d:+.4f} "
                      f"({regime}, {arm}, seed {seed}, step {step}); "
                      f"{sum(x[0] < 0 for x in every_step)} of them are below avg.")
-    lines += ["Summary over regimes:", ""] + summary + [""] + notes + ["", end, ""]
+    lines += ["Summary over regimes:", ""] + summary + [""] + notes + [""]
+    lines += alignment_table(grid, seeds) + [end, ""]
     return "\n".join(lines)
 
 

@@ -320,6 +320,67 @@ TEST(Aggregate, DilocoWithOuterLrOneAndNoMomentumIsFedAvgBitForBit) {
   }
 }
 
+// rounds.jsonl's "outer": the cosine between a round's outer change (published before -
+// average) and the momentum before that round's update, over every tensor the outer step moved,
+// against the same sums taken directly from the tensors (spes mode with outer_step: the shared
+// tensors only). The first round has no momentum yet; without the outer step nothing is reported.
+TEST(Aggregate, OuterMomentumCosineIsTheRoundsChangeAgainstTheMomentumBeforeIt) {
+  SyncModel m(tiny_config({"spes_config.outer_step=true"}));  // outer lr 0.7, momentum 0.9
+  auto random = [](const PlanTensor& t, int64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(
+        static_cast<uint64_t>(seed) * 7919 + std::hash<std::string>{}(t.name));
+    return torch::randn(t.shape, gen, torch::kFloat32);
+  };
+  NamedTensors start;
+  for (const auto& t : m.plan().tensors()) start.emplace_back(t.name, random(t, 7));
+  m.load(start, "test");
+  for (int64_t round = 1; round <= 3; ++round) {
+    std::vector<torch::Tensor> before, momentum;
+    for (size_t i = 0; i < m.tensors().size(); ++i) {
+      before.push_back(m.tensors()[i].clone());
+      momentum.push_back(m.momentum()[i].defined() ? m.momentum()[i].clone() : torch::Tensor());
+    }
+    RoundAggregator agg(m);
+    agg.begin(round, 10 * round);
+    for (int64_t node = 0; node < 2; ++node)
+      fold_filled(agg, m.plan(), node, 80,
+                  [&](const PlanTensor& t) { return random(t, 10 * round + node); });
+    const RoundOutcome o = agg.finish();
+    double dot = 0, dd = 0, mm = 0;
+    int moved = 0;
+    for (size_t i = 0; i < m.tensors().size(); ++i) {
+      const PlanTensor& t = m.plan().tensors()[i];
+      if (t.rule != Combine::Mean) continue;
+      ++moved;
+      const torch::Tensor avg =
+          (random(t, 10 * round).to(torch::kDouble) + random(t, 10 * round + 1).to(torch::kDouble)) / 2;
+      const torch::Tensor delta = before[i].to(torch::kDouble) - avg;
+      dd += delta.square().sum().item<double>();
+      if (!momentum[i].defined()) continue;
+      dot += (delta * momentum[i].to(torch::kDouble)).sum().item<double>();
+      mm += momentum[i].to(torch::kDouble).square().sum().item<double>();
+    }
+    ASSERT_GT(moved, 0);
+    EXPECT_NEAR(o.outer_change_norm, std::sqrt(dd), 1e-5 * std::sqrt(dd)) << round;
+    EXPECT_NEAR(o.outer_momentum_norm, std::sqrt(mm), 1e-5 * std::sqrt(mm) + 1e-12) << round;
+    if (round == 1) {
+      EXPECT_TRUE(std::isnan(o.outer_momentum_cos));
+      continue;
+    }
+    const double cos = dot / std::sqrt(dd * mm);
+    EXPECT_NEAR(o.outer_momentum_cos, cos, 1e-5) << round;
+    EXPECT_GT(std::abs(cos), 1e-3) << "a test whose cosine is zero could not tell";
+  }
+  SyncModel plain(tiny_config());
+  RoundAggregator agg(plain);
+  agg.begin(1, 10);
+  for (int64_t node = 0; node < 2; ++node)
+    fold_filled(agg, plain.plan(), node, 80, [&](const PlanTensor& t) { return random(t, node); });
+  const RoundOutcome o = agg.finish();
+  EXPECT_TRUE(std::isnan(o.outer_change_norm));
+  EXPECT_TRUE(std::isnan(o.outer_momentum_cos));
+}
+
 TEST(Aggregate, MergeAtAMergePointTensorByTensor) {
   SyncModel m(tiny_config({"spes_config.merge_interval=10", "spes_config.merge_alpha_start=0.5",
                            "spes_config.merge_decay_steps=0", "spes_config.merge_topk=1"}));

@@ -382,6 +382,8 @@ void RoundAggregator::combine_averaged_tensors() {
   const RoundPlan& plan = model_.plan();
   const auto& pub = model_.tensors();
   const bool outer = model_.config().spes_config.uses_outer_step();
+  outer_dot_ = outer_delta_sq_ = outer_m_sq_ = 0;
+  bool stepped = false;
   for (size_t i = 0; i < pub.size(); ++i) {
     torch::Tensor& acc = acc_[i];
     if (!held_[i].empty())
@@ -393,10 +395,19 @@ void RoundAggregator::combine_averaged_tensors() {
     }
     const bool averaged = plan.tensors()[i].rule == Combine::Mean;
     if (averaged && statistic_ == Aggregation::Mean && wsum_[i] != 1.0) acc.div_(wsum_[i]);
-    if (outer && averaged) apply_outer_step(i, acc);
+    if (outer && averaged) {
+      apply_outer_step(i, acc);
+      stepped = true;
+    }
     out_.change[i] = (acc - pub[i]).norm().item<double>();
     pub[i].copy_(acc);
     acc = torch::Tensor();
+  }
+  if (stepped) {
+    out_.outer_change_norm = std::sqrt(outer_delta_sq_);
+    out_.outer_momentum_norm = std::sqrt(outer_m_sq_);
+    if (outer_delta_sq_ > 0 && outer_m_sq_ > 0)
+      out_.outer_momentum_cos = outer_dot_ / std::sqrt(outer_delta_sq_ * outer_m_sq_);
   }
 }
 
@@ -409,6 +420,10 @@ void RoundAggregator::apply_outer_step(size_t i, torch::Tensor& avg) {
   const torch::Tensor delta = model_.tensors()[i] - avg;
   torch::Tensor& m = model_.momentum()[i];
   if (!m.defined()) m = torch::zeros_like(avg);
+  // How this round's change lines up with the momentum so far (RoundOutcome), in double.
+  outer_dot_ += delta.mul(m).sum(torch::kDouble).item<double>();
+  outer_delta_sq_ += delta.square().sum(torch::kDouble).item<double>();
+  outer_m_sq_ += m.square().sum(torch::kDouble).item<double>();
   m.mul_(mu).add_(delta);
   avg.add_(delta, 1 - lr).sub_(m, lr * mu);
 }

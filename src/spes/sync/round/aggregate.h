@@ -17,6 +17,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,6 +123,14 @@ struct RoundOutcome {
   // (round/published_delta.h reads it back; the file must exist until then). Empty without
   // compression.
   std::map<size_t, StagedDelta> owner_deltas;
+  // With the outer step (mode diloco, or spes with outer_step): whether its momentum points
+  // where the nodes went. Over every tensor the step moved, this round's outer change
+  // delta = published before - average and the momentum m before this round's update:
+  // cos(delta, m) (NaN in the first round, m still zero, or without the outer step), ||delta||
+  // and ||m||. Near 1: consecutive rounds agree and the momentum extrapolates; near 0 or below:
+  // it adds old directions.
+  double outer_momentum_cos = NAN;
+  double outer_change_norm = NAN, outer_momentum_norm = NAN;
 };
 
 class RoundAggregator {
@@ -188,6 +197,8 @@ class RoundAggregator {
   std::vector<std::vector<torch::Tensor>> held_;  // median/trimmed_mean: [tensor][node k]
   std::vector<double> owner_change_sq_;           // owner copies read back in finish()
   std::vector<std::pair<int64_t, std::string>> owner_files_;  // read back in finish()
+  // The outer step's sums over the round's tensors: delta.m, delta.delta, m.m (RoundOutcome).
+  double outer_dot_ = 0, outer_delta_sq_ = 0, outer_m_sq_ = 0;
   RoundOutcome out_;
   std::set<std::pair<int64_t, int64_t>> merge_excluded_;
 };

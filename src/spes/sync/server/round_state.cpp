@@ -506,6 +506,12 @@ nlohmann::json RoundState::round_line(const RoundOutcome& o, double aggregate_s,
                          {"node_states", std::move(node_states)},
                          {"missing", missing},
                          {"ownership_epoch", model_->plan().ownership_epoch()}};
+  if (std::isfinite(o.outer_change_norm))
+    line["outer"] = {{"momentum_cos", std::isfinite(o.outer_momentum_cos)
+                                          ? nlohmann::json(o.outer_momentum_cos)
+                                          : nlohmann::json()},
+                     {"change_norm", o.outer_change_norm},
+                     {"momentum_norm", o.outer_momentum_norm}};
   if (o.merged) line["gate_cos_before"] = o.gate_cos_before;
   if (o.merged && !o.merge_excluded.empty()) line["merge_excluded"] = o.merge_excluded;
   return line;
