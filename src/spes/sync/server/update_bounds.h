@@ -10,7 +10,8 @@
 //     owner, so this is what bounds it against its own history;
 //   - across nodes, for tensors combined by averaging (shared tensors; every tensor in
 //     fedavg/diloco): an update above spes_config.outlier_factor x the median of the other
-//     nodes' updates of that tensor is refused when the round closes.
+//     nodes' updates of that tensor is refused when the round closes (an expert's median floored
+//     at 1e-2 x its norm: in those modes an expert moves only on the nodes routed to it).
 // A tensor's norm is floored at an RMS of 1e-3 (a tensor at or near zero can still move).
 // The drift window is saved after every published round (to_json, RoundStore) and restored
 // when the server resumes that round (restore); without a matching file it starts empty.
