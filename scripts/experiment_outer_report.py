@@ -67,10 +67,13 @@ def alignment_table(grid, seeds):
             if not all(per_seed):
                 continue
             cols = []
-            for pick in (lambda a: [c for c, _ in a], lambda a: [c for c, _ in a[len(a) // 2:]],
-                         lambda a: [float(c < 0) for c, _ in a], lambda a: [r for _, r in a]):
+            for pick, fmt in ((lambda a: [c for c, _ in a], "{:+.3f}"),
+                              (lambda a: [c for c, _ in a[len(a) // 2:]], "{:+.3f}"),
+                              (lambda a: [100.0 * (c < 0) for c, _ in a], "{:.1f}%"),
+                              (lambda a: [r for _, r in a], "{:.2f}")):
                 m, sd = mean_sd([sum(v) / len(v) for v in map(pick, per_seed)])
-                cols.append(f"{m:+.3f} ({sd:.3f})" if len(seeds) > 1 else f"{m:+.3f}")
+                cols.append(fmt.format(m) + (f" ({fmt.format(sd).lstrip('+')})"
+                                             if len(seeds) > 1 else ""))
             lines.append(f"| {regime} | {arm} | {len(per_seed[0])} | " + " | ".join(cols) + " |")
     if not lines:
         return []
@@ -79,9 +82,13 @@ def alignment_table(grid, seeds):
             "published before - average and the momentum before that round's update, over every "
             "tensor the outer step moves (`RoundOutcome::outer_momentum_cos`), averaged over the "
             "rounds that have a momentum; mean (sd) over seeds. Near 1 the rounds agree and the "
-            "momentum extrapolates; near 0 it adds directions the nodes no longer follow.", "",
+            "momentum extrapolates; near 0 it adds directions the nodes no longer follow. At "
+            "outer lr 1 and momentum 0 the step is plain averaging bit for bit "
+            "(`Aggregate.DilocoWithOuterLrOneAndNoMomentumIsFedAvgBitForBit`) and m_(r-1) is "
+            "the previous round's change: its cosine is that of consecutive rounds' changes "
+            "under plain averaging.", "",
             "| regime | arm | rounds | mean cos | cos, 2nd half | rounds with cos < 0 | "
-            "mean ||m|| / ||delta|| |",
+            "mean norm(m) / norm(delta) |",
             "|---|---|---|---|---|---|---|"] + lines + [""]
 
 
