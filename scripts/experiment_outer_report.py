@@ -205,7 +205,10 @@ def section(grid, seeds, args):
                      f"comparisons): the outer step's smallest difference from avg is {d:+.4f} "
                      f"({regime}, {arm}, seed {seed}, step {step}); "
                      f"{sum(x[0] < 0 for x in every_step)} of them are below avg.")
-    lines += ["Summary over regimes:", ""] + summary + [""] + notes + [""]
+    if len(summary) > 2:  # a grid without avg arms has no differences to sum up
+        lines += ["Summary over regimes:", ""] + summary + [""]
+    if notes:
+        lines += notes + [""]
     lines += alignment_table(grid, seeds) + [end, ""]
     return "\n".join(lines)
 
