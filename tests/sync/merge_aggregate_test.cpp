@@ -252,6 +252,12 @@ void two_node_round(SyncModel& m, int64_t round, double a, double b) {
   fold_filled(agg, m.plan(), 1, 80, [b](const PlanTensor& t) { return full(t, b); });
   agg.finish();
 }
+// Tensor t's values drawn from `seed` and its name: every node and round its own.
+torch::Tensor random_values(const PlanTensor& t, int64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(
+      static_cast<uint64_t>(seed) * 7919 + std::hash<std::string>{}(t.name));
+  return torch::randn(t.shape, gen, torch::kFloat32);
+}
 }  // namespace
 
 TEST(Aggregate, DilocoOuterNesterovStep) {
@@ -296,13 +302,8 @@ TEST(Aggregate, DilocoWithOuterLrOneAndNoMomentumIsFedAvgBitForBit) {
   SyncModel diloco(tiny_config({"spes_config.mode=diloco", "spes_config.outer_lr=1",
                                 "spes_config.outer_momentum=0"}));
   SyncModel fedavg(tiny_config({"spes_config.mode=fedavg"}));
-  auto random = [](const PlanTensor& t, int64_t seed) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(
-        static_cast<uint64_t>(seed) * 7919 + std::hash<std::string>{}(t.name));
-    return torch::randn(t.shape, gen, torch::kFloat32);
-  };
   NamedTensors start;
-  for (const auto& t : diloco.plan().tensors()) start.emplace_back(t.name, random(t, 7));
+  for (const auto& t : diloco.plan().tensors()) start.emplace_back(t.name, random_values(t, 7));
   diloco.load(start, "test");
   fedavg.load(start, "test");
   for (int64_t round = 1; round <= 3; ++round) {
@@ -311,7 +312,7 @@ TEST(Aggregate, DilocoWithOuterLrOneAndNoMomentumIsFedAvgBitForBit) {
       agg.begin(round, 10 * round);
       for (int64_t node = 0; node < 2; ++node)
         fold_filled(agg, m->plan(), node, 80,
-                    [&](const PlanTensor& t) { return random(t, 10 * round + node); });
+                    [&](const PlanTensor& t) { return random_values(t, 10 * round + node); });
       agg.finish();
     }
     for (size_t i = 0; i < fedavg.tensors().size(); ++i)
@@ -326,13 +327,8 @@ TEST(Aggregate, DilocoWithOuterLrOneAndNoMomentumIsFedAvgBitForBit) {
 // tensors only). The first round has no momentum yet; without the outer step nothing is reported.
 TEST(Aggregate, OuterMomentumCosineIsTheRoundsChangeAgainstTheMomentumBeforeIt) {
   SyncModel m(tiny_config({"spes_config.outer_step=true"}));  // outer lr 0.7, momentum 0.9
-  auto random = [](const PlanTensor& t, int64_t seed) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(
-        static_cast<uint64_t>(seed) * 7919 + std::hash<std::string>{}(t.name));
-    return torch::randn(t.shape, gen, torch::kFloat32);
-  };
   NamedTensors start;
-  for (const auto& t : m.plan().tensors()) start.emplace_back(t.name, random(t, 7));
+  for (const auto& t : m.plan().tensors()) start.emplace_back(t.name, random_values(t, 7));
   m.load(start, "test");
   for (int64_t round = 1; round <= 3; ++round) {
     std::vector<torch::Tensor> before, momentum;
@@ -344,7 +340,7 @@ TEST(Aggregate, OuterMomentumCosineIsTheRoundsChangeAgainstTheMomentumBeforeIt) 
     agg.begin(round, 10 * round);
     for (int64_t node = 0; node < 2; ++node)
       fold_filled(agg, m.plan(), node, 80,
-                  [&](const PlanTensor& t) { return random(t, 10 * round + node); });
+                  [&](const PlanTensor& t) { return random_values(t, 10 * round + node); });
     const RoundOutcome o = agg.finish();
     double dot = 0, dd = 0, mm = 0;
     int moved = 0;
@@ -353,7 +349,7 @@ TEST(Aggregate, OuterMomentumCosineIsTheRoundsChangeAgainstTheMomentumBeforeIt) 
       if (t.rule != Combine::Mean) continue;
       ++moved;
       const torch::Tensor avg =
-          (random(t, 10 * round).to(torch::kDouble) + random(t, 10 * round + 1).to(torch::kDouble)) / 2;
+          (random_values(t, 10 * round).to(torch::kDouble) + random_values(t, 10 * round + 1).to(torch::kDouble)) / 2;
       const torch::Tensor delta = before[i].to(torch::kDouble) - avg;
       dd += delta.square().sum().item<double>();
       if (!momentum[i].defined()) continue;
@@ -375,7 +371,7 @@ TEST(Aggregate, OuterMomentumCosineIsTheRoundsChangeAgainstTheMomentumBeforeIt) 
   RoundAggregator agg(plain);
   agg.begin(1, 10);
   for (int64_t node = 0; node < 2; ++node)
-    fold_filled(agg, plain.plan(), node, 80, [&](const PlanTensor& t) { return random(t, node); });
+    fold_filled(agg, plain.plan(), node, 80, [&](const PlanTensor& t) { return random_values(t, node); });
   const RoundOutcome o = agg.finish();
   EXPECT_TRUE(std::isnan(o.outer_change_norm));
   EXPECT_TRUE(std::isnan(o.outer_momentum_cos));

@@ -43,6 +43,19 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(file_read(path));
 }
 
+// Three nodes: node 0 owns expert 0, node 1 expert 1, node 2 experts 2 and 3.
+Config three_nodes_config() {
+  return elastic_config(3, {"spes_config.num_peers=3", "spes_config.expert_owners=[[0,1,2,2]]"});
+}
+
+void join_all(RoundState& st, std::initializer_list<const FakeNode*> nodes) {
+  for (const FakeNode* n : nodes) st.join(n->join_info());
+}
+
+// Node n's upload of `round`: its trainable tensors at the published value + 0.001.
+void send_trained(RoundState& st, const FakeNode& n, int64_t round) {
+  send_upload(st, n.id, round, upload_of(n, round, trained(n, st, 0.001)));
+}
 }  // namespace
 
 TEST(ShareRule, ExpertsGoToTheLiveNodeFurthestBelowItsShareOfTheLayer) {
@@ -131,7 +144,7 @@ TEST(OwnershipEpochs, AnEpochIsOnDiskBeforeItsRoundIsPublished) {
     FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
     st.join(a.join_info());
     st.join(b.join_info());
-    send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+    send_trained(st, a, 1);
     ASSERT_EQ(read_json(file)["epochs"].size(), 1u);
     // ownership.json fits, the published model does not: the round closes, its new epoch is
     // saved, the model's save fails, so the round is not published.
@@ -256,12 +269,12 @@ TEST(OwnershipEpochs, ADepartingNodesExpertsGoToALiveNodeAndARestartKeepsTheMap)
 
 TEST(OwnershipEpochs, AnUploadUnderAnOlderEpochIsRefusedAndTheModelUnchanged) {
   TempDir dir;
-  const Config cfg = elastic_config(3, {"spes_config.num_peers=3", "spes_config.expert_owners=[[0,1,2,2]]"});
+  const Config cfg = three_nodes_config();
   RoundState st(cfg, ServeOptions{dir.path});
   FakeNode a(cfg, 0, 1), b(cfg, 1, 2), c(cfg, 2, 3);
-  for (FakeNode* n : {&a, &b, &c}) st.join(n->join_info());
-  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
-  send_upload(st, b.id, 1, upload_of(b, 1, trained(b, st, 0.001)));
+  join_all(st, {&a, &b, &c});
+  send_trained(st, a, 1);
+  send_trained(st, b, 1);
   st.leave(c.id, 10, "for good", LeaveKind::Departing);
   ASSERT_EQ(st.published_round(), 1);
   const OwnershipMap m = st.ownership_at(2);
@@ -293,16 +306,16 @@ TEST(OwnershipEpochs, AnUploadUnderAnOlderEpochIsRefusedAndTheModelUnchanged) {
 // reassign_after_rounds rounds later.)
 TEST(OwnershipEpochs, ANodeThatDepartsAfterItsUploadStaysDepartedWhenTheRoundUsesIt) {
   TempDir dir;
-  const Config cfg = elastic_config(3, {"spes_config.num_peers=3", "spes_config.expert_owners=[[0,1,2,2]]"});
+  const Config cfg = three_nodes_config();
   {
     RoundState st(cfg, ServeOptions{dir.path});
     FakeNode a(cfg, 0, 1), b(cfg, 1, 2), c(cfg, 2, 3);
-    for (FakeNode* n : {&a, &b, &c}) st.join(n->join_info());
-    send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
-    send_upload(st, c.id, 1, upload_of(c, 1, trained(c, st, 0.001)));
+    join_all(st, {&a, &b, &c});
+    send_trained(st, a, 1);
+    send_trained(st, c, 1);
     st.leave(c.id, 10, "for good", LeaveKind::Departing);
     ASSERT_EQ(st.published_round(), 0);  // node 1's upload is still to come
-    send_upload(st, b.id, 1, upload_of(b, 1, trained(b, st, 0.001)));
+    send_trained(st, b, 1);
     ASSERT_EQ(st.published_round(), 1);
     EXPECT_EQ(st.status().departed, std::vector<int64_t>{2});
     const OwnershipMap m = st.ownership_at(2);
@@ -328,7 +341,7 @@ TEST(OwnershipEpochs, ANodeDeclaredDepartedForItsMissesIsLiveAgainWhenARoundUses
   FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
   st.join(a.join_info());
   st.join(b.join_info());  // joined and alive, but misses round 1
-  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+  send_trained(st, a, 1);
   while (st.published_round() < 1) {  // publishes at its deadline with node 0 alone
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     st.tick();
@@ -415,13 +428,13 @@ TEST(OwnershipEpochs, ANodeTakesNoMoreExpertsThanItsDeclaredMemoryHolds) {
   };
   st.join(declaring(2));
   st.join(b.join_info());
-  send_upload(st, a.id, 1, upload_of(a, 1, trained(a, st, 0.001)));
+  send_trained(st, a, 1);
   st.leave(b.id, 10, "for good", LeaveKind::Departing);
   ASSERT_EQ(st.published_round(), 1);
   EXPECT_EQ(st.ownership_at(2).epoch, 0);
   EXPECT_EQ(st.status().frozen_experts.size(), 2u);
   st.join(declaring(3));
-  send_upload(st, a.id, 2, upload_of(a, 2, trained(a, st, 0.001)));
+  send_trained(st, a, 2);
   ASSERT_EQ(st.published_round(), 2);
   const OwnershipMap m = st.ownership_at(3);
   EXPECT_EQ(m.epoch, 1);
