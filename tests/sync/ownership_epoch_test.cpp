@@ -377,6 +377,27 @@ TEST(OwnershipEpochs, ANodeMissingReassignAfterRoundsRoundsIsDeclaredDeparted) {
   EXPECT_EQ(st.ownership_at(3).table, (std::vector<std::vector<int64_t>>{{0, 0, 0, 0}}));
 }
 
+// In fedavg and diloco there is no ownership to move: a node that misses rounds is not
+// declared departed (rounds then stop waiting for an alive node and take whichever uploads
+// came first; in the outer-step grid such runs stopped being reproducible).
+TEST(OwnershipEpochs, MissedRoundsDeclareNobodyDepartedOutsideModeSpes) {
+  TempDir dir;
+  const Config cfg = elastic_config(1, {"spes_config.mode=fedavg", "spes_config.round_timeout=0.05",
+                                        "spes_config.min_nodes=1"});
+  RoundState st(cfg, ServeOptions{dir.path});
+  FakeNode a(cfg, 0, 1), b(cfg, 1, 2);
+  join_all(st, {&a, &b});  // node 1 joined and alive, but never uploads
+  for (int64_t round = 1; round <= 2; ++round) {
+    send_trained(st, a, round);
+    while (st.published_round() < round) {  // publishes at its deadline with node 0 alone
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      st.tick();
+    }
+  }
+  EXPECT_TRUE(st.status().departed.empty());
+  EXPECT_NE(st.status().nodes[1].state, "departed");
+}
+
 TEST(OwnershipEpochs, ZeroKeepsTheConfigsMapForTheWholeRun) {
   TempDir dir;
   const Config cfg = elastic_config(0);

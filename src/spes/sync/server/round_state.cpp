@@ -104,8 +104,11 @@ RoundState::RoundState(const Config& cfg, ServeOptions opts,
       members_(cfg_, *model_),
       store_(cfg_, opts_.out_dir, opts_.keep_uploads, *model_, incarnation_),
       epochs_(opts_.out_dir, model_->plan().ownership(), cfg_.spes_config.node_slots()),
+      // Missed rounds declare a node departed only where that moves its experts (mode spes):
+      // elsewhere an alive node that misses rounds is waited for, as before ownership epochs.
       departures_(static_cast<size_t>(cfg_.spes_config.node_slots()),
-                  cfg_.spes_config.elastic.reassign_after_rounds),
+                  model_->plan().mode() == SyncMode::Spes
+                      ? cfg_.spes_config.elastic.reassign_after_rounds : 0),
       handed_(opts_.out_dir),
       bounds_(cfg_, model_->plan(), model_->tensors()),
       experts_(cfg_, model_->plan(), model_->tensors()),
